@@ -1,0 +1,33 @@
+# The two commands a new user types: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install run test lint typecheck unit bench soak clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev,postgres]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(PY) -m pyrula.examples
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+test: install lint typecheck
+	$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider
+
+bench: install
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

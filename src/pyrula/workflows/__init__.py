@@ -1,0 +1,49 @@
+"""The public API of pyrula's workflow engine. Re-exports only."""
+
+from pyrula.workflows.client import SyncWorkflowClient, WorkflowClient
+from pyrula.workflows.context import WorkflowContext
+from pyrula.workflows.definition import step, workflow
+from pyrula.workflows.errors import (
+    ArchiveSchemaMismatch,
+    ConfigurationError,
+    NonDeterminismError,
+    PayloadTooLarge,
+    RunCancelled,
+    RunFailed,
+    RunNotActive,
+    StaleToken,
+    StepFailed,
+    StoreUnavailable,
+    WorkflowNotFound,
+)
+from pyrula.workflows.inline import InlineWorkflowRunner
+from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
+from pyrula.workflows.stores import store_from_url
+from pyrula.workflows.stores.memory import MemoryStore
+from pyrula.workflows.stores.sqlite import SQLiteStore
+
+__all__ = [
+    "ArchiveSchemaMismatch",
+    "ConfigurationError",
+    "InlineWorkflowRunner",
+    "MemoryStore",
+    "NonDeterminismError",
+    "PayloadTooLarge",
+    "RunCancelled",
+    "RunFailed",
+    "RunHandle",
+    "RunInfo",
+    "RunNotActive",
+    "RunStatus",
+    "SQLiteStore",
+    "StaleToken",
+    "StepFailed",
+    "StoreUnavailable",
+    "SyncWorkflowClient",
+    "WorkflowClient",
+    "WorkflowContext",
+    "WorkflowNotFound",
+    "step",
+    "store_from_url",
+    "workflow",
+]

@@ -1,0 +1,241 @@
+"""WorkflowClient (async) and SyncWorkflowClient: submit runs and follow them.
+
+``submit`` never consults the registry, so the submitting tier need not import the
+workflows; a run of a name no worker serves waits in its queue.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from pyrula.workflows._sync import run_sync
+from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
+from pyrula.workflows.definition import workflow_name
+from pyrula.workflows.engine import DEFAULT_MAX_PAYLOAD_BYTES
+from pyrula.workflows.errors import (
+    ConfigurationError,
+    PayloadTooLarge,
+    RunCancelled,
+    RunFailed,
+    WorkflowNotFound,
+)
+from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, dumps
+from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
+from pyrula.workflows.stores.base import Store
+
+
+def _env_payload_limit() -> int:
+    raw = os.environ.get("PYRULA_MAX_PAYLOAD_BYTES")
+    if raw is None or raw == "":
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"PYRULA_MAX_PAYLOAD_BYTES must be an integer number of bytes, got {raw!r}"
+        ) from None
+    if value <= 0:
+        raise ConfigurationError(f"PYRULA_MAX_PAYLOAD_BYTES must be > 0, got {raw!r}")
+    return value
+
+
+class WorkflowClient:
+    """Submit, inspect, signal and cancel runs in ``store``."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        max_payload_bytes: int | None = None,
+    ) -> None:
+        self.store = store
+        self._clock = clock
+        self._max_payload = max_payload_bytes or _env_payload_limit()
+
+    def _payload(self, value: Any, what: str) -> None:
+        try:
+            data = dumps(value)
+        except TypeError as exc:
+            raise ValueError(f"{what} is {exc}") from None
+        if len(data) > self._max_payload:
+            raise PayloadTooLarge(
+                f"{what} is {len(data)} bytes, above max_payload_bytes ({self._max_payload})"
+            )
+
+    async def submit(
+        self,
+        workflow: Any,
+        params: Any = None,
+        *,
+        owner: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunHandle:
+        """Queue a run of ``workflow`` (a name or a ``@workflow`` function) with ``params``.
+
+        A second submit with the same ``idempotency_key`` (for the same workflow name)
+        returns the first run's handle. Raises ValueError for params that are not JSON.
+        """
+        name = workflow_name(workflow)
+        if not name:
+            raise ValueError("workflow name must be a non-empty str")
+        if owner is not None and (not isinstance(owner, str) or not owner):
+            raise ValueError(f"owner must be a non-empty str or None, got {owner!r}")
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key
+        ):
+            raise ValueError(
+                f"idempotency_key must be a non-empty str or None, got {idempotency_key!r}"
+            )
+        self._payload(params, f"params for workflow {name!r}")
+        handle, _ = await self.store.submit(
+            name, params, now=self._clock.now(), owner=owner, idempotency_key=idempotency_key
+        )
+        return handle
+
+    async def get(self, run_id: str) -> RunInfo:
+        """The run's current state. Raises WorkflowNotFound for an unknown id."""
+        info = await self.store.get_run(run_id)
+        if info is None:
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        return info
+
+    async def result(self, run_id: str, timeout: float | None = None) -> Any:
+        """Wait for the run to end and return its result.
+
+        Follows a ``continue_as_new`` chain to its last run. Raises RunFailed (with the
+        run's ``error`` dict), RunCancelled, or TimeoutError after ``timeout`` seconds.
+        """
+        loop_deadline = None if timeout is None else self._clock.monotonic() + timeout
+        while True:
+            remaining = None
+            if loop_deadline is not None:
+                remaining = max(0.0, loop_deadline - self._clock.monotonic())
+            info = await self.store.wait_result(run_id, remaining)
+            if info.status is RunStatus.COMPLETED:
+                return info.result
+            if info.status is RunStatus.FAILED:
+                raise RunFailed(run_id, info.error or {})
+            if info.status is RunStatus.CANCELLED:
+                raise RunCancelled(run_id)
+            if info.status is RunStatus.CONTINUED and info.successor_id:
+                run_id = info.successor_id
+                continue
+            raise RunFailed(run_id, {"code": "unknown", "error_type": "", "message": str(info)})
+
+    async def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        """The run's journal, optionally only the events after ``after_seq``."""
+        return await self.store.read_events(run_id, after_seq)
+
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+        """Deliver a signal; a run waiting for it is queued. Raises RunNotActive if ended."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        if name == INTERRUPT_SIGNAL:
+            raise ValueError(f"{INTERRUPT_SIGNAL!r} is reserved; use client.resume()")
+        self._payload(payload, f"payload of signal {name!r}")
+        await self.store.signal(run_id, name, payload, now=self._clock.now())
+
+    async def resume(self, run_id: str, value: Any = None) -> None:
+        """Answer the run's ``ctx.interrupt``; it returns ``value``."""
+        self._payload(value, "resume value")
+        await self.store.signal(run_id, INTERRUPT_SIGNAL, value, now=self._clock.now())
+
+    async def cancel(self, run_id: str) -> bool:
+        """Cancel the run. Returns False if it had already ended."""
+        return await self.store.cancel(run_id, now=self._clock.now())
+
+    async def wake(self, run_id: str) -> bool:
+        """Wake a sleeping run now instead of at its timer."""
+        return await self.store.wake_run(run_id, now=self._clock.now())
+
+    async def list_runs(
+        self,
+        *,
+        name: Any = None,
+        status: RunStatus | str | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[RunInfo]:
+        """Runs newest first, filtered by workflow name, status and owner."""
+        wanted = None if name is None else workflow_name(name)
+        state = None if status is None else RunStatus(status)
+        if limit is not None and limit <= 0:
+            return
+        seen = 0
+        before: tuple[float, str] | None = None
+        while True:
+            size = page_size if limit is None else min(page_size, limit - seen)
+            page = await self.store.list_runs(
+                name=wanted, status=state, owner=owner, limit=size, before=before
+            )
+            for info in page:
+                yield info
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+            if len(page) < size:
+                return
+            before = (page[-1].created_at, page[-1].run_id)
+
+
+class SyncWorkflowClient:
+    """``WorkflowClient`` for code that is not async: each call blocks until done."""
+
+    def __init__(self, store: Store, **kwargs: Any) -> None:
+        self._client = WorkflowClient(store, **kwargs)
+        self.store = store
+
+    def submit(
+        self,
+        workflow: Any,
+        params: Any = None,
+        *,
+        owner: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> RunHandle:
+        return run_sync(
+            self._client.submit(workflow, params, owner=owner, idempotency_key=idempotency_key)
+        )
+
+    def get(self, run_id: str) -> RunInfo:
+        return run_sync(self._client.get(run_id))
+
+    def result(self, run_id: str, timeout: float | None = None) -> Any:
+        return run_sync(self._client.result(run_id, timeout))
+
+    def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        return run_sync(self._client.events(run_id, after_seq))
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+        run_sync(self._client.signal(run_id, name, payload))
+
+    def resume(self, run_id: str, value: Any = None) -> None:
+        run_sync(self._client.resume(run_id, value))
+
+    def cancel(self, run_id: str) -> bool:
+        return run_sync(self._client.cancel(run_id))
+
+    def wake(self, run_id: str) -> bool:
+        return run_sync(self._client.wake(run_id))
+
+    def list_runs(
+        self,
+        *,
+        name: Any = None,
+        status: RunStatus | str | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[RunInfo]:
+        async def collect() -> list[RunInfo]:
+            return [
+                info
+                async for info in self._client.list_runs(
+                    name=name, status=status, owner=owner, limit=limit
+                )
+            ]
+
+        return iter(run_sync(collect()))

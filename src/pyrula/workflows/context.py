@@ -1,0 +1,121 @@
+"""WorkflowContext: what workflow code may ask of the engine.
+
+Every method is journaled, so a replayed run sees the same values and waits resolve the
+same way: ``now()``, ``uuid4()`` and ``random()`` return what the first execution
+recorded; ``sleep``, ``wait_for_signal`` and ``interrupt`` park the run durably.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from pyrula.workflows.errors import ContinueAsNew
+
+if TYPE_CHECKING:
+    from pyrula.workflows.engine import Attempt
+
+
+def _seconds(value: float | timedelta, what: str) -> float:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be seconds (a number) or a timedelta, got {value!r}")
+    return float(value)
+
+
+class WorkflowContext:
+    """Handed to every ``@workflow`` function as its first argument."""
+
+    __slots__ = ("_attempt",)
+
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+
+    @property
+    def run_id(self) -> str:
+        return self._attempt.run_id
+
+    @property
+    def workflow_name(self) -> str:
+        return self._attempt.name
+
+    @property
+    def owner(self) -> str | None:
+        return self._attempt.owner
+
+    @property
+    def attempt(self) -> int:
+        """The attempt number of this execution (1 for the first claim)."""
+        return self._attempt.token
+
+    @property
+    def start_id(self) -> str:
+        """The first run of this ``continue_as_new`` chain (this run's id if none)."""
+        return self._attempt.start_id
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the code is re-executing what the journal already holds."""
+        return self._attempt.is_replaying
+
+    async def sleep(self, duration: float | timedelta) -> None:
+        """Park the run for ``duration``; its worker slot is freed meanwhile."""
+        seconds = _seconds(duration, "sleep duration")
+        if seconds < 0:
+            raise ValueError(f"sleep duration must be >= 0, got {seconds}")
+        await self._attempt.op_sleep(seconds=seconds, until=None)
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Park the run until ``when`` (an aware datetime; a naive one is read as UTC)."""
+        if not isinstance(when, datetime):
+            raise TypeError(f"sleep_until needs a datetime, got {type(when).__name__}")
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        await self._attempt.op_sleep(seconds=None, until=when.timestamp())
+
+    async def wait_for_signal(
+        self, name: str, timeout: float | timedelta | None = None
+    ) -> Any:
+        """Wait for ``client.signal(run_id, name, payload)``; return its payload.
+
+        Signals are buffered: one sent before the wait is consumed by it. With ``timeout``
+        (seconds or timedelta) the wait returns None if no signal came in time.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        seconds = None if timeout is None else _seconds(timeout, "timeout")
+        if seconds is not None and seconds < 0:
+            raise ValueError(f"timeout must be >= 0, got {seconds}")
+        return await self._attempt.op_wait(name, seconds)
+
+    async def interrupt(self, payload: Any = None) -> Any:
+        """Park until ``client.resume(run_id, value)``; return ``value``.
+
+        ``payload`` (JSON) tells whoever resumes what is asked; it shows in ``RunInfo``.
+        """
+        return await self._attempt.op_interrupt(payload)
+
+    def now(self) -> datetime:
+        """The current time as an aware UTC datetime, recorded on first execution."""
+        ts = self._attempt.op_value("pyrula.now", lambda clock: clock.now())
+        return datetime.fromtimestamp(float(ts), UTC)
+
+    def uuid4(self) -> uuid.UUID:
+        """A random UUID, recorded on first execution."""
+        return uuid.UUID(str(self._attempt.op_value("pyrula.uuid4", lambda _: str(uuid.uuid4()))))
+
+    def random(self) -> float:
+        """A random float in [0, 1), recorded on first execution."""
+        import random as _random
+
+        return float(self._attempt.op_value("pyrula.random", lambda _: _random.random()))
+
+    def continue_as_new(self, params: Any) -> NoReturn:
+        """End this run now (status ``continued``) and queue a successor with ``params``.
+
+        The successor keeps this run's name, owner and start id.
+        """
+        self._attempt.check_payload(params, "continue_as_new params")
+        raise ContinueAsNew(params)

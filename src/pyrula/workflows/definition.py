@@ -1,0 +1,230 @@
+"""``@workflow`` and ``@step``, and the registry a worker snapshots.
+
+A ``@step`` called inside a running workflow is journaled: its call returns an awaitable
+that the engine resolves from the journal (replay) or by running the function (and
+recording the result). Called anywhere else it is the plain function, so it can be unit
+tested directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+
+if TYPE_CHECKING:
+    from pyrula.workflows.context import WorkflowContext
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StepCaller(Protocol):
+    """What the engine offers a ``@step`` wrapper called inside a workflow."""
+
+    def call_step(self, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        ...
+
+
+#: The engine of the workflow whose code is running in this task, if any.
+current_engine: ContextVar[StepCaller | None] = ContextVar("pyrula_current_engine", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpec:
+    name: str
+    fn: Callable[..., Any]
+    is_async: bool
+    timeout: float | None = None
+    retries: int = 0
+    retry_backoff: float = 1.0
+    retry_backoff_max: float = 60.0
+
+    def backoff(self, retry: int) -> float:
+        """Nominal delay in seconds before retry number ``retry`` (1-based), before jitter."""
+        if self.retry_backoff <= 0:
+            return 0.0
+        return float(min(self.retry_backoff * 2 ** (retry - 1), self.retry_backoff_max))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSpec:
+    name: str
+    fn: Callable[..., Awaitable[Any]]
+    timeout: float | None = None
+
+
+class Registry:
+    """Names to definitions. Registering a name again replaces it (the last import wins)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._workflows: dict[str, WorkflowSpec] = {}
+        self._steps: dict[str, StepSpec] = {}
+
+    def add_workflow(self, spec: WorkflowSpec) -> None:
+        with self._lock:
+            self._workflows[spec.name] = spec
+
+    def add_step(self, spec: StepSpec) -> None:
+        with self._lock:
+            self._steps[spec.name] = spec
+
+    def workflow(self, name: str) -> WorkflowSpec:
+        try:
+            return self._workflows[name]
+        except KeyError:
+            from pyrula.workflows.errors import WorkflowNotFound
+
+            raise WorkflowNotFound(f"no workflow registered under the name {name!r}") from None
+
+    def workflows(self) -> dict[str, WorkflowSpec]:
+        with self._lock:
+            return dict(self._workflows)
+
+    def steps(self) -> dict[str, StepSpec]:
+        with self._lock:
+            return dict(self._steps)
+
+
+REGISTRY = Registry()
+
+
+def _check_positive(what: str, value: float | None, *, allow_zero: bool = True) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+@overload
+def step(fn: F, /) -> F: ...
+
+
+@overload
+def step(
+    *,
+    name: str | None = None,
+    timeout: float | None = None,
+    retries: int = 0,
+    retry_backoff: float = 1.0,
+    retry_backoff_max: float = 60.0,
+) -> Callable[[F], F]: ...
+
+
+def step(
+    fn: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout: float | None = None,
+    retries: int = 0,
+    retry_backoff: float = 1.0,
+    retry_backoff_max: float = 60.0,
+) -> F | Callable[[F], F]:
+    """Declare a journaled step: ``@step`` or ``@step(timeout=30, retries=3, retry_backoff=1.0)``.
+
+    ``retries=N`` allows N more attempts after the first; the delay before retry k is
+    ``retry_backoff * 2**(k-1)`` seconds, capped at ``retry_backoff_max``, with jitter.
+    """
+    _check_positive("timeout", timeout, allow_zero=False)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+    _check_positive("retry_backoff", retry_backoff)
+    _check_positive("retry_backoff_max", retry_backoff_max)
+
+    def decorate(func: F) -> F:
+        if not callable(func):
+            raise TypeError(f"@step needs a function, got {type(func).__name__}")
+        spec = StepSpec(
+            name=name or func.__qualname__,
+            fn=func,
+            is_async=inspect.iscoroutinefunction(func),
+            timeout=float(timeout) if timeout is not None else None,
+            retries=retries,
+            retry_backoff=float(retry_backoff),
+            retry_backoff_max=float(retry_backoff_max),
+        )
+        REGISTRY.add_step(spec)
+
+        if spec.is_async:
+
+            @functools.wraps(func)
+            def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                engine = current_engine.get()
+                if engine is None:
+                    return func(*args, **kwargs)
+                return engine.call_step(spec, args, kwargs)
+
+            async_wrapper.__pyrula_step__ = spec  # type: ignore[attr-defined]
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            engine = current_engine.get()
+            if engine is None:
+                return func(*args, **kwargs)
+            return engine.call_step(spec, args, kwargs)
+
+        sync_wrapper.__pyrula_step__ = spec  # type: ignore[attr-defined]
+        return sync_wrapper  # type: ignore[return-value]
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+WorkflowFn = Callable[["WorkflowContext", Any], Awaitable[Any]]
+
+
+@overload
+def workflow(fn: F, /) -> F: ...
+
+
+@overload
+def workflow(*, name: str | None = None, timeout: float | None = None) -> Callable[[F], F]: ...
+
+
+def workflow(
+    fn: F | None = None, /, *, name: str | None = None, timeout: float | None = None
+) -> F | Callable[[F], F]:
+    """Declare a workflow: ``async def wf(ctx: WorkflowContext, params) -> result``.
+
+    ``name`` defaults to the function's ``__name__``; ``timeout`` (seconds) bounds the
+    whole run from its first start, sleeps and waits included.
+    """
+    _check_positive("timeout", timeout, allow_zero=False)
+
+    def decorate(func: F) -> F:
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"@workflow needs an async function (async def {getattr(func, '__name__', func)}"
+                "(ctx, params)); steps may be sync"
+            )
+        spec = WorkflowSpec(
+            name=name or func.__name__,
+            fn=func,
+            timeout=float(timeout) if timeout is not None else None,
+        )
+        REGISTRY.add_workflow(spec)
+        func.__pyrula_workflow__ = spec  # type: ignore[attr-defined]
+        return func
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+def workflow_name(fn_or_name: Any) -> str:
+    """The registered name of a ``@workflow`` function, or the string itself."""
+    if isinstance(fn_or_name, str):
+        return fn_or_name
+    spec = getattr(fn_or_name, "__pyrula_workflow__", None)
+    if isinstance(spec, WorkflowSpec):
+        return spec.name
+    raise TypeError(f"{fn_or_name!r} is not a @workflow function or a workflow name")

@@ -1,0 +1,101 @@
+"""Journal event types and their (de)serialisation.
+
+An event is a plain ``dict`` with at least ``seq`` (1-based position in the run's journal,
+assigned by the store), ``type`` (one of :class:`EventType`, stored as its ``str`` value)
+and ``ts`` (epoch seconds). Engine-written events also carry ``call``: the index of the
+workflow operation (step, sleep, wait, value) that wrote them, which replay matches on.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+Event = dict[str, Any]
+
+
+class EventType(StrEnum):
+    RUN_SUBMITTED = "run:submitted"
+    RUN_STARTED = "run:started"
+    STEP_STARTED = "step:started"
+    STEP_COMPLETED = "step:completed"
+    STEP_FAILED = "step:failed"
+    RUN_SLEEPING = "run:sleeping"
+    RUN_WAITING = "run:waiting"
+    SIGNAL_RECEIVED = "signal:received"
+    INTERRUPT_RESUMED = "interrupt:resumed"
+    RUN_WOKEN = "run:woken"
+    RUN_REQUEUED = "run:requeued"
+    RUN_COMPLETED = "run:completed"
+    RUN_ERROR = "run:error"
+    RUN_CANCELLED = "run:cancelled"
+    RUN_CONTINUED = "run:continued"
+
+
+TERMINAL_EVENTS = frozenset(
+    {EventType.RUN_COMPLETED, EventType.RUN_ERROR, EventType.RUN_CANCELLED, EventType.RUN_CONTINUED}
+)
+
+#: The signal name under which ``client.resume(run_id, value)`` is delivered to ``ctx.interrupt``.
+INTERRUPT_SIGNAL = "pyrula.interrupt"
+
+
+def make_event(type_: EventType | str, ts: float, **fields: Any) -> Event:
+    """Build an event without ``seq`` (the store assigns it on append)."""
+    event: Event = {"type": str(type_), "ts": ts}
+    event.update(fields)
+    return event
+
+
+def dumps(value: Any) -> bytes:
+    """Serialise a JSON value; raises ``TypeError`` naming the offending type."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        raise TypeError(f"not JSON-serialisable: {_describe(value, exc)}") from None
+
+
+def loads(data: bytes | str) -> Any:
+    return orjson.loads(data)
+
+
+def dumps_event(event: Event) -> bytes:
+    return orjson.dumps(event, option=orjson.OPT_NON_STR_KEYS)
+
+
+def loads_event(data: bytes | str) -> Event:
+    event: Event = orjson.loads(data)
+    return event
+
+
+def _describe(value: Any, exc: Exception) -> str:
+    bad = _first_unserialisable(value)
+    if bad is not None:
+        return f"type {type(bad).__module__}.{type(bad).__qualname__}"
+    return str(exc)
+
+
+def _first_unserialisable(value: Any, depth: int = 0) -> Any:
+    if depth > 64:
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str | int | float | bool) and k is not None:
+                return k
+            found = _first_unserialisable(v, depth + 1)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for item in value:
+            found = _first_unserialisable(item, depth + 1)
+            if found is not None:
+                return found
+        return None
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return value
+    return None

@@ -1,0 +1,110 @@
+"""InlineWorkflowRunner: execute runs in the calling process, one frontier at a time.
+
+No background loops: a ``ctx.sleep()`` parks the run for good (nothing wakes it), and a
+run that a signal, resume or wake re-queued stalls until ``run()`` is called again.
+Use ``WorkflowWorker`` for anything that sleeps, waits or runs on a schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pyrula.config import check_cloud
+from pyrula.workflows.client import WorkflowClient
+from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
+from pyrula.workflows.definition import REGISTRY, WorkflowSpec, workflow_name
+from pyrula.workflows.engine import Attempt, AttemptSettings
+from pyrula.workflows.errors import WorkflowNotFound
+from pyrula.workflows.events import Event
+from pyrula.workflows.records import ClaimedRun
+from pyrula.workflows.stores.base import Store
+from pyrula.workflows.stores.memory import MemoryStore
+
+
+class InlineWorkflowRunner:
+    """Runs workflows in the calling process, for tests and scripts that do not suspend."""
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        workflows: Sequence[Any] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        settings: AttemptSettings | None = None,
+        cloud: bool = True,
+    ) -> None:
+        self.store: Store = store if store is not None else MemoryStore()
+        self.client = WorkflowClient(self.store, clock=clock)
+        self.worker_id = f"inline-{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+        self._only = None if workflows is None else {workflow_name(w) for w in workflows}
+        self._clock = clock
+        self._settings = settings or AttemptSettings()
+        self._cloud = cloud
+        self._started = False
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def start(self) -> None:
+        """Check the configuration now (Cloud key included) instead of on the first run."""
+        if not self._started:
+            check_cloud(self._cloud)
+            self._started = True
+
+    async def aclose(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _spec(self, name: str) -> WorkflowSpec:
+        if self._only is not None and name not in self._only:
+            raise WorkflowNotFound(f"workflow {name!r} is not served by this runner")
+        return REGISTRY.workflow(name)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=min(32, (os.cpu_count() or 1) + 4),
+                thread_name_prefix="pyrula-inline-step",
+            )
+        return self._executor
+
+    async def run(self, name: str, run_id: str) -> list[Event]:
+        """Advance the run to its next frontier (end, sleep, wait) and return its journal.
+
+        A run that is not queued (already ended, sleeping, waiting) is left as it is.
+        """
+        await self.start()
+        spec = self._spec(name)
+        info = await self.client.get(run_id)
+        if info.name != name:
+            raise ValueError(f"run {run_id} is a run of {info.name!r}, not {name!r}")
+        claimed = await self.store.claim_run(
+            run_id, self.worker_id, now=self._clock.now(), lock_ttl=self._settings.lock_ttl
+        )
+        if claimed is None:
+            return await self.store.read_events(run_id)
+        return await self._execute(spec, claimed)
+
+    async def run_next(self) -> list[Event] | None:
+        """Run the next queued run of a served workflow to its frontier, or return None."""
+        await self.start()
+        names = sorted(REGISTRY.workflows() if self._only is None else self._only)
+        claimed = await self.store.claim(
+            self.worker_id, names, limit=1, now=self._clock.now(),
+            lock_ttl=self._settings.lock_ttl,
+        )
+        if not claimed:
+            return None
+        return await self._execute(self._spec(claimed[0].name), claimed[0])
+
+    async def _execute(self, spec: WorkflowSpec, claimed: ClaimedRun) -> list[Event]:
+        journal = claimed.journal or await self.store.read_events(claimed.run_id)
+        attempt = Attempt(
+            spec, claimed, journal, self.store,
+            executor=self._pool(), clock=self._clock, settings=self._settings,
+        )
+        outcome = await attempt.run()
+        return [dict(e) for e in outcome.journal]

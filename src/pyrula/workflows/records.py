@@ -1,0 +1,139 @@
+"""Records shared by the client, the engine and every store: handles, run info, statuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pyrula.workflows.events import Event
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    CONTINUED = "continued"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CONTINUED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandle:
+    """What ``submit`` returns: the workflow name and the run id."""
+
+    name: str
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A run as the store knows it now.
+
+    ``error`` is None or a dict with at least ``code``, ``error_type`` and ``message``.
+    ``waiting_for`` names the signals a waiting run awaits (``pyrula.interrupt`` for an
+    interrupt, whose payload is ``interrupt``). ``start_id`` is the first run of a
+    ``continue_as_new`` chain; ``successor_id`` the run that continued this one.
+    """
+
+    run_id: str
+    name: str
+    status: RunStatus
+    attempt: int
+    params: Any
+    owner: str | None
+    created_at: float
+    updated_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    wake_at: float | None = None
+    waiting_for: tuple[str, ...] = ()
+    interrupt: Any = None
+    idempotency_key: str | None = None
+    start_id: str | None = None
+    successor_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """A run a worker has just claimed: ``token`` is the attempt number, its fencing token.
+
+    ``journal`` is the run's journal up to and including the ``run:started`` event of this
+    attempt, unless it was longer than the claim's ``max_journal`` (then ``journal`` is
+    empty, ``journal_len`` tells its length and the caller reads it by offset).
+    """
+
+    run_id: str
+    name: str
+    params: Any
+    owner: str | None
+    token: int
+    journal: list[Event]
+    journal_len: int
+    start_id: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    last_seq: int
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FinishResult:
+    last_seq: int
+    successor_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParkResult:
+    """``parked`` False means the run keeps its lock: a signal it awaits had already arrived
+    (``events`` holds the journal after ``known_seq``) or a cancel was requested."""
+
+    parked: bool
+    last_seq: int
+    events: list[Event] = field(default_factory=list)
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RenewResult:
+    """Runs whose lock this worker no longer holds, and runs a client asked to cancel."""
+
+    lost: frozenset[str] = frozenset()
+    cancel_requested: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class PoisonPolicy:
+    """How many crashes a run may cause within ``retry_ttl_s`` and still be retried."""
+
+    max_retries: int = 3
+    retry_ttl_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueOutcome:
+    run_id: str
+    quarantined: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControl:
+    owner: str
+    max_concurrent: int | None = None
+    max_starts_per_second: float | None = None

@@ -1,0 +1,49 @@
+"""Stores: the Store protocol and its backends, chosen by URL with ``store_from_url``."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from pyrula.workflows.errors import ConfigurationError
+from pyrula.workflows.stores.base import Store
+
+SCHEMES = ("memory", "sqlite", "redis", "rediss", "valkey", "valkeys")
+
+
+def store_from_url(url: str, **options: Any) -> Store:
+    """Open the store a URL names: ``memory://``, ``sqlite:///path``, ``redis://``,
+    ``rediss://``, ``valkey://`` or ``valkeys://``. Backends are imported lazily.
+
+    Raises ConfigurationError for any other scheme.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"store URL {url!r} has no scheme; use one of: "
+            + ", ".join(f"{s}://" for s in SCHEMES)
+        )
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "memory":
+        from pyrula.workflows.stores.memory import MemoryStore
+
+        return MemoryStore(**options)
+    if scheme == "sqlite":
+        from pyrula.workflows.stores.sqlite import SQLiteStore
+
+        return SQLiteStore.from_url(url, **options)
+    if scheme in ("redis", "rediss", "valkey", "valkeys"):
+        try:
+            from pyrula.workflows.stores.valkey import ValkeyStore  # type: ignore[attr-defined]
+        except ImportError:
+            raise ConfigurationError(
+                f"store URL {url!r}: the Valkey store is not part of this build yet"
+            ) from None
+        store: Store = ValkeyStore(url=url, **options)
+        return store
+    raise ConfigurationError(
+        f"unknown store URL scheme {scheme!r} in {url!r}; use one of: "
+        + ", ".join(f"{s}://" for s in SCHEMES)
+    )
+
+
+__all__ = ["SCHEMES", "Store", "store_from_url"]

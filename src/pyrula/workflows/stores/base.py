@@ -1,0 +1,251 @@
+"""The Store seam: the one interface the worker, the engine and the clients talk to.
+
+Small protocols by concern, composed into :class:`Store`. Every state change is one atomic
+call (one transaction on SQLite, one script on Valkey). Every write made by an attempt
+carries its fencing token (the attempt number under the lock); a stale token is refused
+inside that same atomic step with :class:`~pyrula.workflows.errors.StaleToken`.
+
+Times (``now``) come from the caller's clock, so a manual clock drives every store alike.
+The memory store is the reference implementation; ``tests/conformance`` runs against all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pyrula.workflows.events import Event
+from pyrula.workflows.records import (
+    AppendResult,
+    ClaimedRun,
+    FinishResult,
+    FlowControl,
+    ParkResult,
+    PoisonPolicy,
+    RenewResult,
+    RequeueOutcome,
+    RunHandle,
+    RunInfo,
+    RunStatus,
+)
+
+
+class RunSubmitter(Protocol):
+    async def submit(
+        self,
+        name: str,
+        params: Any,
+        *,
+        now: float,
+        owner: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[RunHandle, bool]:
+        """Create a queued run with a ``run:submitted`` event; return (handle, created).
+
+        Atomic with the idempotency check: a second submit with the same
+        ``(name, idempotency_key)`` returns the first run's handle and ``created`` False.
+        """
+        ...
+
+
+class AttemptStore(Protocol):
+    """The writes of one attempt, each fenced by its ``token``. Used by the engine."""
+
+    async def append(
+        self, run_id: str, token: int, events: Sequence[Event], *, now: float, lock_ttl: float
+    ) -> AppendResult:
+        """Append events (seq assigned here) and renew the run's lock. Atomic, fenced."""
+        ...
+
+    async def park(
+        self,
+        run_id: str,
+        token: int,
+        events: Sequence[Event],
+        *,
+        now: float,
+        wake_at: float | None,
+        signals: Sequence[str],
+        known_seq: int,
+        interrupt: Any = None,
+    ) -> ParkResult:
+        """Append events, then park the run and release its lock. Atomic, fenced.
+
+        The run becomes ``waiting`` if ``signals`` is not empty, else ``sleeping``; it is
+        woken at ``wake_at`` (if given) or by one of ``signals``. If one of ``signals``
+        arrived after ``known_seq``, or a cancel was requested, the run is not parked and
+        keeps its lock; the result then carries the journal after ``known_seq``.
+        ``interrupt`` is the payload of a pending ``ctx.interrupt`` (shown in RunInfo).
+        """
+        ...
+
+    async def finish(
+        self,
+        run_id: str,
+        token: int,
+        events: Sequence[Event],
+        *,
+        now: float,
+        status: RunStatus,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+        successor_params: Any = None,
+    ) -> FinishResult:
+        """Append events (the last one terminal), end the run and release its lock.
+
+        With ``status`` CONTINUED, the successor (same name, owner and start id) is queued
+        in the same atomic step and its id is written into the terminal event's
+        ``successor`` field. Wakes anyone waiting on the result.
+        """
+        ...
+
+    async def requeue(
+        self,
+        run_id: str,
+        token: int,
+        *,
+        now: float,
+        reason: str,
+        events: Sequence[Event] = (),
+        crash: bool = False,
+        poison: PoisonPolicy | None = None,
+        crash_detail: Mapping[str, Any] | None = None,
+    ) -> RequeueOutcome:
+        """Append events and ``run:requeued`` (reason), release the lock, queue the run.
+
+        With ``crash`` the run's crash counter goes up; past ``poison.max_retries`` crashes
+        within ``poison.retry_ttl_s`` the run is quarantined instead (``run:error`` code
+        ``max_retries`` with ``crash_detail`` in its detail). Atomic, fenced.
+        """
+        ...
+
+
+class WorkQueue(Protocol):
+    async def claim(
+        self,
+        worker_id: str,
+        names: Sequence[str],
+        *,
+        limit: int,
+        now: float,
+        lock_ttl: float,
+        max_journal: int = 256,
+    ) -> list[ClaimedRun]:
+        """Claim up to ``limit`` queued runs of ``names`` for this worker. Atomic per run.
+
+        Picks by deficit round robin across owners (the least-served owner next), FIFO
+        within one owner, honouring flow control; bumps the attempt (the fencing token),
+        takes the lock until ``now + lock_ttl`` and appends ``run:started``.
+        """
+        ...
+
+    async def claim_run(
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float, max_journal: int = 256
+    ) -> ClaimedRun | None:
+        """Claim this one run if it is queued (as ``claim`` does), else return None."""
+        ...
+
+    async def renew(
+        self, worker_id: str, held: Mapping[str, int], *, now: float, lock_ttl: float
+    ) -> RenewResult:
+        """Extend the locks of all ``held`` runs (run id -> token) in one call."""
+        ...
+
+    async def wake_due(self, *, now: float, limit: int) -> int:
+        """Queue up to ``limit`` parked runs whose wake time has passed (``run:woken``)."""
+        ...
+
+    async def reclaim(
+        self,
+        names: Sequence[str] | None,
+        *,
+        now: float,
+        limit: int,
+        poison: PoisonPolicy,
+    ) -> list[RequeueOutcome]:
+        """Requeue running runs whose lock expired (reason ``orphaned``), counting a crash.
+
+        ``names`` None means every workflow name.
+        """
+        ...
+
+
+class RunControl(Protocol):
+    async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
+        """Append ``signal:received``; a run waiting for ``name`` is queued. Atomic.
+
+        Raises WorkflowNotFound for an unknown run, RunNotActive for an ended one.
+        """
+        ...
+
+    async def cancel(self, run_id: str, *, now: float) -> bool:
+        """Cancel a run: at once unless it is running (then its worker is told).
+
+        Returns False if the run had already ended.
+        """
+        ...
+
+    async def wake_run(self, run_id: str, *, now: float) -> bool:
+        """Wake a sleeping run now (``run:woken`` reason ``manual``)."""
+        ...
+
+
+class RunReader(Protocol):
+    async def get_run(self, run_id: str) -> RunInfo | None: ...
+
+    async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        """The run's journal after ``after_seq``. Raises WorkflowNotFound if unknown."""
+        ...
+
+    async def list_runs(
+        self,
+        *,
+        name: str | None = None,
+        status: RunStatus | None = None,
+        owner: str | None = None,
+        limit: int = 100,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunInfo]:
+        """Runs newest first; ``before`` is the (created_at, run_id) of the last page's end."""
+        ...
+
+    async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
+        """Return the run once it has ended, woken by the store rather than a tight poll.
+
+        Raises TimeoutError after ``timeout`` seconds, WorkflowNotFound if unknown.
+        """
+        ...
+
+
+class FlowControlStore(Protocol):
+    def flow_control_set(
+        self,
+        owner: str,
+        max_concurrent: int | None = None,
+        max_starts_per_second: float | None = None,
+    ) -> None: ...
+
+    def flow_control_get(self, owner: str) -> FlowControl | None: ...
+
+    def flow_control_delete(self, owner: str) -> bool: ...
+
+
+@runtime_checkable
+class Store(
+    RunSubmitter, AttemptStore, WorkQueue, RunControl, RunReader, FlowControlStore, Protocol
+):
+    """Everything a worker and a client need from a store."""
+
+    async def aping(self) -> None:
+        """Raise StoreUnavailable unless the store answers."""
+        ...
+
+    def ping(self) -> None: ...
+
+    def recover_pending_runs(self, name: str) -> int:
+        """Requeue every run of ``name`` whose lock expired; returns how many."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+    def close(self) -> None: ...

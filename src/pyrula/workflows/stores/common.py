@@ -1,0 +1,119 @@
+"""Pure helpers every store backend shares: ids, events, fairness and rate policies."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyrula.workflows.events import Event, EventType, make_event
+
+#: Internal key of the tenant of runs submitted without an ``owner``.
+NO_OWNER = ""
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A 32-hex-digit id that sorts by creation time (48-bit ms timestamp + 80 random bits)."""
+    ms = int((time.time() if now is None else now) * 1000) & ((1 << 48) - 1)
+    return f"{ms:012x}{os.urandom(10).hex()}"
+
+
+def submitted_event(
+    now: float, name: str, params: Any, owner: str | None, idempotency_key: str | None
+) -> Event:
+    event = make_event(EventType.RUN_SUBMITTED, now, name=name, params=params)
+    if owner is not None:
+        event["owner"] = owner
+    if idempotency_key is not None:
+        event["idempotency_key"] = idempotency_key
+    return event
+
+
+def started_event(now: float, attempt: int, worker_id: str) -> Event:
+    return make_event(EventType.RUN_STARTED, now, attempt=attempt, worker=worker_id)
+
+
+def requeued_event(now: float, reason: str) -> Event:
+    return make_event(EventType.RUN_REQUEUED, now, reason=reason)
+
+
+def quarantine_error(crashes: int, detail: Mapping[str, Any] | None) -> dict[str, Any]:
+    detail = dict(detail or {})
+    detail.setdefault("crashes", crashes)
+    cause = str(detail.get("cause", "worker_crash"))
+    error_type = "EventLoopBlocked" if cause == "loop_blocked" else "WorkerCrashed"
+    return {
+        "code": "max_retries",
+        "error_type": str(detail.pop("error_type", error_type)),
+        "message": (
+            f"run quarantined after {crashes} crashes (poison_max_retries exceeded); "
+            f"last cause: {cause}"
+        ),
+        "detail": detail,
+    }
+
+
+def error_event(now: float, error: Mapping[str, Any]) -> Event:
+    return make_event(
+        EventType.RUN_ERROR,
+        now,
+        code=error.get("code"),
+        error_type=error.get("error_type"),
+        message=error.get("message"),
+        detail=error.get("detail"),
+    )
+
+
+def live_crashes(crashes: Iterable[float], now: float, ttl: float) -> list[float]:
+    return [t for t in crashes if now - t < ttl]
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    """``max_starts_per_second`` as a token bucket holding at most one second of starts."""
+
+    tokens: float
+    stamp: float
+
+    def take(self, rate: float, now: float) -> bool:
+        capacity = max(1.0, rate)
+        self.tokens = min(capacity, self.tokens + max(0.0, now - self.stamp) * rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+def pick_owner(candidates: Mapping[str, tuple[float, float]]) -> str | None:
+    """Deficit round robin: the least-served owner goes next, the oldest head breaking ties.
+
+    ``candidates`` maps owner -> (served, created_at of its oldest queued run).
+    """
+    best: str | None = None
+    best_key: tuple[float, float] | None = None
+    for owner, key in candidates.items():
+        if best_key is None or key < best_key:
+            best, best_key = owner, key
+    return best
+
+
+def validate_flow_control(
+    owner: str, max_concurrent: int | None, max_starts_per_second: float | None
+) -> None:
+    if not isinstance(owner, str):
+        raise ValueError(f"owner must be a str, got {type(owner).__name__}")
+    if max_concurrent is not None and (
+        isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1
+    ):
+        raise ValueError(f"max_concurrent must be an int >= 1 or None, got {max_concurrent!r}")
+    if max_starts_per_second is not None and (
+        isinstance(max_starts_per_second, bool)
+        or not isinstance(max_starts_per_second, int | float)
+        or max_starts_per_second <= 0
+    ):
+        raise ValueError(
+            f"max_starts_per_second must be a number > 0 or None, got {max_starts_per_second!r}"
+        )

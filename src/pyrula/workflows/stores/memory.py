@@ -1,0 +1,633 @@
+"""MemoryStore: the reference implementation of the Store protocol, in one process.
+
+Every method runs under one lock, so each is atomic and the store may be shared between
+an event loop and other threads. Its behaviour is the specification the other backends
+are tested against (tests/conformance).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrula.workflows.errors import RunNotActive, StaleToken, WorkflowNotFound
+from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, make_event
+from pyrula.workflows.records import (
+    AppendResult,
+    ClaimedRun,
+    FinishResult,
+    FlowControl,
+    ParkResult,
+    PoisonPolicy,
+    RenewResult,
+    RequeueOutcome,
+    RunHandle,
+    RunInfo,
+    RunStatus,
+)
+from pyrula.workflows.stores.common import (
+    NO_OWNER,
+    TokenBucket,
+    error_event,
+    live_crashes,
+    new_run_id,
+    pick_owner,
+    quarantine_error,
+    requeued_event,
+    started_event,
+    submitted_event,
+    validate_flow_control,
+)
+from pyrula.workflows.stores.waiters import ResultWaiters
+
+
+@dataclass(slots=True)
+class _Run:
+    run_id: str
+    name: str
+    params: Any
+    owner: str
+    created_at: float
+    updated_at: float
+    start_id: str
+    idempotency_key: str | None = None
+    status: RunStatus = RunStatus.QUEUED
+    attempt: int = 0
+    journal: list[Event] = field(default_factory=list)
+    lock_owner: str | None = None
+    lock_expires: float = 0.0
+    wake_at: float | None = None
+    waiting_for: tuple[str, ...] = ()
+    interrupt: Any = None
+    signal_seq: dict[str, int] = field(default_factory=dict)
+    cancel_requested: bool = False
+    crashes: list[float] = field(default_factory=list)
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    successor_id: str | None = None
+
+    def info(self) -> RunInfo:
+        return RunInfo(
+            run_id=self.run_id,
+            name=self.name,
+            status=self.status,
+            attempt=self.attempt,
+            params=self.params,
+            owner=self.owner or None,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            result=self.result,
+            error=self.error,
+            wake_at=self.wake_at,
+            waiting_for=self.waiting_for,
+            interrupt=self.interrupt,
+            idempotency_key=self.idempotency_key,
+            start_id=self.start_id,
+            successor_id=self.successor_id,
+        )
+
+    def append(self, events: Sequence[Event], now: float) -> int:
+        for event in events:
+            stored = dict(event)
+            stored["seq"] = len(self.journal) + 1
+            self.journal.append(stored)
+        self.updated_at = now
+        return len(self.journal)
+
+
+class MemoryStore:
+    """An in-process store for development and tests. Nothing survives the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._runs: dict[str, _Run] = {}
+        self._idempotency: dict[tuple[str, str], str] = {}
+        # name -> owner -> FIFO of run ids; served counts drive deficit round robin.
+        self._queues: dict[str, dict[str, deque[str]]] = {}
+        self._served: dict[str, dict[str, float]] = {}
+        self._timers: list[tuple[float, str]] = []
+        self._flow: dict[str, FlowControl] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._waiters = ResultWaiters()
+
+    # --- submit ---------------------------------------------------------------------
+
+    async def submit(
+        self,
+        name: str,
+        params: Any,
+        *,
+        now: float,
+        owner: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[RunHandle, bool]:
+        with self._lock:
+            if idempotency_key is not None:
+                existing = self._idempotency.get((name, idempotency_key))
+                if existing is not None:
+                    return RunHandle(name, existing), False
+            run = self._new_run(name, params, owner or NO_OWNER, now, idempotency_key, None)
+            run.append([submitted_event(now, name, params, owner, idempotency_key)], now)
+            if idempotency_key is not None:
+                self._idempotency[(name, idempotency_key)] = run.run_id
+            return RunHandle(name, run.run_id), True
+
+    def _new_run(
+        self,
+        name: str,
+        params: Any,
+        owner: str,
+        now: float,
+        idempotency_key: str | None,
+        start_id: str | None,
+    ) -> _Run:
+        run_id = new_run_id(now)
+        run = _Run(
+            run_id=run_id,
+            name=name,
+            params=params,
+            owner=owner,
+            created_at=now,
+            updated_at=now,
+            start_id=start_id or run_id,
+            idempotency_key=idempotency_key,
+        )
+        self._runs[run_id] = run
+        self._enqueue(run)
+        return run
+
+    def _enqueue(self, run: _Run) -> None:
+        run.status = RunStatus.QUEUED
+        run.lock_owner = None
+        run.wake_at = None
+        run.waiting_for = ()
+        run.interrupt = None
+        owners = self._queues.setdefault(run.name, {})
+        served = self._served.setdefault(run.name, {})
+        if run.owner not in owners or not owners[run.owner]:
+            # A tenant that (re)appears starts level with the least-served active one,
+            # so it neither starves the others nor waits behind their history.
+            active = [served.get(o, 0.0) for o, q in owners.items() if q]
+            floor = min(active) if active else 0.0
+            served[run.owner] = max(served.get(run.owner, 0.0), floor)
+        owners.setdefault(run.owner, deque()).append(run.run_id)
+
+    # --- attempt writes -------------------------------------------------------------
+
+    def _fenced(self, run_id: str, token: int) -> _Run:
+        run = self._runs.get(run_id)
+        if run is None:
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        if run.status is not RunStatus.RUNNING or run.attempt != token:
+            raise StaleToken(run_id, token, run.attempt)
+        return run
+
+    async def append(
+        self, run_id: str, token: int, events: Sequence[Event], *, now: float, lock_ttl: float
+    ) -> AppendResult:
+        with self._lock:
+            run = self._fenced(run_id, token)
+            last = run.append(events, now)
+            run.lock_expires = now + lock_ttl
+            return AppendResult(last, run.cancel_requested)
+
+    async def park(
+        self,
+        run_id: str,
+        token: int,
+        events: Sequence[Event],
+        *,
+        now: float,
+        wake_at: float | None,
+        signals: Sequence[str],
+        known_seq: int,
+        interrupt: Any = None,
+    ) -> ParkResult:
+        with self._lock:
+            run = self._fenced(run_id, token)
+            last = run.append(events, now)
+            arrived = any(run.signal_seq.get(s, 0) > known_seq for s in signals)
+            if arrived or run.cancel_requested:
+                tail = [dict(e) for e in run.journal[known_seq:]]
+                return ParkResult(False, last, tail, run.cancel_requested)
+            run.lock_owner = None
+            run.status = RunStatus.WAITING if signals else RunStatus.SLEEPING
+            run.waiting_for = tuple(signals)
+            run.interrupt = interrupt if INTERRUPT_SIGNAL in signals else None
+            run.wake_at = wake_at
+            if wake_at is not None:
+                heapq.heappush(self._timers, (wake_at, run.run_id))
+            return ParkResult(True, last)
+
+    async def finish(
+        self,
+        run_id: str,
+        token: int,
+        events: Sequence[Event],
+        *,
+        now: float,
+        status: RunStatus,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+        successor_params: Any = None,
+    ) -> FinishResult:
+        with self._lock:
+            run = self._fenced(run_id, token)
+            events = [dict(e) for e in events]
+            successor_id = None
+            if status is RunStatus.CONTINUED:
+                successor = self._new_run(
+                    run.name, successor_params, run.owner, now, None, run.start_id
+                )
+                successor.append(
+                    [submitted_event(now, run.name, successor_params, run.owner or None, None)],
+                    now,
+                )
+                successor.journal[0]["predecessor"] = run.run_id
+                run.successor_id = successor_id = successor.run_id
+                events[-1]["successor"] = successor.run_id
+            last = run.append(events, now)
+            self._end(run, status, now, result=result, error=error)
+            return FinishResult(last, successor_id)
+
+    def _end(
+        self,
+        run: _Run,
+        status: RunStatus,
+        now: float,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        if run.status is RunStatus.QUEUED:
+            self._dequeue(run)
+        run.status = status
+        run.result = result
+        run.error = error
+        run.lock_owner = None
+        run.wake_at = None
+        run.waiting_for = ()
+        run.finished_at = now
+        run.updated_at = now
+        self._waiters.notify(run.run_id)
+
+    def _dequeue(self, run: _Run) -> None:
+        queue = self._queues.get(run.name, {}).get(run.owner)
+        if queue is not None:
+            try:
+                queue.remove(run.run_id)
+            except ValueError:
+                pass
+
+    async def requeue(
+        self,
+        run_id: str,
+        token: int,
+        *,
+        now: float,
+        reason: str,
+        events: Sequence[Event] = (),
+        crash: bool = False,
+        poison: PoisonPolicy | None = None,
+        crash_detail: Mapping[str, Any] | None = None,
+    ) -> RequeueOutcome:
+        with self._lock:
+            run = self._fenced(run_id, token)
+            run.append(events, now)
+            return self._requeue(run, now, reason, crash, poison, crash_detail)
+
+    def _requeue(
+        self,
+        run: _Run,
+        now: float,
+        reason: str,
+        crash: bool,
+        poison: PoisonPolicy | None,
+        crash_detail: Mapping[str, Any] | None,
+    ) -> RequeueOutcome:
+        if crash:
+            policy = poison or PoisonPolicy()
+            run.crashes = live_crashes(run.crashes, now, policy.retry_ttl_s) + [now]
+            if len(run.crashes) > policy.max_retries:
+                error = quarantine_error(len(run.crashes), crash_detail)
+                run.append([error_event(now, error)], now)
+                self._end(run, RunStatus.FAILED, now, error=error)
+                return RequeueOutcome(run.run_id, True)
+        if run.cancel_requested:
+            run.append([make_event(EventType.RUN_CANCELLED, now)], now)
+            self._end(run, RunStatus.CANCELLED, now)
+            return RequeueOutcome(run.run_id, False)
+        run.append([requeued_event(now, reason)], now)
+        self._enqueue(run)
+        return RequeueOutcome(run.run_id, False)
+
+    # --- work queue -----------------------------------------------------------------
+
+    async def claim(
+        self,
+        worker_id: str,
+        names: Sequence[str],
+        *,
+        limit: int,
+        now: float,
+        lock_ttl: float,
+        max_journal: int = 256,
+    ) -> list[ClaimedRun]:
+        claimed: list[ClaimedRun] = []
+        with self._lock:
+            blocked: set[str] = set()
+            progress = True
+            while len(claimed) < limit and progress:
+                progress = False
+                for name in names:
+                    if len(claimed) >= limit:
+                        break
+                    run = self._pick(name, now, blocked)
+                    if run is None:
+                        continue
+                    progress = True
+                    claimed.append(self._take(run, worker_id, now, lock_ttl, max_journal))
+        return claimed
+
+    async def claim_run(
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float, max_journal: int = 256
+    ) -> ClaimedRun | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or run.status is not RunStatus.QUEUED:
+                return None
+            self._dequeue(run)
+            return self._take(run, worker_id, now, lock_ttl, max_journal)
+
+    def _take(
+        self, run: _Run, worker_id: str, now: float, lock_ttl: float, max_journal: int
+    ) -> ClaimedRun:
+        run.attempt += 1
+        run.status = RunStatus.RUNNING
+        run.lock_owner = worker_id
+        run.lock_expires = now + lock_ttl
+        if run.started_at is None:
+            run.started_at = now
+        length = run.append([started_event(now, run.attempt, worker_id)], now)
+        return ClaimedRun(
+            run_id=run.run_id,
+            name=run.name,
+            params=run.params,
+            owner=run.owner or None,
+            token=run.attempt,
+            journal=[dict(e) for e in run.journal] if length <= max_journal else [],
+            journal_len=length,
+            start_id=run.start_id,
+            created_at=run.created_at,
+        )
+
+    def _pick(self, name: str, now: float, blocked: set[str]) -> _Run | None:
+        owners = self._queues.get(name)
+        if not owners:
+            return None
+        served = self._served.setdefault(name, {})
+        candidates: dict[str, tuple[float, float]] = {}
+        for owner, queue in owners.items():
+            if queue and owner not in blocked:
+                head = self._runs[queue[0]]
+                candidates[owner] = (served.get(owner, 0.0), head.created_at)
+        while candidates:
+            owner = pick_owner(candidates)
+            assert owner is not None
+            if self._flow_allows(owner, now):
+                served[owner] = served.get(owner, 0.0) + 1.0
+                return self._runs[owners[owner].popleft()]
+            blocked.add(owner)
+            del candidates[owner]
+        return None
+
+    def _flow_allows(self, owner: str, now: float) -> bool:
+        flow = self._flow.get(owner)
+        if flow is None:
+            return True
+        if flow.max_concurrent is not None:
+            running = sum(
+                1 for r in self._runs.values() if r.owner == owner and r.status is RunStatus.RUNNING
+            )
+            if running >= flow.max_concurrent:
+                return False
+        if flow.max_starts_per_second is not None:
+            bucket = self._buckets.setdefault(owner, TokenBucket(1.0, now))
+            return bucket.take(flow.max_starts_per_second, now)
+        return True
+
+    async def renew(
+        self, worker_id: str, held: Mapping[str, int], *, now: float, lock_ttl: float
+    ) -> RenewResult:
+        lost: set[str] = set()
+        cancel: set[str] = set()
+        with self._lock:
+            for run_id, token in held.items():
+                run = self._runs.get(run_id)
+                if run is None or run.status is not RunStatus.RUNNING or run.attempt != token:
+                    lost.add(run_id)
+                    continue
+                run.lock_expires = now + lock_ttl
+                if run.cancel_requested:
+                    cancel.add(run_id)
+        return RenewResult(frozenset(lost), frozenset(cancel))
+
+    async def wake_due(self, *, now: float, limit: int) -> int:
+        woken = 0
+        with self._lock:
+            while self._timers and woken < limit and self._timers[0][0] <= now:
+                wake_at, run_id = heapq.heappop(self._timers)
+                run = self._runs.get(run_id)
+                if run is None or run.wake_at != wake_at:
+                    continue  # stale timer entry: the run was woken or re-parked since
+                if run.status not in (RunStatus.SLEEPING, RunStatus.WAITING):
+                    continue
+                run.append([make_event(EventType.RUN_WOKEN, now, reason="timer")], now)
+                self._enqueue(run)
+                woken += 1
+        return woken
+
+    async def reclaim(
+        self,
+        names: Sequence[str] | None,
+        *,
+        now: float,
+        limit: int,
+        poison: PoisonPolicy,
+    ) -> list[RequeueOutcome]:
+        with self._lock:
+            return self._reclaim(names, now, limit, poison)
+
+    def _reclaim(
+        self, names: Sequence[str] | None, now: float, limit: int, poison: PoisonPolicy
+    ) -> list[RequeueOutcome]:
+        wanted = None if names is None else set(names)
+        out: list[RequeueOutcome] = []
+        for run in list(self._runs.values()):
+            if len(out) >= limit:
+                break
+            if run.status is not RunStatus.RUNNING or run.lock_expires > now:
+                continue
+            if wanted is not None and run.name not in wanted:
+                continue
+            detail = {"cause": "worker_crash", "worker": run.lock_owner, "attempt": run.attempt}
+            out.append(self._requeue(run, now, "orphaned", True, poison, detail))
+        return out
+
+    def recover_pending_runs(self, name: str) -> int:
+        import time
+
+        with self._lock:
+            return len(self._reclaim([name], time.time(), 1 << 30, PoisonPolicy()))
+
+    # --- run control ----------------------------------------------------------------
+
+    def _get(self, run_id: str) -> _Run:
+        run = self._runs.get(run_id)
+        if run is None:
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        return run
+
+    async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
+        with self._lock:
+            run = self._get(run_id)
+            if run.status.terminal:
+                raise RunNotActive(f"run {run_id} has already ended ({run.status.value})")
+            type_ = (
+                EventType.INTERRUPT_RESUMED if name == INTERRUPT_SIGNAL else EventType.SIGNAL_RECEIVED
+            )
+            event = make_event(type_, now, name=name, payload=payload)
+            run.append([event], now)
+            run.signal_seq[name] = len(run.journal)
+            if run.status is RunStatus.WAITING and name in run.waiting_for:
+                self._enqueue(run)
+
+    async def cancel(self, run_id: str, *, now: float) -> bool:
+        with self._lock:
+            run = self._get(run_id)
+            if run.status.terminal:
+                return False
+            if run.status is RunStatus.RUNNING:
+                run.cancel_requested = True
+                run.updated_at = now
+                return True
+            run.append([make_event(EventType.RUN_CANCELLED, now)], now)
+            self._end(run, RunStatus.CANCELLED, now)
+            return True
+
+    async def wake_run(self, run_id: str, *, now: float) -> bool:
+        with self._lock:
+            run = self._get(run_id)
+            if run.status is not RunStatus.SLEEPING:
+                return False
+            run.append([make_event(EventType.RUN_WOKEN, now, reason="manual")], now)
+            self._enqueue(run)
+            return True
+
+    # --- reads ----------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            return None if run is None else run.info()
+
+    async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        with self._lock:
+            return [dict(e) for e in self._get(run_id).journal[after_seq:]]
+
+    async def list_runs(
+        self,
+        *,
+        name: str | None = None,
+        status: RunStatus | None = None,
+        owner: str | None = None,
+        limit: int = 100,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunInfo]:
+        with self._lock:
+            runs = sorted(self._runs.values(), key=lambda r: (r.created_at, r.run_id), reverse=True)
+            out: list[RunInfo] = []
+            for run in runs:
+                if before is not None and (run.created_at, run.run_id) >= before:
+                    continue
+                if name is not None and run.name != name:
+                    continue
+                if status is not None and run.status != status:
+                    continue
+                if owner is not None and run.owner != owner:
+                    continue
+                out.append(run.info())
+                if len(out) >= limit:
+                    break
+            return out
+
+    async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
+        return await self._waiters.wait(run_id, self._terminal_info, timeout)
+
+    async def _terminal_info(self, run_id: str) -> RunInfo | None:
+        with self._lock:
+            run = self._get(run_id)
+            return run.info() if run.status.terminal else None
+
+    # --- flow control ---------------------------------------------------------------
+
+    def flow_control_set(
+        self,
+        owner: str,
+        max_concurrent: int | None = None,
+        max_starts_per_second: float | None = None,
+    ) -> None:
+        validate_flow_control(owner, max_concurrent, max_starts_per_second)
+        with self._lock:
+            self._flow[owner] = FlowControl(owner, max_concurrent, max_starts_per_second)
+            self._buckets.pop(owner, None)
+
+    def flow_control_get(self, owner: str) -> FlowControl | None:
+        with self._lock:
+            return self._flow.get(owner)
+
+    def flow_control_delete(self, owner: str) -> bool:
+        with self._lock:
+            self._buckets.pop(owner, None)
+            return self._flow.pop(owner, None) is not None
+
+    async def aflow_control_set(
+        self,
+        owner: str,
+        max_concurrent: int | None = None,
+        max_starts_per_second: float | None = None,
+    ) -> None:
+        self.flow_control_set(owner, max_concurrent, max_starts_per_second)
+
+    async def aflow_control_get(self, owner: str) -> FlowControl | None:
+        return self.flow_control_get(owner)
+
+    async def aflow_control_delete(self, owner: str) -> bool:
+        return self.flow_control_delete(owner)
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def ping(self) -> None:
+        return None
+
+    async def aping(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(runs={len(self._runs)})"
+
+
