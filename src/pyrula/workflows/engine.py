@@ -19,7 +19,7 @@ import contextvars
 import logging
 import random
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -478,7 +478,10 @@ class Attempt:
             fired = None
             if timeout_at is not None and "seq" in waiting:
                 fired = self._timer_fired(int(waiting["seq"]), float(timeout_at))
-            if candidate is not None and (fired is None or int(candidate["seq"]) < int(fired["seq"])):
+            signal_first = fired is None or (
+                candidate is not None and int(candidate["seq"]) < int(fired["seq"])
+            )
+            if candidate is not None and signal_first:
                 self._consumed.add(int(candidate["seq"]))
                 return candidate.get("payload")
             if fired is not None:
@@ -541,7 +544,7 @@ class Attempt:
         context.run(current_engine.set, self)
         ctx = WorkflowContext(self)
         self._task = asyncio.get_running_loop().create_task(
-            self.spec.fn(ctx, self.params), context=context
+            _body(self.spec.fn(ctx, self.params)), context=context
         )
         while True:
             if self._stand is not None:
@@ -738,6 +741,10 @@ class Attempt:
         return Outcome(
             OutcomeKind.FAILED if outcome.quarantined else OutcomeKind.REQUEUED, self.journal
         )
+
+
+async def _body(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 class StepTimeout(TimeoutError):

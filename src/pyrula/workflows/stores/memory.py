@@ -395,13 +395,14 @@ class MemoryStore:
             return None
         served = self._served.setdefault(name, {})
         candidates: dict[str, tuple[float, float]] = {}
-        for owner, queue in owners.items():
-            if queue and owner not in blocked:
+        for tenant, queue in owners.items():
+            if queue and tenant not in blocked:
                 head = self._runs[queue[0]]
-                candidates[owner] = (served.get(owner, 0.0), head.created_at)
+                candidates[tenant] = (served.get(tenant, 0.0), head.created_at)
         while candidates:
             owner = pick_owner(candidates)
-            assert owner is not None
+            if owner is None:
+                break
             if self._flow_allows(owner, now):
                 served[owner] = served.get(owner, 0.0) + 1.0
                 return self._runs[owners[owner].popleft()]
@@ -501,9 +502,8 @@ class MemoryStore:
             run = self._get(run_id)
             if run.status.terminal:
                 raise RunNotActive(f"run {run_id} has already ended ({run.status.value})")
-            type_ = (
-                EventType.INTERRUPT_RESUMED if name == INTERRUPT_SIGNAL else EventType.SIGNAL_RECEIVED
-            )
+            interrupt = name == INTERRUPT_SIGNAL
+            type_ = EventType.INTERRUPT_RESUMED if interrupt else EventType.SIGNAL_RECEIVED
             event = make_event(type_, now, name=name, payload=payload)
             run.append([event], now)
             run.signal_seq[name] = len(run.journal)
