@@ -239,6 +239,7 @@ class MemoryStore:
         error: dict[str, Any] | None = None,
         successor_params: Any = None,
     ) -> FinishResult:
+        status = RunStatus(status)
         with self._lock:
             run = self._fenced(run_id, token)
             events = [dict(e) for e in events]

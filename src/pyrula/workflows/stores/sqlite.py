@@ -422,6 +422,7 @@ class SQLiteStore:
         error: dict[str, Any] | None = None,
         successor_params: Any = None,
     ) -> FinishResult:
+        status = RunStatus(status)
         def op() -> FinishResult:
             with self._tx() as conn:
                 row = self._fenced(conn, run_id, token)
