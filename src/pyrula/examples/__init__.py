@@ -60,7 +60,7 @@ def collect_digest(day: int) -> dict[str, int]:
 @workflow(name="nightly_digest")
 async def nightly_digest(ctx: WorkflowContext, params: dict[str, Any]) -> dict[str, Any]:
     day = int(params.get("day", 1))
-    digest = await collect_digest(day)
+    digest: dict[str, Any] = await collect_digest(day)
     if day < int(params.get("days", 1)):
         await ctx.sleep(float(params.get("interval", 1.0)))
         ctx.continue_as_new({**params, "day": day + 1})

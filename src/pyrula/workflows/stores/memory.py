@@ -65,6 +65,7 @@ class _Run:
     interrupt: Any = None
     signal_seq: dict[str, int] = field(default_factory=dict)
     cancel_requested: bool = False
+    parked_seq: int = 0
     crashes: list[float] = field(default_factory=list)
     started_at: float | None = None
     finished_at: float | None = None
@@ -219,6 +220,7 @@ class MemoryStore:
                 tail = [dict(e) for e in run.journal[known_seq:]]
                 return ParkResult(False, last, tail, run.cancel_requested)
             run.lock_owner = None
+            run.parked_seq = last
             run.status = RunStatus.WAITING if signals else RunStatus.SLEEPING
             run.waiting_for = tuple(signals)
             run.interrupt = interrupt if INTERRUPT_SIGNAL in signals else None
@@ -340,7 +342,6 @@ class MemoryStore:
         limit: int,
         now: float,
         lock_ttl: float,
-        max_journal: int = 256,
     ) -> list[ClaimedRun]:
         claimed: list[ClaimedRun] = []
         with self._lock:
@@ -355,37 +356,35 @@ class MemoryStore:
                     if run is None:
                         continue
                     progress = True
-                    claimed.append(self._take(run, worker_id, now, lock_ttl, max_journal))
+                    claimed.append(self._take(run, worker_id, now, lock_ttl))
         return claimed
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float, max_journal: int = 256
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
     ) -> ClaimedRun | None:
         with self._lock:
             run = self._runs.get(run_id)
             if run is None or run.status is not RunStatus.QUEUED:
                 return None
             self._dequeue(run)
-            return self._take(run, worker_id, now, lock_ttl, max_journal)
+            return self._take(run, worker_id, now, lock_ttl)
 
-    def _take(
-        self, run: _Run, worker_id: str, now: float, lock_ttl: float, max_journal: int
-    ) -> ClaimedRun:
+    def _take(self, run: _Run, worker_id: str, now: float, lock_ttl: float) -> ClaimedRun:
         run.attempt += 1
         run.status = RunStatus.RUNNING
         run.lock_owner = worker_id
         run.lock_expires = now + lock_ttl
         if run.started_at is None:
             run.started_at = now
-        length = run.append([started_event(now, run.attempt, worker_id)], now)
+        run.append([started_event(now, run.attempt, worker_id)], now)
         return ClaimedRun(
             run_id=run.run_id,
             name=run.name,
             params=run.params,
             owner=run.owner or None,
             token=run.attempt,
-            journal=[dict(e) for e in run.journal] if length <= max_journal else [],
-            journal_len=length,
+            journal=[dict(e) for e in run.journal[run.parked_seq :]],
+            base_seq=run.parked_seq,
             start_id=run.start_id,
             created_at=run.created_at,
         )

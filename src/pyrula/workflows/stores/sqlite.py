@@ -65,7 +65,8 @@ T = TypeVar("T")
 _RUN_COLUMNS = (
     "run_id, name, owner, params, status, attempt, created_at, updated_at, started_at, "
     "finished_at, result, error, wake_at, waiting_for, interrupt, idempotency_key, start_id, "
-    "successor_id, cancel_requested, crashes, lock_owner, lock_expires, journal_len, signal_seq"
+    "successor_id, cancel_requested, crashes, lock_owner, lock_expires, journal_len, signal_seq, "
+    "parked_seq"
 )
 
 
@@ -397,12 +398,13 @@ class SQLiteStore:
                     return ParkResult(False, last, tail, bool(row["cancel_requested"]))
                 conn.execute(
                     "UPDATE runs SET status=?, lock_owner=NULL, waiting_for=?, interrupt=?, "
-                    "wake_at=? WHERE run_id=?",
+                    "wake_at=?, parked_seq=? WHERE run_id=?",
                     (
                         (RunStatus.WAITING if signals else RunStatus.SLEEPING).value,
                         _j(list(signals)) if signals else None,
                         _j(interrupt) if INTERRUPT_SIGNAL in signals else None,
                         wake_at,
+                        last,
                         run_id,
                     ),
                 )
@@ -499,7 +501,6 @@ class SQLiteStore:
         limit: int,
         now: float,
         lock_ttl: float,
-        max_journal: int = 256,
     ) -> list[ClaimedRun]:
         def op() -> list[ClaimedRun]:
             claimed: list[ClaimedRun] = []
@@ -515,8 +516,7 @@ class SQLiteStore:
                         if run_id is None:
                             continue
                         progress = True
-                        claimed.append(self._take(conn, run_id, worker_id, now, lock_ttl,
-                                                  max_journal))
+                        claimed.append(self._take(conn, run_id, worker_id, now, lock_ttl))
             return claimed
 
         if not names or limit <= 0:
@@ -524,14 +524,14 @@ class SQLiteStore:
         return await self._call(op)
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float, max_journal: int = 256
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
     ) -> ClaimedRun | None:
         def op() -> ClaimedRun | None:
             with self._tx() as conn:
                 row = self._row(conn, run_id)
                 if row is None or row["status"] != RunStatus.QUEUED:
                     return None
-                return self._take(conn, run_id, worker_id, now, lock_ttl, max_journal)
+                return self._take(conn, run_id, worker_id, now, lock_ttl)
 
         return await self._call(op)
 
@@ -591,8 +591,7 @@ class SQLiteStore:
         return True
 
     def _take(
-        self, conn: sqlite3.Connection, run_id: str, worker_id: str, now: float, lock_ttl: float,
-        max_journal: int,
+        self, conn: sqlite3.Connection, run_id: str, worker_id: str, now: float, lock_ttl: float
     ) -> ClaimedRun:
         row = self._require(conn, run_id)
         attempt = row["attempt"] + 1
@@ -601,17 +600,18 @@ class SQLiteStore:
             "started_at=COALESCE(started_at, ?), queue_seq=NULL WHERE run_id=?",
             (attempt, worker_id, now + lock_ttl, now, run_id),
         )
-        length = self._append(
+        self._append(
             conn, run_id, row["journal_len"], [started_event(now, attempt, worker_id)], now
         )
+        base = int(row["parked_seq"])
         return ClaimedRun(
             run_id=run_id,
             name=row["name"],
             params=_uj(row["params"]),
             owner=row["owner"] or None,
             token=attempt,
-            journal=self._journal(conn, run_id) if length <= max_journal else [],
-            journal_len=length,
+            journal=self._journal(conn, run_id, base),
+            base_seq=base,
             start_id=row["start_id"],
             created_at=row["created_at"],
         )

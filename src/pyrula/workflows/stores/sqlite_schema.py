@@ -32,6 +32,7 @@ SCHEMA = (
         crashes BLOB NOT NULL DEFAULT '[]',
         signal_seq BLOB NOT NULL DEFAULT '{}',
         journal_len INTEGER NOT NULL DEFAULT 0,
+        parked_seq INTEGER NOT NULL DEFAULT 0,
         queue_seq INTEGER
     )""",
     """CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency
