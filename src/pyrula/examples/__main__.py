@@ -6,8 +6,8 @@ import asyncio
 import os
 import sys
 
-from pyrula.workflows import InlineWorkflowRunner, SQLiteStore
 import pyrula.examples  # noqa: F401  (registers the example workflows)
+from pyrula.workflows import InlineWorkflowRunner, SQLiteStore
 
 
 async def main(path: str) -> None:
