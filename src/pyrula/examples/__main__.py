@@ -33,4 +33,5 @@ async def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("PYRULA_DB", "pyrula.db")))
+    default = os.environ.get("PYRULA_DB", "pyrula.db")
+    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else default))
