@@ -9,7 +9,7 @@ import math
 import os
 import re
 
-from pyrula.workflows.errors import ConfigurationError
+from pyrula.errors import ConfigurationError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

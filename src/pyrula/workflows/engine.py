@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 
+#: Tasks running a run's own code (its body, its async steps) are named with this prefix
+#: and the run id, so a watchdog can tell whose code holds the event loop.
+RUN_TASK_PREFIX = "pyrula-run:"
+
 
 class EngineStore(AttemptStore, Protocol):
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]: ...
@@ -370,7 +374,9 @@ class Attempt:
         try:
             future: asyncio.Future[Any]
             if spec.is_async:
-                future = loop.create_task(spec.fn(*args, **kwargs), context=context)
+                future = loop.create_task(
+                    spec.fn(*args, **kwargs), name=RUN_TASK_PREFIX + self.run_id, context=context
+                )
             else:
                 future = loop.run_in_executor(
                     self._executor, lambda: context.run(spec.fn, *args, **kwargs)
@@ -544,7 +550,8 @@ class Attempt:
         context.run(current_engine.set, self)
         ctx = WorkflowContext(self)
         self._task = asyncio.get_running_loop().create_task(
-            _body(self.spec.fn(ctx, self.params)), context=context
+            _body(self.spec.fn(ctx, self.params)), name=RUN_TASK_PREFIX + self.run_id,
+            context=context,
         )
         while True:
             if self._stand is not None:

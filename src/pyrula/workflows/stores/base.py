@@ -240,6 +240,13 @@ class Store(
         """Raise StoreUnavailable unless the store answers."""
         ...
 
+    async def bind(
+        self, project: str | None, environment: str | None
+    ) -> tuple[str | None, str | None]:
+        """Record the project and environment this store serves, where none is recorded
+        yet (values given as None record nothing); return what is recorded. Atomic."""
+        ...
+
     def ping(self) -> None: ...
 
     def recover_pending_runs(self, name: str) -> int:

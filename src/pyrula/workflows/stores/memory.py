@@ -118,6 +118,7 @@ class MemoryStore:
         self._flow: dict[str, FlowControl] = {}
         self._buckets: dict[str, TokenBucket] = {}
         self._waiters = ResultWaiters()
+        self._binding: tuple[str | None, str | None] = (None, None)
 
     # --- submit ---------------------------------------------------------------------
 
@@ -614,6 +615,16 @@ class MemoryStore:
         return self.flow_control_delete(owner)
 
     # --- lifecycle ------------------------------------------------------------------
+
+    async def bind(
+        self, project: str | None, environment: str | None
+    ) -> tuple[str | None, str | None]:
+        with self._lock:
+            if self._binding[0] is None:
+                self._binding = (project, self._binding[1])
+            if self._binding[1] is None:
+                self._binding = (self._binding[0], environment)
+            return self._binding
 
     def ping(self) -> None:
         return None

@@ -870,6 +870,26 @@ class SQLiteStore:
 
     # --- lifecycle ------------------------------------------------------------------
 
+    async def bind(
+        self, project: str | None, environment: str | None
+    ) -> tuple[str | None, str | None]:
+        def op() -> tuple[str | None, str | None]:
+            with self._tx() as conn:
+                recorded: list[str | None] = []
+                for key, value in (("project", project), ("environment", environment)):
+                    if value is not None:
+                        conn.execute(
+                            "INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)",
+                            (f"binding.{key}", value),
+                        )
+                    row = conn.execute(
+                        "SELECT value FROM meta WHERE key=?", (f"binding.{key}",)
+                    ).fetchone()
+                    recorded.append(None if row is None else str(row[0]))
+                return recorded[0], recorded[1]
+
+        return await self._call(op)
+
     def ping(self) -> None:
         self._read(lambda conn: conn.execute("SELECT 1").fetchone())
 
