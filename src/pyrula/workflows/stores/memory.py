@@ -184,10 +184,11 @@ class MemoryStore:
         served = self._served.setdefault(run.name, {})
         if run.owner not in owners or not owners[run.owner]:
             # A tenant that (re)appears starts level with the least-served active one,
-            # so it neither starves the others nor waits behind their history.
+            # so it neither starves the others nor waits behind their history, nor its
+            # own: runs served while nobody else waited are not held against it (as DRR
+            # resets the deficit of a queue that empties).
             active = [served.get(o, 0.0) for o, q in owners.items() if q]
-            floor = min(active) if active else 0.0
-            served[run.owner] = max(served.get(run.owner, 0.0), floor)
+            served[run.owner] = min(active) if active else 0.0
         owners.setdefault(run.owner, deque()).append(run.run_id)
 
     # --- attempt writes -------------------------------------------------------------
