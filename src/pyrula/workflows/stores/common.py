@@ -107,7 +107,9 @@ def validate_flow_control(
     if not isinstance(owner, str):
         raise ValueError(f"owner must be a str, got {type(owner).__name__}")
     if max_concurrent is not None and (
-        isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1
+        isinstance(max_concurrent, bool)
+        or not isinstance(max_concurrent, int)
+        or max_concurrent < 1
     ):
         raise ValueError(f"max_concurrent must be an int >= 1 or None, got {max_concurrent!r}")
     if max_starts_per_second is not None and (

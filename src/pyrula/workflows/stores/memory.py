@@ -75,6 +75,7 @@ class _Run:
     interrupt: Any = None
     signal_seq: dict[str, int] = field(default_factory=dict)
     cancel_requested: bool = False
+    parked_seq: int = 0
     crashes: list[float] = field(default_factory=list)
     started_at: float | None = None
     finished_at: float | None = None
@@ -127,6 +128,7 @@ class MemoryStore:
         self._flow: dict[str, FlowControl] = {}
         self._buckets: dict[str, TokenBucket] = {}
         self._waiters = ResultWaiters()
+        self._binding: tuple[str | None, str | None] = (None, None)
 
     # --- submit ---------------------------------------------------------------------
 
@@ -230,6 +232,7 @@ class MemoryStore:
                 tail = [_copy(e) for e in run.journal[known_seq:]]
                 return ParkResult(False, last, tail, run.cancel_requested)
             run.lock_owner = None
+            run.parked_seq = last
             run.status = RunStatus.WAITING if signals else RunStatus.SLEEPING
             run.waiting_for = tuple(signals)
             run.interrupt = _copy(interrupt) if INTERRUPT_SIGNAL in signals else None
@@ -250,6 +253,7 @@ class MemoryStore:
         error: dict[str, Any] | None = None,
         successor_params: Any = None,
     ) -> FinishResult:
+        status = RunStatus(status)
         with self._lock:
             run = self._fenced(run_id, token)
             events = [dict(e) for e in events]
@@ -350,7 +354,6 @@ class MemoryStore:
         limit: int,
         now: float,
         lock_ttl: float,
-        max_journal: int = 256,
     ) -> list[ClaimedRun]:
         claimed: list[ClaimedRun] = []
         with self._lock:
@@ -365,37 +368,35 @@ class MemoryStore:
                     if run is None:
                         continue
                     progress = True
-                    claimed.append(self._take(run, worker_id, now, lock_ttl, max_journal))
+                    claimed.append(self._take(run, worker_id, now, lock_ttl))
         return claimed
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float, max_journal: int = 256
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
     ) -> ClaimedRun | None:
         with self._lock:
             run = self._runs.get(run_id)
             if run is None or run.status is not RunStatus.QUEUED:
                 return None
             self._dequeue(run)
-            return self._take(run, worker_id, now, lock_ttl, max_journal)
+            return self._take(run, worker_id, now, lock_ttl)
 
-    def _take(
-        self, run: _Run, worker_id: str, now: float, lock_ttl: float, max_journal: int
-    ) -> ClaimedRun:
+    def _take(self, run: _Run, worker_id: str, now: float, lock_ttl: float) -> ClaimedRun:
         run.attempt += 1
         run.status = RunStatus.RUNNING
         run.lock_owner = worker_id
         run.lock_expires = now + lock_ttl
         if run.started_at is None:
             run.started_at = now
-        length = run.append([started_event(now, run.attempt, worker_id)], now)
+        run.append([started_event(now, run.attempt, worker_id)], now)
         return ClaimedRun(
             run_id=run.run_id,
             name=run.name,
             params=_copy(run.params),
             owner=run.owner or None,
             token=run.attempt,
-            journal=[_copy(e) for e in run.journal] if length <= max_journal else [],
-            journal_len=length,
+            journal=[_copy(e) for e in run.journal[run.parked_seq :]],
+            base_seq=run.parked_seq,
             start_id=run.start_id,
             created_at=run.created_at,
         )
@@ -406,13 +407,14 @@ class MemoryStore:
             return None
         served = self._served.setdefault(name, {})
         candidates: dict[str, tuple[float, float]] = {}
-        for owner, queue in owners.items():
-            if queue and owner not in blocked:
+        for tenant, queue in owners.items():
+            if queue and tenant not in blocked:
                 head = self._runs[queue[0]]
-                candidates[owner] = (served.get(owner, 0.0), head.created_at)
+                candidates[tenant] = (served.get(tenant, 0.0), head.created_at)
         while candidates:
             owner = pick_owner(candidates)
-            assert owner is not None
+            if owner is None:
+                break
             if self._flow_allows(owner, now):
                 served[owner] = served.get(owner, 0.0) + 1.0
                 return self._runs[owners[owner].popleft()]
@@ -512,9 +514,8 @@ class MemoryStore:
             run = self._get(run_id)
             if run.status.terminal:
                 raise RunNotActive(f"run {run_id} has already ended ({run.status.value})")
-            type_ = (
-                EventType.INTERRUPT_RESUMED if name == INTERRUPT_SIGNAL else EventType.SIGNAL_RECEIVED
-            )
+            interrupt = name == INTERRUPT_SIGNAL
+            type_ = EventType.INTERRUPT_RESUMED if interrupt else EventType.SIGNAL_RECEIVED
             event = make_event(type_, now, name=name, payload=payload)
             run.append([event], now)
             run.signal_seq[name] = len(run.journal)
@@ -625,6 +626,16 @@ class MemoryStore:
         return self.flow_control_delete(owner)
 
     # --- lifecycle ------------------------------------------------------------------
+
+    async def bind(
+        self, project: str | None, environment: str | None
+    ) -> tuple[str | None, str | None]:
+        with self._lock:
+            if self._binding[0] is None:
+                self._binding = (project, self._binding[1])
+            if self._binding[1] is None:
+                self._binding = (self._binding[0], environment)
+            return self._binding
 
     def ping(self) -> None:
         return None
