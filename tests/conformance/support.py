@@ -37,6 +37,11 @@ def seqs(events: list[Event]) -> list[int]:
     return [int(e["seq"]) for e in events]
 
 
+def last_seq(claimed: ClaimedRun) -> int:
+    """The seq of the claim's ``run:started``: what the new attempt knows of its journal."""
+    return int(claimed.journal[-1]["seq"])
+
+
 async def submit(
     store: Store,
     name: str = WF,

@@ -38,7 +38,7 @@ async def test_claim_takes_the_lock_and_appends_run_started(store: Store) -> Non
     assert claimed.created_at == T0
     assert types(claimed.journal) == [EventType.RUN_SUBMITTED, EventType.RUN_STARTED]
     assert seqs(claimed.journal) == [1, 2]
-    assert claimed.journal_len == 2
+    assert claimed.base_seq == 0
     started = claimed.journal[-1]
     assert (started["attempt"], started["worker"], started["ts"]) == (1, WORKER, T0 + 1)
     assert claimed.journal == await journal(store, run_id)
@@ -62,17 +62,33 @@ async def test_each_claim_bumps_the_attempt(store: Store) -> None:
     assert (await info(store, first.run_id)).attempt == 3
 
 
-async def test_claim_returns_no_journal_past_max_journal(store: Store) -> None:
-    long_id = await submit(store, name="wf.long")
-    short_id = await submit(store, name="wf.short")
+async def test_claim_returns_the_journal_after_the_last_park(store: Store) -> None:
+    claimed = await running(store, now=T0)
+    await store.append(
+        claimed.run_id, claimed.token,
+        [ev(EventType.STEP_STARTED, T0 + 1, step="s", call=1),
+         ev(EventType.STEP_COMPLETED, T0 + 2, step="s", call=1, result=1)],
+        now=T0 + 2, lock_ttl=TTL,
+    )
+    await sleep(store, claimed.run_id, claimed.token, T0 + 60, now=T0 + 3)  # parked at seq 5
+    await store.wake_due(now=T0 + 60, limit=10)
+    await store.signal(claimed.run_id, "note", None, now=T0 + 61)
 
-    [long] = await store.claim(WORKER, ["wf.long"], limit=1, now=T0, lock_ttl=TTL, max_journal=1)
-    [short] = await store.claim(WORKER, ["wf.short"], limit=1, now=T0, lock_ttl=TTL, max_journal=2)
+    resumed = await take(store, claimed.run_id, now=T0 + 62)
 
-    assert (long.run_id, long.journal, long.journal_len) == (long_id, [], 2)
-    assert short.run_id == short_id and short.journal_len == 2
-    assert types(short.journal) == [EventType.RUN_SUBMITTED, EventType.RUN_STARTED]
-    assert seqs(await store.read_events(long_id)) == [1, 2]
+    assert resumed.base_seq == 5
+    assert seqs(resumed.journal) == [6, 7, 8]
+    assert types(resumed.journal) == [
+        EventType.RUN_WOKEN, EventType.SIGNAL_RECEIVED, EventType.RUN_STARTED
+    ]
+    assert (await journal(store, claimed.run_id))[5:] == resumed.journal
+
+    # A requeue is no park point: the next claim still starts after seq 5.
+    await store.requeue(claimed.run_id, resumed.token, now=T0 + 63, reason="shutdown")
+    again = await take(store, claimed.run_id, now=T0 + 64)
+    assert again.base_seq == 5
+    assert seqs(again.journal) == [6, 7, 8, 9, 10]
+    assert types(again.journal)[-2:] == [EventType.RUN_REQUEUED, EventType.RUN_STARTED]
 
 
 async def test_claim_honours_limit(store: Store) -> None:

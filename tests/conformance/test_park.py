@@ -17,6 +17,7 @@ from tests.conformance.support import (
     ev,
     info,
     journal,
+    last_seq,
     running,
     seqs,
     sleep,
@@ -32,7 +33,7 @@ async def test_park_on_a_timer_releases_the_lock(store: Store) -> None:
 
     parked = await store.park(
         claimed.run_id, claimed.token, [ev(EventType.RUN_SLEEPING, T0 + 1, wake_at=T0 + 60)],
-        now=T0 + 1, wake_at=T0 + 60, signals=[], known_seq=claimed.journal_len,
+        now=T0 + 1, wake_at=T0 + 60, signals=[], known_seq=last_seq(claimed),
     )
 
     assert parked.parked is True
@@ -140,7 +141,7 @@ async def test_the_timer_of_a_run_woken_otherwise_does_not_fire(store: Store) ->
 
 async def test_a_signal_that_arrived_after_known_seq_keeps_the_run(store: Store) -> None:
     claimed = await running(store, now=T0, ttl=10.0)
-    known = claimed.journal_len
+    known = last_seq(claimed)
     await store.signal(claimed.run_id, "approved", "yes", now=T0 + 1)
 
     result = await store.park(
@@ -189,7 +190,7 @@ async def test_a_cancel_requested_while_running_stops_the_park(store: Store) -> 
 
     result = await store.park(
         claimed.run_id, claimed.token, [ev(EventType.RUN_SLEEPING, T0 + 2, wake_at=T0 + 60)],
-        now=T0 + 2, wake_at=T0 + 60, signals=[], known_seq=claimed.journal_len,
+        now=T0 + 2, wake_at=T0 + 60, signals=[], known_seq=last_seq(claimed),
     )
 
     assert result.parked is False
@@ -202,7 +203,7 @@ async def test_an_interrupt_shows_its_payload_and_resumes_on_its_signal(store: S
     claimed = await running(store, now=T0)
     parked = await store.park(
         claimed.run_id, claimed.token, [ev(EventType.RUN_WAITING, T0 + 1, signal=INTERRUPT_SIGNAL)],
-        now=T0 + 1, wake_at=None, signals=[INTERRUPT_SIGNAL], known_seq=claimed.journal_len,
+        now=T0 + 1, wake_at=None, signals=[INTERRUPT_SIGNAL], known_seq=last_seq(claimed),
         interrupt={"question": "ship it?"},
     )
     assert parked.parked is True
