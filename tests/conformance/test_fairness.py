@@ -28,6 +28,19 @@ async def test_a_late_small_owner_is_not_stuck_behind_a_big_one(store: Store) ->
     assert [r for r in order if r in set(small)] == small
 
 
+async def test_a_newcomer_does_not_starve_an_owner_already_served(store: Store) -> None:
+    """A new owner starts level with the others, not at zero ahead of their history."""
+    big = [await submit(store, owner="big", now=T0 + i) for i in range(50)]
+    assert await _claim_one_at_a_time(store, 20, T0 + 60) == big[:20]
+    for i in range(20):
+        await submit(store, owner="new", now=T0 + 70 + i)
+
+    after = await _claim_one_at_a_time(store, 10, T0 + 100)
+
+    assert len([r for r in after if r in set(big)]) >= 4, "the newcomer took over the queue"
+    assert len([r for r in after if r not in set(big)]) >= 4
+
+
 async def test_a_batch_claim_is_fair_too(store: Store) -> None:
     for i in range(50):
         await submit(store, owner="big", now=T0 + i)
