@@ -23,6 +23,14 @@ async def test_ping_answers(store: Store) -> None:
     await store.aping()
 
 
+async def test_bind_records_project_and_environment_once(store: Store) -> None:
+    assert await store.bind(None, None) == (None, None)  # None records nothing
+    assert await store.bind("shop", None) == ("shop", None)
+    assert await store.bind("other", "prod") == ("shop", "prod")  # the first value stays
+    assert await store.bind(None, "staging") == ("shop", "prod")
+    assert await store.bind(None, None) == ("shop", "prod")
+
+
 async def test_submit_creates_a_queued_run_with_a_submitted_event(store: Store) -> None:
     handle, created = await store.submit(WF, {"order": 1}, now=T0, owner="tenant-1")
 
