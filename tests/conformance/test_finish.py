@@ -179,6 +179,14 @@ async def test_continued_queues_a_successor_with_the_same_start_id(store: Store)
     assert (await info(store, third_id)).start_id == first.run_id
 
 
+async def test_the_successor_of_a_run_without_owner_has_none(store: Store) -> None:
+    first = await running(store, now=T0)
+
+    successor = await info(store, await _continue(store, first.run_id, first.token, [], T0 + 1))
+
+    assert (successor.owner, successor.params, successor.start_id) == (None, [], first.run_id)
+
+
 async def test_cancel_of_a_queued_run_ends_it_at_once(store: Store) -> None:
     run_id = await submit(store, now=T0)
 
