@@ -38,10 +38,7 @@ def wait_until(
 
 
 async def await_until(
-    condition: Callable[[], Any],
-    timeout: float = 10.0,  # noqa: ASYNC109 - a polling deadline, not a cancellation scope
-    interval: float = 0.02,
-    what: str = "",
+    condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = ""
 ) -> Any:
     """Async twin of ``wait_until``; ``condition`` may return an awaitable."""
     deadline = time.monotonic() + timeout
