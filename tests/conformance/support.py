@@ -1,8 +1,9 @@
 """Shared vocabulary of the store contract suite.
 
 Every test takes the ``store`` fixture (tests/conftest.py) and talks to it only through
-the Store protocol (pyrula.workflows.stores.base), so the same tests hold any backend.
-Time is a fake: tests pass ``now=`` from a local variable based on ``T0`` and never sleep.
+the Store protocol (pyrula.workflows.stores.base), so the same tests hold any backend; a
+backend joins the suite as one more param of that fixture. Time is a fake: tests pass
+``now=`` from a local variable based on ``T0``, and no test sleeps to let time pass.
 Fake times are whole or binary fractions of seconds so that every backend stores them
 exactly (Lua's cjson keeps 14 significant digits).
 """
@@ -88,10 +89,6 @@ async def info(store: Store, run_id: str) -> RunInfo:
     found = await store.get_run(run_id)
     assert found is not None, f"run {run_id} is unknown to the store"
     return found
-
-
-async def status(store: Store, run_id: str) -> RunStatus:
-    return (await info(store, run_id)).status
 
 
 async def journal(store: Store, run_id: str) -> list[Event]:
