@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -114,8 +115,9 @@ def validate_flow_control(
     if max_starts_per_second is not None and (
         isinstance(max_starts_per_second, bool)
         or not isinstance(max_starts_per_second, int | float)
-        or max_starts_per_second <= 0
+        or not 0 < max_starts_per_second < math.inf  # also refuses NaN
     ):
         raise ValueError(
-            f"max_starts_per_second must be a number > 0 or None, got {max_starts_per_second!r}"
+            "max_starts_per_second must be a finite number > 0 or None, "
+            f"got {max_starts_per_second!r}"
         )

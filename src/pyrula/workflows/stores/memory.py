@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyrula.workflows.errors import RunNotActive, StaleToken, WorkflowNotFound
-from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, make_event
+from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, dumps, loads, make_event
 from pyrula.workflows.records import (
     AppendResult,
     ClaimedRun,
@@ -43,6 +43,16 @@ from pyrula.workflows.stores.common import (
     validate_flow_control,
 )
 from pyrula.workflows.stores.waiters import ResultWaiters
+
+
+def _copy(value: Any) -> Any:
+    """A JSON round trip of ``value``: what a persistent store would hand back.
+
+    Values are copied on the way in and on the way out, so a caller that mutates its
+    params, a step result or an event it got back cannot rewrite the stored run (which
+    would make a replay differ on this store only).
+    """
+    return loads(dumps(value))
 
 
 @dataclass(slots=True)
@@ -79,17 +89,17 @@ class _Run:
             name=self.name,
             status=self.status,
             attempt=self.attempt,
-            params=self.params,
+            params=_copy(self.params),
             owner=self.owner or None,
             created_at=self.created_at,
             updated_at=self.updated_at,
             started_at=self.started_at,
             finished_at=self.finished_at,
-            result=self.result,
-            error=self.error,
+            result=_copy(self.result),
+            error=_copy(self.error),
             wake_at=self.wake_at,
             waiting_for=self.waiting_for,
-            interrupt=self.interrupt,
+            interrupt=_copy(self.interrupt),
             idempotency_key=self.idempotency_key,
             start_id=self.start_id,
             successor_id=self.successor_id,
@@ -97,7 +107,7 @@ class _Run:
 
     def append(self, events: Sequence[Event], now: float) -> int:
         for event in events:
-            stored = dict(event)
+            stored = _copy(event)
             stored["seq"] = len(self.journal) + 1
             self.journal.append(stored)
         self.updated_at = now
@@ -155,7 +165,7 @@ class MemoryStore:
         run = _Run(
             run_id=run_id,
             name=name,
-            params=params,
+            params=_copy(params),
             owner=owner,
             created_at=now,
             updated_at=now,
@@ -176,10 +186,11 @@ class MemoryStore:
         served = self._served.setdefault(run.name, {})
         if run.owner not in owners or not owners[run.owner]:
             # A tenant that (re)appears starts level with the least-served active one,
-            # so it neither starves the others nor waits behind their history.
+            # so it neither starves the others nor waits behind their history, nor its
+            # own: runs served while nobody else waited are not held against it (as DRR
+            # resets the deficit of a queue that empties).
             active = [served.get(o, 0.0) for o, q in owners.items() if q]
-            floor = min(active) if active else 0.0
-            served[run.owner] = max(served.get(run.owner, 0.0), floor)
+            served[run.owner] = min(active) if active else 0.0
         owners.setdefault(run.owner, deque()).append(run.run_id)
 
     # --- attempt writes -------------------------------------------------------------
@@ -218,13 +229,13 @@ class MemoryStore:
             last = run.append(events, now)
             arrived = any(run.signal_seq.get(s, 0) > known_seq for s in signals)
             if arrived or run.cancel_requested:
-                tail = [dict(e) for e in run.journal[known_seq:]]
+                tail = [_copy(e) for e in run.journal[known_seq:]]
                 return ParkResult(False, last, tail, run.cancel_requested)
             run.lock_owner = None
             run.parked_seq = last
             run.status = RunStatus.WAITING if signals else RunStatus.SLEEPING
             run.waiting_for = tuple(signals)
-            run.interrupt = interrupt if INTERRUPT_SIGNAL in signals else None
+            run.interrupt = _copy(interrupt) if INTERRUPT_SIGNAL in signals else None
             run.wake_at = wake_at
             if wake_at is not None:
                 heapq.heappush(self._timers, (wake_at, run.run_id))
@@ -274,8 +285,8 @@ class MemoryStore:
         if run.status is RunStatus.QUEUED:
             self._dequeue(run)
         run.status = status
-        run.result = result
-        run.error = error
+        run.result = _copy(result)
+        run.error = _copy(error)
         run.lock_owner = None
         run.wake_at = None
         run.waiting_for = ()
@@ -381,10 +392,10 @@ class MemoryStore:
         return ClaimedRun(
             run_id=run.run_id,
             name=run.name,
-            params=run.params,
+            params=_copy(run.params),
             owner=run.owner or None,
             token=run.attempt,
-            journal=[dict(e) for e in run.journal[run.parked_seq :]],
+            journal=[_copy(e) for e in run.journal[run.parked_seq :]],
             base_seq=run.parked_seq,
             start_id=run.start_id,
             created_at=run.created_at,
@@ -542,7 +553,7 @@ class MemoryStore:
 
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._lock:
-            return [dict(e) for e in self._get(run_id).journal[after_seq:]]
+            return [_copy(e) for e in self._get(run_id).journal[after_seq:]]
 
     async def list_runs(
         self,

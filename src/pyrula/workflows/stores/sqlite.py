@@ -279,20 +279,24 @@ class SQLiteStore:
         return int(row[0])
 
     def _enqueue(self, conn: sqlite3.Connection, run_id: str, name: str, owner: str) -> None:
+        # The run itself is left out: a new one is inserted as 'queued' before this call.
         active = conn.execute(
-            "SELECT 1 FROM runs WHERE name=? AND owner=? AND status='queued' LIMIT 1",
-            (name, owner),
+            "SELECT 1 FROM runs WHERE name=? AND owner=? AND status='queued' AND run_id!=? "
+            "LIMIT 1",
+            (name, owner, run_id),
         ).fetchone()
         if active is None:
-            # A tenant that (re)appears starts level with the least-served active one.
+            # A tenant that (re)appears starts level with the least-served active one,
+            # not behind its own past (as MemoryStore._enqueue).
             floor = conn.execute(
-                "SELECT MIN(s.served) FROM served s WHERE s.name=? AND EXISTS (SELECT 1 FROM "
-                "runs r WHERE r.name=s.name AND r.owner=s.owner AND r.status='queued')",
-                (name,),
+                "SELECT MIN(s.served) FROM served s WHERE s.name=? AND s.owner!=? AND EXISTS "
+                "(SELECT 1 FROM runs r WHERE r.name=s.name AND r.owner=s.owner "
+                "AND r.status='queued')",
+                (name, owner),
             ).fetchone()[0]
             conn.execute(
                 "INSERT INTO served(name, owner, served) VALUES (?, ?, ?) ON CONFLICT(name, owner)"
-                " DO UPDATE SET served=MAX(served, excluded.served)",
+                " DO UPDATE SET served=excluded.served",
                 (name, owner, floor or 0.0),
             )
         conn.execute(
