@@ -18,7 +18,18 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if inspect.iscoroutinefunction(pyfuncitem.obj):
         names = pyfuncitem._fixtureinfo.argnames
         kwargs = {name: pyfuncitem.funcargs[name] for name in names}
-        asyncio.run(pyfuncitem.obj(**kwargs))
+
+        async def run() -> None:
+            try:
+                await pyfuncitem.obj(**kwargs)
+            finally:
+                # Stores keep a client per event loop: close this loop's before it ends.
+                for value in kwargs.values():
+                    aclose = getattr(value, "aclose", None)
+                    if aclose is not None and inspect.iscoroutinefunction(aclose):
+                        await aclose()
+
+        asyncio.run(run())
         return True
     return None
 

@@ -21,6 +21,7 @@ from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores import store_from_url
 from pyrula.workflows.stores.memory import MemoryStore
 from pyrula.workflows.stores.sqlite import SQLiteStore
+from pyrula.workflows.stores.valkey import ValkeyStore
 from pyrula.workflows.worker import WorkerOptions, WorkflowWorker
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "SyncWorkflowClient",
     "WorkflowClient",
     "WorkflowContext",
+    "ValkeyStore",
     "WorkerOptions",
     "WorkflowNotFound",
     "WorkflowWorker",

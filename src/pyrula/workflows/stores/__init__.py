@@ -32,14 +32,9 @@ def store_from_url(url: str, **options: Any) -> Store:
 
         return SQLiteStore.from_url(url, **options)
     if scheme in ("redis", "rediss", "valkey", "valkeys"):
-        try:
-            from pyrula.workflows.stores.valkey import ValkeyStore  # type: ignore[import-not-found]
-        except ImportError:
-            raise ConfigurationError(
-                f"store URL {url!r}: the Valkey store is not part of this build yet"
-            ) from None
-        store: Store = ValkeyStore(url=url, **options)
-        return store
+        from pyrula.workflows.stores.valkey import ValkeyStore
+
+        return ValkeyStore(url=url, **options)
     raise ConfigurationError(
         f"unknown store URL scheme {scheme!r} in {url!r}; use one of: "
         + ", ".join(f"{s}://" for s in SCHEMES)

@@ -100,6 +100,10 @@ class LockRenewer:
                     self.failures += 1
                     logger.exception("lock renewal failed", extra=self._extra)
         finally:
+            try:
+                loop.run_until_complete(self._store.aclose())
+            except Exception:  # closing is best effort; the thread is ending anyway
+                logger.debug("closing the renewal thread's store client failed", exc_info=True)
             loop.close()
 
     async def tick(self) -> None:

@@ -1,12 +1,13 @@
 -- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
 -- over owners (least served first, oldest head breaking ties), FIFO within an owner.
--- ARGV: op, worker, now, lock_expires, limit, blocked_owner...
+-- ARGV: op, worker, now, lock_expires, limit, [owner, cap]... (flow-controlled owners may
+-- take at most cap runs; cap 0 blocks the owner)
 -- returns {{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
 --           {journal after base_seq}}...}
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
-  local blocked = {}
-  for i = 6, #a do blocked[a[i]] = true end
+  local caps = {}
+  for i = 6, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
   local out = {}
   local active = base .. ':active'
   while #out < limit do
@@ -15,7 +16,7 @@ ops.claim = function(k, a)
     for i = 1, #cands, 2 do
       local owner, served = cands[i], tonumber(cands[i + 1])
       if best_served ~= nil and served > best_served then break end
-      if not blocked[owner] then
+      if caps[owner] == nil or caps[owner] > 0 then
         local head = redis.call('LINDEX', base .. ':q:' .. owner, 0)
         if head then
           local created = tonumber(redis.call('HGET', runk(base, head), 'created_at') or '0')
@@ -28,6 +29,7 @@ ops.claim = function(k, a)
       end
     end
     if best == nil then break end
+    if caps[best] ~= nil then caps[best] = caps[best] - 1 end
     local q = base .. ':q:' .. best
     local id = redis.call('LPOP', q)
     redis.call('HINCRBY', base .. ':served', best, 1)

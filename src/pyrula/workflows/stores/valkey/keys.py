@@ -1,0 +1,88 @@
+"""Every key pattern of the Valkey store, in one place.
+
+All keys start with ``<namespace>:`` (an ACL on ``~<namespace>:*`` fences the store).
+A run's keys and its shard's queue keys share one hash tag, ``{<name hash>.<shard>}``,
+so each operation on a run is one script on one slot, in a cluster too. The run id
+starts with the name hash and the shard, so any client finds a run's keys from its id.
+
+    <ns>:{<h>.<s>}:run:<id>       hash     the run record
+    <ns>:{<h>.<s>}:jnl:<id>       list     the journal (event JSON; seq = index + 1)
+    <ns>:{<h>.<s>}:q:<owner>      list     FIFO of queued runs of one owner
+    <ns>:{<h>.<s>}:active         zset     owners with queued runs -> runs served (DRR)
+    <ns>:{<h>.<s>}:served         hash     owner -> runs served
+    <ns>:{<h>.<s>}:timers         zset     parked run -> wake time
+    <ns>:{<h>.<s>}:locks          zset     running run -> lock expiry
+    <ns>:{<h>.<s>}:index          zset     run -> created_at (listing)
+    <ns>:{<h>.<s>}:expiry         zset     ended run -> finished_at (index pruning)
+    <ns>:{<h>.<s>}:idem:<key>     string   idempotency key -> run id
+    <ns>:{<h>.<s>}:done:<id>      list     a token pushed when the run ends (result waiters)
+    <ns>:{<h>.ready}:ready        zset     shard -> last time it was rung (doorbell)
+    <ns>:{<h>.leases}:leases      hash     shard -> "worker|expiry"
+    <ns>:{<h>.leases}:workers     zset     live workers of the name -> heartbeat expiry
+    <ns>:{flow.<o>}:running       zset     flow-controlled owner's running runs -> expiry
+    <ns>:{flow.<o>}:bucket        hash     its start-rate token bucket
+    <ns>:meta                     hash     shards:<name> -> shard_count; binding.*; flow:<owner>
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+
+_RUN_ID = re.compile(r"^[0-9a-f]{40}$")
+
+
+def name_hash(name: str) -> str:
+    return hashlib.sha1(name.encode()).hexdigest()[:12]
+
+
+def owner_hash(owner: str) -> str:
+    return hashlib.sha1(owner.encode()).hexdigest()[:12]
+
+
+class KeySpace:
+    def __init__(self, namespace: str) -> None:
+        self.ns = namespace
+
+    def base(self, name_h: str, shard: int) -> str:
+        return f"{self.ns}:{{{name_h}.{shard}}}"
+
+    def base_of(self, name: str, shard: int) -> str:
+        return self.base(name_hash(name), shard)
+
+    def base_of_run(self, run_id: str) -> str | None:
+        """The shard base of a run id, or None if it is not one of ours."""
+        if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+            return None
+        return self.base(run_id[:12], int(run_id[12:16], 16))
+
+    def new_run_id(self, name: str, shard: int, now: float | None = None) -> str:
+        ms = int((time.time() if now is None else now) * 1000) & ((1 << 48) - 1)
+        return f"{name_hash(name)}{shard:04x}{ms:012x}{os.urandom(6).hex()}"
+
+    def run(self, run_id: str) -> str:
+        base = self.base_of_run(run_id)
+        return f"{base}:run:{run_id}"
+
+    def journal(self, run_id: str) -> str:
+        base = self.base_of_run(run_id)
+        return f"{base}:jnl:{run_id}"
+
+    def done(self, run_id: str) -> str:
+        base = self.base_of_run(run_id)
+        return f"{base}:done:{run_id}"
+
+    def ready(self, name: str) -> str:
+        return f"{self.ns}:{{{name_hash(name)}.ready}}:ready"
+
+    def leases(self, name: str) -> str:
+        return f"{self.ns}:{{{name_hash(name)}.leases}}"
+
+    def flow(self, owner: str) -> str:
+        return f"{self.ns}:{{flow.{owner_hash(owner)}}}"
+
+    @property
+    def meta(self) -> str:
+        return f"{self.ns}:meta"
