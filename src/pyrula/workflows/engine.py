@@ -182,7 +182,9 @@ class Attempt:
 
     @property
     def is_replaying(self) -> bool:
-        return self._next_call <= self._known_calls
+        # Between operations ``_next_call`` counts those already taken, so the code is
+        # replaying while the next one is still in the journal.
+        return self._next_call < self._known_calls
 
     def _recorded(self, call: int, name: str) -> list[Event]:
         """Events recorded for ``call``, after checking they were written by ``name``."""
