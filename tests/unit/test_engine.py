@@ -179,6 +179,39 @@ async def test_cancel_a_sleeping_run(store_runner: InlineWorkflowRunner) -> None
     assert await runner.store.wake_due(now=1e12, limit=100) == 0
 
 
+@step
+async def cancel_myself(client: Any, run_id: str) -> str:
+    await client.cancel(run_id)
+    return "asked"
+
+
+@workflow(name="engine.cancel_while_running")
+async def cancel_while_running(ctx: WorkflowContext, params: None) -> str:
+    await cancel_myself(CLIENTS[ctx.run_id], ctx.run_id)
+    SEEN.append("after the step")
+    await tick(1)
+    return "not cancelled"
+
+
+CLIENTS: dict[str, Any] = {}
+
+
+async def test_cancel_a_running_run_takes_effect_at_the_next_boundary(
+    runner: InlineWorkflowRunner,
+) -> None:
+    run = await runner.client.submit("engine.cancel_while_running")
+    CLIENTS[run.run_id] = runner.client
+    try:
+        events = await runner.run(run.name, run.run_id)
+    finally:
+        CLIENTS.pop(run.run_id)
+
+    assert (await runner.client.get(run.run_id)).status is RunStatus.CANCELLED
+    assert types(events)[-1] == "run:cancelled"
+    assert step_names(events) == [cancel_myself.__qualname__]
+    assert 1 not in SEEN, "no step may start after the cancel was seen"
+
+
 @workflow(name="engine.slow_timeout", timeout=60)
 async def slow_timeout(ctx: WorkflowContext, params: None) -> str:
     await ctx.sleep(3600)

@@ -307,6 +307,10 @@ class Attempt:
         while True:
             if retry_at is not None:
                 await self._retry_delay(call, spec, retry_at)
+            if self._cancel_requested:
+                # Start no new step once a cancel is known: the attempt loop ends the run
+                # as cancelled when this task yields, which could be after a step started.
+                raise asyncio.CancelledError
             attempt = failures + 1
             self._emit(EventType.STEP_STARTED, step=spec.name, call=call, attempt=attempt)
             try:
