@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -187,9 +188,12 @@ async def cancel_myself(client: Any, run_id: str) -> str:
 
 @workflow(name="engine.cancel_while_running")
 async def cancel_while_running(ctx: WorkflowContext, params: None) -> str:
-    await cancel_myself(CLIENTS[ctx.run_id], ctx.run_id)
-    SEEN.append("after the step")
-    await tick(1)
+    try:
+        await cancel_myself(CLIENTS[ctx.run_id], ctx.run_id)
+        SEEN.append("after the step")
+        await tick(1)
+    finally:
+        await tick(2)
     return "not cancelled"
 
 
@@ -210,6 +214,46 @@ async def test_cancel_a_running_run_takes_effect_at_the_next_boundary(
     assert types(events)[-1] == "run:cancelled"
     assert step_names(events) == [cancel_myself.__qualname__]
     assert 1 not in SEEN, "no step may start after the cancel was seen"
+    assert 2 not in SEEN, "nor in a finally block while the cancelled run unwinds"
+
+
+@step(name="engine.cleanup")
+def cleanup() -> str:
+    SEEN.append("cleanup")
+    return "cleaned"
+
+
+@workflow(name="engine.finally")
+async def with_finally(ctx: WorkflowContext, params: None) -> str:
+    try:
+        await ctx.sleep(60)
+    finally:
+        await cleanup()
+        await ctx.sleep(1)
+    return "done"
+
+
+async def test_a_finally_block_starts_nothing_when_the_run_parks(
+    runner: InlineWorkflowRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = await runner.client.submit("engine.finally")
+    events = await runner.run(run.name, run.run_id)
+
+    # Parking unwinds the workflow code, but a step there would run unjournaled on
+    # every park: the engine refuses it.
+    assert SEEN == []
+    assert types(events)[-1] == "run:sleeping"
+    assert (await runner.client.get(run.run_id)).status is RunStatus.SLEEPING
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    await runner.client.wake(run.run_id)
+    await runner.run(run.name, run.run_id)
+    await runner.client.wake(run.run_id)
+    events = await runner.run(run.name, run.run_id)
+
+    assert await runner.client.result(run.run_id, timeout=5) == "done"
+    assert SEEN == ["cleanup"]
+    assert step_names(events) == ["engine.cleanup"]
 
 
 @workflow(name="engine.slow_timeout", timeout=60)

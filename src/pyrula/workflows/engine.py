@@ -157,6 +157,7 @@ class Attempt:
         self._steps_running = 0
         self._wake = asyncio.Event()
         self._cancel_requested = False
+        self._ending = False
         self._stand: _Stand | None = None
         self._nondeterminism: NonDeterminismError | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -277,7 +278,19 @@ class Attempt:
 
     # --- operations called by workflow code -----------------------------------------
 
+    def _refuse_if_ending(self) -> None:
+        """Start nothing new once the attempt is ending or a cancel is known.
+
+        The attempt loop ends an attempt (park, cancel, stand-down, failure) by cancelling
+        the workflow task, which still runs its ``finally`` blocks: a step started there
+        would execute unjournaled, on every park. A known cancel ends the attempt at the
+        loop's next turn, which may come only after the code has started more.
+        """
+        if self._ending or self._cancel_requested:
+            raise asyncio.CancelledError
+
     def _take_call(self) -> int:
+        self._refuse_if_ending()
         self._next_call += 1
         return self._next_call
 
@@ -307,10 +320,7 @@ class Attempt:
         while True:
             if retry_at is not None:
                 await self._retry_delay(call, spec, retry_at)
-            if self._cancel_requested:
-                # Start no new step once a cancel is known: the attempt loop ends the run
-                # as cancelled when this task yields, which could be after a step started.
-                raise asyncio.CancelledError
+            self._refuse_if_ending()  # a retry starts the step anew
             attempt = failures + 1
             self._emit(EventType.STEP_STARTED, step=spec.name, call=call, attempt=attempt)
             try:
@@ -639,6 +649,7 @@ class Attempt:
                 blocker.future.set_result(None)
 
     async def _stop_task(self) -> None:
+        self._ending = True
         task = self._task
         if task is None or task.done():
             return
