@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -118,6 +119,24 @@ async def test_step_failed_is_catchable_in_the_workflow(runner: InlineWorkflowRu
         "error_type": "ConnectionError",
         "attempts": 3,
     }
+
+
+@workflow(name="retries.beside_a_sleep")
+async def beside_a_sleep(ctx: WorkflowContext, params: None) -> int:
+    _, value = await asyncio.gather(ctx.sleep(3600), flaky_fast(7))
+    return int(value)
+
+
+async def test_a_short_retry_is_not_held_back_by_a_parallel_sleep(
+    runner: InlineWorkflowRunner,
+) -> None:
+    FAILURES["left"] = 1
+    run = await runner.client.submit("retries.beside_a_sleep")
+    events = await runner.run(run.name, run.run_id)
+
+    assert len(ATTEMPTS) == 2, "the retry is due in milliseconds, not when the sleep ends"
+    assert of_type(events, "step:completed")[-1]["result"] == 70
+    assert (await runner.client.get(run.run_id)).status is RunStatus.SLEEPING
 
 
 async def test_backoff_doubles_from_retry_backoff_and_is_capped() -> None:

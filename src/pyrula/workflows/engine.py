@@ -15,11 +15,12 @@ The engine does no I/O of its own: every write goes through the fenced
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import random
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -363,7 +364,8 @@ class Attempt:
             return
         if remaining <= self._settings.inline_retry_max:
             await self.flush()
-            await self._clock.sleep(remaining)
+            with self._step_in_progress():  # so the attempt does not park under it
+                await self._clock.sleep(remaining)
             return
         already = any(
             e["type"] == EventType.RUN_SLEEPING and e.get("wake_at") == retry_at
@@ -382,8 +384,7 @@ class Attempt:
         context = contextvars.copy_context()
         context.run(current_engine.set, None)
         loop = asyncio.get_running_loop()
-        self._steps_running += 1
-        try:
+        with self._step_in_progress():
             future: asyncio.Future[Any]
             if spec.is_async:
                 future = loop.create_task(spec.fn(*args, **kwargs), context=context)
@@ -399,6 +400,17 @@ class Attempt:
                         f"step {spec.name!r} timed out after {spec.timeout:g} s"
                     ) from None
                 raise
+
+    @contextlib.contextmanager
+    def _step_in_progress(self) -> Iterator[None]:
+        """Count a step as running (executing, or waiting out a short retry delay).
+
+        The attempt parks only when no step is in progress; when the last one ends, the
+        loop looks again.
+        """
+        self._steps_running += 1
+        try:
+            yield
         finally:
             self._steps_running -= 1
             if self._blockers:
