@@ -201,6 +201,32 @@ async def test_a_signal_before_the_timeout_wins(
     assert await runner.client.result(run.run_id, timeout=5) == {"answer": 42}
 
 
+@workflow(name="signals.poll")
+async def poll(ctx: WorkflowContext, params: None) -> list[Any]:
+    first = await ctx.wait_for_signal("news", timeout=0)
+    await ctx.sleep(60)
+    second = await ctx.wait_for_signal("news", timeout=0)
+    return [first, second]
+
+
+async def test_a_zero_timeout_wait_polls_and_replays_the_same(
+    runner: InlineWorkflowRunner,
+) -> None:
+    run = await runner.client.submit("signals.poll")
+    await runner.run(run.name, run.run_id)
+    assert (await runner.client.get(run.run_id)).status is RunStatus.SLEEPING
+
+    await runner.client.signal(run.run_id, "news", "arrived during the sleep")
+    await runner.client.wake(run.run_id)
+    await runner.run(run.name, run.run_id)
+
+    # The first poll found nothing when it ran; on replay it must not take the signal
+    # that came later, which belongs to the second poll.
+    assert await runner.client.result(run.run_id, timeout=5) == [
+        None, "arrived during the sleep"
+    ]
+
+
 @workflow(name="signals.interrupt")
 async def ask(ctx: WorkflowContext, params: dict[str, Any]) -> dict[str, Any]:
     answer = await ctx.interrupt({"question": params["question"]})

@@ -489,8 +489,8 @@ class Attempt:
             if candidate is not None:
                 self._consumed.add(int(candidate["seq"]))
                 return candidate.get("payload")
-            if timeout is not None and timeout <= 0:
-                return None
+            # Even a zero timeout is recorded and decided durably below: on replay the
+            # journal may hold a signal that arrived later, which this wait must not take.
             fields: dict[str, Any] = {"op": op, "call": call, "signal": signal}
             if timeout_at is not None:
                 fields["timeout_at"] = timeout_at
