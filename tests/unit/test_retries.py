@@ -121,6 +121,33 @@ async def test_step_failed_is_catchable_in_the_workflow(runner: InlineWorkflowRu
     }
 
 
+SLOW_CALLS: list[int] = []
+
+
+@step(name="retries.slow_then_fast", timeout=0.02, retries=2, retry_backoff=0)
+async def slow_then_fast() -> int:
+    SLOW_CALLS.append(len(SLOW_CALLS) + 1)
+    if len(SLOW_CALLS) < 3:
+        await asyncio.sleep(30)
+    return len(SLOW_CALLS)
+
+
+@workflow(name="retries.timeouts")
+async def timeouts(ctx: WorkflowContext, params: None) -> int:
+    return int(await slow_then_fast())
+
+
+async def test_a_timed_out_attempt_is_retried(runner: InlineWorkflowRunner) -> None:
+    SLOW_CALLS.clear()
+    run = await runner.client.submit("retries.timeouts")
+    events = await runner.run(run.name, run.run_id)
+
+    assert await runner.client.result(run.run_id, timeout=5) == 3
+    failed = of_type(events, "step:failed")
+    assert [e["will_retry"] for e in failed] == [True, True]
+    assert all("Timeout" in e["error_type"] for e in failed)
+
+
 @workflow(name="retries.beside_a_sleep")
 async def beside_a_sleep(ctx: WorkflowContext, params: None) -> int:
     _, value = await asyncio.gather(ctx.sleep(3600), flaky_fast(7))

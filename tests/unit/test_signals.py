@@ -5,8 +5,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyrula.workflows import InlineWorkflowRunner, RunStatus, WorkflowContext, workflow
+from pyrula.workflows import (
+    InlineWorkflowRunner,
+    MemoryStore,
+    RunStatus,
+    WorkflowContext,
+    step,
+    workflow,
+)
 from pyrula.workflows.clock import ManualClock
+from pyrula.workflows.engine import AttemptSettings
 from tests.unit.journal import last, of_type, types
 
 
@@ -199,6 +207,40 @@ async def test_a_signal_before_the_timeout_wins(
     await runner.client.wake(run.run_id)
     await runner.run(run.name, run.run_id)
     assert await runner.client.result(run.run_id, timeout=5) == {"answer": 42}
+
+
+CLIENTS: dict[str, Any] = {}
+
+
+@step(name="signals.send_to_myself")
+async def send_to_myself(run_id: str) -> str:
+    await CLIENTS[run_id].signal(run_id, "ready", "from a step")
+    return "sent"
+
+
+@workflow(name="signals.self_signal")
+async def self_signal(ctx: WorkflowContext, params: None) -> Any:
+    await send_to_myself(ctx.run_id)
+    return await ctx.wait_for_signal("ready")
+
+
+async def test_a_signal_that_arrives_while_the_run_parks_is_not_lost() -> None:
+    """Without a flush at the step boundary the engine learns of the signal only when
+    the store refuses to park the run for it; the wait must then take it."""
+    runner = InlineWorkflowRunner(
+        store=MemoryStore(), settings=AttemptSettings(step_boundary_durability=False),
+        cloud=False,
+    )
+    run = await runner.client.submit("signals.self_signal")
+    CLIENTS[run.run_id] = runner.client
+    try:
+        events = await runner.run(run.name, run.run_id)
+    finally:
+        CLIENTS.pop(run.run_id)
+        await runner.aclose()
+
+    assert await runner.client.result(run.run_id, timeout=5) == "from a step"
+    assert types(events).index("signal:received") < types(events).index("run:waiting")
 
 
 @workflow(name="signals.poll")
