@@ -19,6 +19,7 @@ from pyrula.workflows import (
 )
 from pyrula.workflows.clock import ManualClock
 from pyrula.workflows.engine import AttemptSettings
+from tests.conftest import await_until
 from tests.unit.journal import last, of_type, types
 
 ATTEMPTS: list[int] = []
@@ -45,9 +46,13 @@ flaky_no_retry = step(name="retries.flaky_no_retry")(_flaky)
 flaky_slow = step(
     name="retries.flaky_slow", retries=4, retry_backoff=10.0, retry_backoff_max=25.0
 )(_flaky)
+flaky_inline = step(name="retries.flaky_inline", retries=3, retry_backoff=0.5)(_flaky)
 flaky_long = step(name="retries.flaky_long", retries=1, retry_backoff=30.0)(_flaky)
 
-STEPS = {s.__pyrula_step__.name: s for s in (flaky_fast, flaky_no_retry, flaky_slow, flaky_long)}
+STEPS = {
+    s.__pyrula_step__.name: s
+    for s in (flaky_fast, flaky_no_retry, flaky_slow, flaky_long, flaky_inline)
+}
 
 
 @workflow(name="retries.uncaught")
@@ -164,6 +169,34 @@ async def test_a_short_retry_is_not_held_back_by_a_parallel_sleep(
     assert len(ATTEMPTS) == 2, "the retry is due in milliseconds, not when the sleep ends"
     assert of_type(events, "step:completed")[-1]["result"] == 70
     assert (await runner.client.get(run.run_id)).status is RunStatus.SLEEPING
+
+
+async def test_short_backoffs_are_waited_inline_and_double(
+    timed_runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    """Delays of 0.5, 1 and 2 s (plus jitter) stay under the inline limit: the attempt
+    waits them out on its clock, which this test moves by hand while the run goes on."""
+    runner = timed_runner
+    FAILURES["left"] = 3
+    run = await runner.client.submit("retries.uncaught", {"step": "retries.flaky_inline"})
+    task = asyncio.ensure_future(runner.run(run.name, run.run_id))
+
+    async def moved_on() -> bool:
+        clock.advance(0.25)
+        return task.done()
+
+    await await_until(moved_on, interval=0.001, what="the inline retries")
+    events = task.result()
+
+    assert await runner.client.result(run.run_id, timeout=5) == 70
+    failed = of_type(events, "step:failed")
+    starts = of_type(events, "step:started")
+    assert [e["will_retry"] for e in failed] == [True, True, True]
+    for k, (fail, retry) in enumerate(zip(failed, starts[1:], strict=True), start=1):
+        nominal = 0.5 * 2 ** (k - 1)
+        assert nominal <= fail["retry_at"] - fail["ts"] <= nominal * 1.1 + 1e-6
+        assert retry["ts"] >= fail["retry_at"] - 1e-6, "a retry started before its backoff"
+    assert not of_type(events, "run:sleeping"), "short delays do not park the run"
 
 
 async def test_backoff_doubles_from_retry_backoff_and_is_capped() -> None:
