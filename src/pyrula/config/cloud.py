@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from pyrula.workflows.errors import ConfigurationError
+from pyrula.errors import ConfigurationError
 
 
 def check_cloud(cloud: bool = True) -> None:

@@ -9,7 +9,7 @@ import math
 import os
 import re
 
-from pyrula.workflows.errors import ConfigurationError
+from pyrula.errors import ConfigurationError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -45,7 +45,7 @@ def parse_int(option: str, value: object, *, minimum: int = 0) -> int:
             raise ConfigurationError(f"{option} must be an integer, got {value!r}")
         value = int(value)
     try:
-        number = int(value)  # type: ignore[call-overload]
+        number = int(str(value).strip())
     except (TypeError, ValueError):
         raise ConfigurationError(f"{option} must be an integer, got {value!r}") from None
     if number < minimum:

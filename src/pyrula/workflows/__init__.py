@@ -21,6 +21,7 @@ from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores import store_from_url
 from pyrula.workflows.stores.memory import MemoryStore
 from pyrula.workflows.stores.sqlite import SQLiteStore
+from pyrula.workflows.worker import WorkerOptions, WorkflowWorker
 
 __all__ = [
     "ArchiveSchemaMismatch",
@@ -42,7 +43,9 @@ __all__ = [
     "SyncWorkflowClient",
     "WorkflowClient",
     "WorkflowContext",
+    "WorkerOptions",
     "WorkflowNotFound",
+    "WorkflowWorker",
     "step",
     "store_from_url",
     "workflow",

@@ -11,15 +11,17 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
     from pyrula.workflows.context import WorkflowContext
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class StepCaller(Protocol):
@@ -102,8 +104,24 @@ def _check_positive(what: str, value: float | None, *, allow_zero: bool = True) 
         raise ValueError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
+class _StepDecorator(Protocol):
+    @overload
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Callable[P, Any]: ...
+
+
 @overload
-def step(fn: F, /) -> F: ...
+def step(
+    fn: Callable[P, Coroutine[Any, Any, R]], /
+) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+
+@overload
+def step(fn: Callable[P, R], /) -> Callable[P, Any]: ...
 
 
 @overload
@@ -114,11 +132,11 @@ def step(
     retries: int = 0,
     retry_backoff: float = 1.0,
     retry_backoff_max: float = 60.0,
-) -> Callable[[F], F]: ...
+) -> _StepDecorator: ...
 
 
 def step(
-    fn: F | None = None,
+    fn: Callable[..., Any] | None = None,
     /,
     *,
     name: str | None = None,
@@ -126,8 +144,11 @@ def step(
     retries: int = 0,
     retry_backoff: float = 1.0,
     retry_backoff_max: float = 60.0,
-) -> F | Callable[[F], F]:
+) -> Any:
     """Declare a journaled step: ``@step`` or ``@step(timeout=30, retries=3, retry_backoff=1.0)``.
+
+    Inside a workflow, calling a step (sync or async) returns an awaitable; anywhere else
+    it is the plain function. A sync step is typed as returning ``Any`` for that reason.
 
     ``retries=N`` allows N more attempts after the first; the delay before retry k is
     ``retry_backoff * 2**(k-1)`` seconds, capped at ``retry_backoff_max``, with jitter.

@@ -20,7 +20,7 @@ import contextvars
 import logging
 import random
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,6 +52,10 @@ from pyrula.workflows.stores.base import AttemptStore
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+
+#: Tasks running a run's own code (its body, its async steps) are named with this prefix
+#: and the run id, so a watchdog can tell whose code holds the event loop.
+RUN_TASK_PREFIX = "pyrula-run:"
 
 
 class EngineStore(AttemptStore, Protocol):
@@ -387,7 +391,9 @@ class Attempt:
         with self._step_in_progress():
             future: asyncio.Future[Any]
             if spec.is_async:
-                future = loop.create_task(spec.fn(*args, **kwargs), context=context)
+                future = loop.create_task(
+                    spec.fn(*args, **kwargs), name=RUN_TASK_PREFIX + self.run_id, context=context
+                )
             else:
                 future = loop.run_in_executor(
                     self._executor, lambda: context.run(spec.fn, *args, **kwargs)
@@ -506,7 +512,10 @@ class Attempt:
             fired = None
             if timeout_at is not None and "seq" in waiting:
                 fired = self._timer_fired(int(waiting["seq"]), float(timeout_at))
-            if candidate is not None and (fired is None or int(candidate["seq"]) < int(fired["seq"])):
+            signal_first = fired is None or (
+                candidate is not None and int(candidate["seq"]) < int(fired["seq"])
+            )
+            if candidate is not None and signal_first:
                 self._consumed.add(int(candidate["seq"]))
                 return candidate.get("payload")
             if fired is not None:
@@ -569,7 +578,8 @@ class Attempt:
         context.run(current_engine.set, self)
         ctx = WorkflowContext(self)
         self._task = asyncio.get_running_loop().create_task(
-            self.spec.fn(ctx, self.params), context=context
+            _body(self.spec.fn(ctx, self.params)), name=RUN_TASK_PREFIX + self.run_id,
+            context=context,
         )
         while True:
             if self._stand is not None:
@@ -767,6 +777,10 @@ class Attempt:
         return Outcome(
             OutcomeKind.FAILED if outcome.quarantined else OutcomeKind.REQUEUED, self.journal
         )
+
+
+async def _body(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 class StepTimeout(TimeoutError):

@@ -101,7 +101,9 @@ class InlineWorkflowRunner:
         return await self._execute(self._spec(claimed[0].name), claimed[0])
 
     async def _execute(self, spec: WorkflowSpec, claimed: ClaimedRun) -> list[Event]:
-        journal = claimed.journal or await self.store.read_events(claimed.run_id)
+        journal = claimed.journal
+        if claimed.base_seq:
+            journal = await self.store.read_events(claimed.run_id)
         attempt = Attempt(
             spec, claimed, journal, self.store,
             executor=self._pool(), clock=self._clock, settings=self._settings,

@@ -71,9 +71,10 @@ class RunInfo:
 class ClaimedRun:
     """A run a worker has just claimed: ``token`` is the attempt number, its fencing token.
 
-    ``journal`` is the run's journal up to and including the ``run:started`` event of this
-    attempt, unless it was longer than the claim's ``max_journal`` (then ``journal`` is
-    empty, ``journal_len`` tells its length and the caller reads it by offset).
+    ``journal`` holds the events after ``base_seq``, up to and including this attempt's
+    ``run:started``. ``base_seq`` is where the run last parked (0 for a run that never
+    did), so a worker that cached the journal when it parked the run reads only what is
+    new; any other reader fetches events 1..base_seq by offset.
     """
 
     run_id: str
@@ -82,7 +83,7 @@ class ClaimedRun:
     owner: str | None
     token: int
     journal: list[Event]
-    journal_len: int
+    base_seq: int
     start_id: str
     created_at: float
 

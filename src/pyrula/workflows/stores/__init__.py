@@ -33,7 +33,7 @@ def store_from_url(url: str, **options: Any) -> Store:
         return SQLiteStore.from_url(url, **options)
     if scheme in ("redis", "rediss", "valkey", "valkeys"):
         try:
-            from pyrula.workflows.stores.valkey import ValkeyStore  # type: ignore[attr-defined]
+            from pyrula.workflows.stores.valkey import ValkeyStore  # type: ignore[import-not-found]
         except ImportError:
             raise ConfigurationError(
                 f"store URL {url!r}: the Valkey store is not part of this build yet"

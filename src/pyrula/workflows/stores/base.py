@@ -129,18 +129,18 @@ class WorkQueue(Protocol):
         limit: int,
         now: float,
         lock_ttl: float,
-        max_journal: int = 256,
     ) -> list[ClaimedRun]:
         """Claim up to ``limit`` queued runs of ``names`` for this worker. Atomic per run.
 
         Picks by deficit round robin across owners (the least-served owner next), FIFO
         within one owner, honouring flow control; bumps the attempt (the fencing token),
-        takes the lock until ``now + lock_ttl`` and appends ``run:started``.
+        takes the lock until ``now + lock_ttl`` and appends ``run:started``. Each run comes
+        with its journal after the seq where it last parked (see ClaimedRun).
         """
         ...
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float, max_journal: int = 256
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
     ) -> ClaimedRun | None:
         """Claim this one run if it is queued (as ``claim`` does), else return None."""
         ...
@@ -238,6 +238,13 @@ class Store(
 
     async def aping(self) -> None:
         """Raise StoreUnavailable unless the store answers."""
+        ...
+
+    async def bind(
+        self, project: str | None, environment: str | None
+    ) -> tuple[str | None, str | None]:
+        """Record the project and environment this store serves, where none is recorded
+        yet (values given as None record nothing); return what is recorded. Atomic."""
         ...
 
     def ping(self) -> None: ...

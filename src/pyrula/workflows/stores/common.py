@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -106,14 +107,17 @@ def validate_flow_control(
     if not isinstance(owner, str):
         raise ValueError(f"owner must be a str, got {type(owner).__name__}")
     if max_concurrent is not None and (
-        isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1
+        isinstance(max_concurrent, bool)
+        or not isinstance(max_concurrent, int)
+        or max_concurrent < 1
     ):
         raise ValueError(f"max_concurrent must be an int >= 1 or None, got {max_concurrent!r}")
     if max_starts_per_second is not None and (
         isinstance(max_starts_per_second, bool)
         or not isinstance(max_starts_per_second, int | float)
-        or max_starts_per_second <= 0
+        or not 0 < max_starts_per_second < math.inf  # also refuses NaN
     ):
         raise ValueError(
-            f"max_starts_per_second must be a number > 0 or None, got {max_starts_per_second!r}"
+            "max_starts_per_second must be a finite number > 0 or None, "
+            f"got {max_starts_per_second!r}"
         )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyrula.workflows.errors import RunNotActive, StaleToken, WorkflowNotFound
-from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, make_event
+from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, dumps, loads, make_event
 from pyrula.workflows.records import (
     AppendResult,
     ClaimedRun,
@@ -45,6 +45,16 @@ from pyrula.workflows.stores.common import (
 from pyrula.workflows.stores.waiters import ResultWaiters
 
 
+def _copy(value: Any) -> Any:
+    """A JSON round trip of ``value``: what a persistent store would hand back.
+
+    Values are copied on the way in and on the way out, so a caller that mutates its
+    params, a step result or an event it got back cannot rewrite the stored run (which
+    would make a replay differ on this store only).
+    """
+    return loads(dumps(value))
+
+
 @dataclass(slots=True)
 class _Run:
     run_id: str
@@ -65,6 +75,7 @@ class _Run:
     interrupt: Any = None
     signal_seq: dict[str, int] = field(default_factory=dict)
     cancel_requested: bool = False
+    parked_seq: int = 0
     crashes: list[float] = field(default_factory=list)
     started_at: float | None = None
     finished_at: float | None = None
@@ -78,17 +89,17 @@ class _Run:
             name=self.name,
             status=self.status,
             attempt=self.attempt,
-            params=self.params,
+            params=_copy(self.params),
             owner=self.owner or None,
             created_at=self.created_at,
             updated_at=self.updated_at,
             started_at=self.started_at,
             finished_at=self.finished_at,
-            result=self.result,
-            error=self.error,
+            result=_copy(self.result),
+            error=_copy(self.error),
             wake_at=self.wake_at,
             waiting_for=self.waiting_for,
-            interrupt=self.interrupt,
+            interrupt=_copy(self.interrupt),
             idempotency_key=self.idempotency_key,
             start_id=self.start_id,
             successor_id=self.successor_id,
@@ -96,7 +107,7 @@ class _Run:
 
     def append(self, events: Sequence[Event], now: float) -> int:
         for event in events:
-            stored = dict(event)
+            stored = _copy(event)
             stored["seq"] = len(self.journal) + 1
             self.journal.append(stored)
         self.updated_at = now
@@ -117,6 +128,7 @@ class MemoryStore:
         self._flow: dict[str, FlowControl] = {}
         self._buckets: dict[str, TokenBucket] = {}
         self._waiters = ResultWaiters()
+        self._binding: tuple[str | None, str | None] = (None, None)
 
     # --- submit ---------------------------------------------------------------------
 
@@ -153,7 +165,7 @@ class MemoryStore:
         run = _Run(
             run_id=run_id,
             name=name,
-            params=params,
+            params=_copy(params),
             owner=owner,
             created_at=now,
             updated_at=now,
@@ -174,10 +186,11 @@ class MemoryStore:
         served = self._served.setdefault(run.name, {})
         if run.owner not in owners or not owners[run.owner]:
             # A tenant that (re)appears starts level with the least-served active one,
-            # so it neither starves the others nor waits behind their history.
+            # so it neither starves the others nor waits behind their history, nor its
+            # own: runs served while nobody else waited are not held against it (as DRR
+            # resets the deficit of a queue that empties).
             active = [served.get(o, 0.0) for o, q in owners.items() if q]
-            floor = min(active) if active else 0.0
-            served[run.owner] = max(served.get(run.owner, 0.0), floor)
+            served[run.owner] = min(active) if active else 0.0
         owners.setdefault(run.owner, deque()).append(run.run_id)
 
     # --- attempt writes -------------------------------------------------------------
@@ -216,12 +229,13 @@ class MemoryStore:
             last = run.append(events, now)
             arrived = any(run.signal_seq.get(s, 0) > known_seq for s in signals)
             if arrived or run.cancel_requested:
-                tail = [dict(e) for e in run.journal[known_seq:]]
+                tail = [_copy(e) for e in run.journal[known_seq:]]
                 return ParkResult(False, last, tail, run.cancel_requested)
             run.lock_owner = None
+            run.parked_seq = last
             run.status = RunStatus.WAITING if signals else RunStatus.SLEEPING
             run.waiting_for = tuple(signals)
-            run.interrupt = interrupt if INTERRUPT_SIGNAL in signals else None
+            run.interrupt = _copy(interrupt) if INTERRUPT_SIGNAL in signals else None
             run.wake_at = wake_at
             if wake_at is not None:
                 heapq.heappush(self._timers, (wake_at, run.run_id))
@@ -239,6 +253,7 @@ class MemoryStore:
         error: dict[str, Any] | None = None,
         successor_params: Any = None,
     ) -> FinishResult:
+        status = RunStatus(status)
         with self._lock:
             run = self._fenced(run_id, token)
             events = [dict(e) for e in events]
@@ -270,8 +285,8 @@ class MemoryStore:
         if run.status is RunStatus.QUEUED:
             self._dequeue(run)
         run.status = status
-        run.result = result
-        run.error = error
+        run.result = _copy(result)
+        run.error = _copy(error)
         run.lock_owner = None
         run.wake_at = None
         run.waiting_for = ()
@@ -339,7 +354,6 @@ class MemoryStore:
         limit: int,
         now: float,
         lock_ttl: float,
-        max_journal: int = 256,
     ) -> list[ClaimedRun]:
         claimed: list[ClaimedRun] = []
         with self._lock:
@@ -354,37 +368,35 @@ class MemoryStore:
                     if run is None:
                         continue
                     progress = True
-                    claimed.append(self._take(run, worker_id, now, lock_ttl, max_journal))
+                    claimed.append(self._take(run, worker_id, now, lock_ttl))
         return claimed
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float, max_journal: int = 256
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
     ) -> ClaimedRun | None:
         with self._lock:
             run = self._runs.get(run_id)
             if run is None or run.status is not RunStatus.QUEUED:
                 return None
             self._dequeue(run)
-            return self._take(run, worker_id, now, lock_ttl, max_journal)
+            return self._take(run, worker_id, now, lock_ttl)
 
-    def _take(
-        self, run: _Run, worker_id: str, now: float, lock_ttl: float, max_journal: int
-    ) -> ClaimedRun:
+    def _take(self, run: _Run, worker_id: str, now: float, lock_ttl: float) -> ClaimedRun:
         run.attempt += 1
         run.status = RunStatus.RUNNING
         run.lock_owner = worker_id
         run.lock_expires = now + lock_ttl
         if run.started_at is None:
             run.started_at = now
-        length = run.append([started_event(now, run.attempt, worker_id)], now)
+        run.append([started_event(now, run.attempt, worker_id)], now)
         return ClaimedRun(
             run_id=run.run_id,
             name=run.name,
-            params=run.params,
+            params=_copy(run.params),
             owner=run.owner or None,
             token=run.attempt,
-            journal=[dict(e) for e in run.journal] if length <= max_journal else [],
-            journal_len=length,
+            journal=[_copy(e) for e in run.journal[run.parked_seq :]],
+            base_seq=run.parked_seq,
             start_id=run.start_id,
             created_at=run.created_at,
         )
@@ -395,13 +407,14 @@ class MemoryStore:
             return None
         served = self._served.setdefault(name, {})
         candidates: dict[str, tuple[float, float]] = {}
-        for owner, queue in owners.items():
-            if queue and owner not in blocked:
+        for tenant, queue in owners.items():
+            if queue and tenant not in blocked:
                 head = self._runs[queue[0]]
-                candidates[owner] = (served.get(owner, 0.0), head.created_at)
+                candidates[tenant] = (served.get(tenant, 0.0), head.created_at)
         while candidates:
             owner = pick_owner(candidates)
-            assert owner is not None
+            if owner is None:
+                break
             if self._flow_allows(owner, now):
                 served[owner] = served.get(owner, 0.0) + 1.0
                 return self._runs[owners[owner].popleft()]
@@ -501,9 +514,8 @@ class MemoryStore:
             run = self._get(run_id)
             if run.status.terminal:
                 raise RunNotActive(f"run {run_id} has already ended ({run.status.value})")
-            type_ = (
-                EventType.INTERRUPT_RESUMED if name == INTERRUPT_SIGNAL else EventType.SIGNAL_RECEIVED
-            )
+            interrupt = name == INTERRUPT_SIGNAL
+            type_ = EventType.INTERRUPT_RESUMED if interrupt else EventType.SIGNAL_RECEIVED
             event = make_event(type_, now, name=name, payload=payload)
             run.append([event], now)
             run.signal_seq[name] = len(run.journal)
@@ -541,7 +553,7 @@ class MemoryStore:
 
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._lock:
-            return [dict(e) for e in self._get(run_id).journal[after_seq:]]
+            return [_copy(e) for e in self._get(run_id).journal[after_seq:]]
 
     async def list_runs(
         self,
@@ -614,6 +626,16 @@ class MemoryStore:
         return self.flow_control_delete(owner)
 
     # --- lifecycle ------------------------------------------------------------------
+
+    async def bind(
+        self, project: str | None, environment: str | None
+    ) -> tuple[str | None, str | None]:
+        with self._lock:
+            if self._binding[0] is None:
+                self._binding = (project, self._binding[1])
+            if self._binding[1] is None:
+                self._binding = (self._binding[0], environment)
+            return self._binding
 
     def ping(self) -> None:
         return None

@@ -1,0 +1,1 @@
+"""Load scenarios behind `make bench`."""

@@ -1,0 +1,3 @@
+from pyrula.cli.main import main
+
+main()

@@ -1,0 +1,134 @@
+"""What the ``pyrula`` commands share: loading the app, the store, option flags, serving."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from pyrula.config.worker import WorkerOptions
+from pyrula.errors import ConfigurationError
+
+logger = logging.getLogger("pyrula.cli")
+
+DEFAULT_STORE_URL = "sqlite:///pyrula.db"
+
+#: The exit codes of a second signal while draining (128 + signal number).
+FORCED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def import_target(target: str) -> Any:
+    """Import ``module`` or ``module:attribute`` (the current directory is importable)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.ClickException(f"cannot import {module_name!r}: {exc}") from exc
+    if not attr:
+        return module
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise click.ClickException(f"module {module_name!r} has no attribute {attr!r}") from None
+
+
+def load_workflows(apps: tuple[str, ...], workflows: tuple[str, ...]) -> list[Any] | None:
+    """Import the app modules; return the ``--workflow`` functions (None: serve all)."""
+    for app in apps:
+        import_target(app)
+    if not workflows:
+        return None
+    return [import_target(target) for target in workflows]
+
+
+def store_url(url: str | None) -> str:
+    return url or os.environ.get("PYRULA_STORE_URL", "").strip() or DEFAULT_STORE_URL
+
+
+def open_store(url: str | None, namespace: str | None = None) -> Any:
+    from pyrula.workflows.stores import store_from_url
+
+    options: dict[str, Any] = {}
+    if namespace:
+        options["namespace"] = namespace
+    try:
+        return store_from_url(store_url(url), **options)
+    except TypeError:
+        raise click.ClickException(
+            f"--namespace applies to Valkey stores only, not {store_url(url)!r}"
+        ) from None
+
+
+def option_flags(func: Callable[..., Any]) -> Callable[..., Any]:
+    """One ``--flag`` per WorkerOptions field (and its PYRULA_* variable stays in force)."""
+    for field in reversed(dataclasses.fields(WorkerOptions)):
+        flag = "--" + field.name.replace("_", "-")
+        if field.type in ("bool", bool):
+            func = click.option(
+                f"{flag}/--no-{field.name.replace('_', '-')}", field.name, default=None,
+                help=f"WorkerOptions.{field.name} (default {field.default})",
+            )(func)
+        else:
+            func = click.option(
+                flag, field.name, default=None, metavar="VALUE",
+                help=f"WorkerOptions.{field.name} (default {field.default})",
+            )(func)
+    return func
+
+
+def worker_options(values: dict[str, Any], **overrides: Any) -> WorkerOptions:
+    given = {k: v for k, v in values.items() if v is not None}
+    for key, value in overrides.items():
+        given.setdefault(key, value)
+    try:
+        return WorkerOptions(**given)
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def serve(worker: Any, on_start: Callable[[], None] | None = None) -> int:
+    """Run the worker until SIGTERM/SIGINT drains it (exit 0); a second one exits at once
+    with 143/130. Returns the exit code."""
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        received: asyncio.Queue[int] = asyncio.Queue()
+        for signum in FORCED_EXIT:
+            # The handler only records; the watcher below acts.
+            loop.add_signal_handler(signum, received.put_nowait, signum)
+
+        async def watch() -> None:
+            first = await received.get()
+            logger.info("received %s: draining (send it again to quit at once)",
+                        signal.Signals(first).name, extra={"event": "shutdown_requested"})
+            worker.stop()
+            second = await received.get()
+            logger.warning("received %s while draining: quitting now",
+                           signal.Signals(second).name, extra={"event": "forced_exit"})
+            logging.shutdown()
+            os._exit(FORCED_EXIT[signal.Signals(second)])
+
+        watcher = asyncio.create_task(watch())
+        if on_start is not None:
+            on_start()
+        try:
+            await worker.run()
+        finally:
+            watcher.cancel()
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except ConfigurationError as exc:
+        click.echo(f"configuration error: {exc}", err=True)
+        return 2

@@ -1,0 +1,237 @@
+"""``pyrula``: run a worker, a dev worker, and inspect or drive runs from the shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import click
+
+from pyrula import logs
+from pyrula.cli.common import (
+    load_workflows,
+    open_store,
+    option_flags,
+    serve,
+    store_url,
+    worker_options,
+)
+
+LOG_FORMAT = click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text",
+    envvar="PYRULA_LOG_FORMAT", show_default=True,
+)
+LOG_LEVEL = click.option("--log-level", default="INFO", envvar="PYRULA_LOG_LEVEL",
+                         show_default=True)
+STORE = click.option("--store", "store", default=None, metavar="URL",
+                     help="store URL (default $PYRULA_STORE_URL, else sqlite:///pyrula.db)")
+NAMESPACE = click.option("--namespace", default=None, envvar="PYRULA_VALKEY_NAMESPACE",
+                         help="Valkey key namespace")
+
+
+@click.group()
+@click.version_option(package_name="pyrula")
+def cli() -> None:
+    """pyrula: durable workflows for Python."""
+
+
+def _worker_command(dev: bool) -> Any:
+    @click.option("--workflow", "workflows", multiple=True, metavar="MODULE:FN",
+                  help="serve only this @workflow (repeatable); its module is imported")
+    @click.option("--app", "apps", multiple=True, metavar="MODULE", envvar="PYRULA_APP",
+                  help="import this module so its @workflow functions register (repeatable)")
+    @STORE
+    @NAMESPACE
+    @LOG_FORMAT
+    @LOG_LEVEL
+    @click.option("--cloud/--no-cloud", default=True, help="report to Cloud if configured")
+    @option_flags
+    def command(workflows: tuple[str, ...], apps: tuple[str, ...], store: str | None,
+                namespace: str | None, log_format: str, log_level: str, cloud: bool,
+                **options: Any) -> None:
+        logs.configure(log_format, log_level)
+        from pyrula.workflows import WorkflowWorker
+
+        if not workflows and not apps:
+            raise click.UsageError("name what to serve: --workflow MODULE:FN or --app MODULE")
+        chosen = load_workflows(apps, workflows)
+        overrides: dict[str, Any] = {}
+        if dev:
+            overrides = {"shutdown_grace": 3.0, "cancel_timeout": 2.0,
+                         "poison_counts_loop_blocked": False}
+        opts = worker_options(options, **overrides)
+        worker = WorkflowWorker(store=open_store(store, namespace), workflows=chosen,
+                                options=opts, cloud=cloud)
+        click.echo(f"pyrula worker {worker.worker_id} on {store_url(store)} serving "
+                   f"{', '.join(worker.workflow_names)}", err=True)
+        on_start = (lambda: _watch_for_changes(worker)) if dev else None
+        code = serve(worker, on_start)
+        if dev and getattr(worker, "reload_requested", False):
+            click.echo("code changed: restarting", err=True)
+            os.execv(sys.executable, [sys.executable, "-m", "pyrula.cli", *sys.argv[1:]])
+        sys.exit(code)
+
+    return command
+
+
+cli.command("worker", help="Run a WorkflowWorker: SIGTERM drains, a second signal quits.")(
+    _worker_command(dev=False)
+)
+cli.command(
+    "dev",
+    help="A worker for development: fast drain (--shutdown-grace 3 --cancel-timeout 2), "
+    "loop-blocked stand-downs not counted, restart on code change.",
+)(_worker_command(dev=True))
+
+
+def _source_files() -> dict[str, float]:
+    cwd = os.getcwd()
+    found: dict[str, float] = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and path.endswith(".py") and os.path.abspath(path).startswith(cwd):
+            try:
+                found[path] = os.stat(path).st_mtime
+            except OSError:
+                continue
+    return found
+
+
+def _watch_for_changes(worker: Any, interval: float = 0.5) -> None:
+    """Stop the worker when a source file of the app changes (dev reload)."""
+    before = _source_files()
+
+    def watch() -> None:
+        while worker.state != "stopped":
+            time.sleep(interval)
+            now = _source_files()
+            if any(now.get(path) != mtime for path, mtime in before.items()):
+                worker.reload_requested = True
+                worker.stop()
+                return
+
+    threading.Thread(target=watch, name="pyrula-dev-reload", daemon=True).start()
+
+
+# --- driving runs from the shell ------------------------------------------------------
+
+def _client(store: str | None, namespace: str | None) -> Any:
+    from pyrula.workflows import SyncWorkflowClient
+
+    return SyncWorkflowClient(open_store(store, namespace))
+
+
+def _print(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str))
+
+
+def _info_dict(info: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    data = asdict(info)
+    data["status"] = info.status.value
+    return data
+
+
+@cli.command("submit")
+@click.argument("workflow")
+@click.argument("params", default="null")
+@click.option("--owner", default=None)
+@click.option("--idempotency-key", default=None)
+@STORE
+@NAMESPACE
+def submit(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
+           store: str | None, namespace: str | None) -> None:
+    """Submit a run of WORKFLOW with PARAMS (JSON)."""
+    try:
+        value = json.loads(params)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"PARAMS is not JSON: {exc}") from None
+    handle = _client(store, namespace).submit(
+        workflow, value, owner=owner, idempotency_key=idempotency_key
+    )
+    _print({"name": handle.name, "run_id": handle.run_id})
+
+
+@cli.command("get")
+@click.argument("run_id")
+@STORE
+@NAMESPACE
+def get(run_id: str, store: str | None, namespace: str | None) -> None:
+    """Show a run."""
+    _print(_info_dict(_client(store, namespace).get(run_id)))
+
+
+@cli.command("result")
+@click.argument("run_id")
+@click.option("--timeout", type=float, default=None)
+@STORE
+@NAMESPACE
+def result(run_id: str, timeout: float | None, store: str | None,
+           namespace: str | None) -> None:
+    """Wait for a run to end and print its result."""
+    _print(_client(store, namespace).result(run_id, timeout=timeout))
+
+
+@cli.command("events")
+@click.argument("run_id")
+@STORE
+@NAMESPACE
+def events(run_id: str, store: str | None, namespace: str | None) -> None:
+    """Print a run's journal."""
+    _print(_client(store, namespace).events(run_id))
+
+
+@cli.command("signal")
+@click.argument("run_id")
+@click.argument("name")
+@click.argument("payload", default="null")
+@STORE
+@NAMESPACE
+def send_signal(run_id: str, name: str, payload: str, store: str | None,
+                namespace: str | None) -> None:
+    """Send signal NAME with PAYLOAD (JSON) to a run."""
+    _client(store, namespace).signal(run_id, name, json.loads(payload))
+
+
+@cli.command("cancel")
+@click.argument("run_id")
+@STORE
+@NAMESPACE
+def cancel(run_id: str, store: str | None, namespace: str | None) -> None:
+    """Cancel a run."""
+    _print({"cancelled": _client(store, namespace).cancel(run_id)})
+
+
+@cli.command("runs")
+@click.option("--name", default=None)
+@click.option("--status", default=None)
+@click.option("--owner", default=None)
+@click.option("--limit", type=int, default=20, show_default=True)
+@STORE
+@NAMESPACE
+def runs(name: str | None, status: str | None, owner: str | None, limit: int,
+         store: str | None, namespace: str | None) -> None:
+    """List runs, newest first."""
+    rows: Iterable[Any] = _client(store, namespace).list_runs(
+        name=name, status=status, owner=owner, limit=limit
+    )
+    for info in rows:
+        click.echo(f"{info.run_id}  {info.name:<24} {info.status.value:<9} "
+                   f"attempt={info.attempt} owner={info.owner or '-'}")
+
+
+def main() -> None:
+    from pyrula.errors import PyrulaError
+
+    try:
+        cli(standalone_mode=True)
+    except PyrulaError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+

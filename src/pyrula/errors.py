@@ -1,0 +1,107 @@
+"""Every exception a user of pyrula can catch (re-exported by ``pyrula.workflows``).
+
+Engine control flow (continue-as-new, a run standing down) derives from ``BaseException``
+so that a workflow's ``except Exception`` cannot swallow it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PyrulaError(Exception):
+    """Base class of pyrula's own errors."""
+
+
+class ConfigurationError(PyrulaError, ValueError):
+    """An option, URL or environment variable has a value pyrula cannot use."""
+
+
+class StoreUnavailable(PyrulaError):
+    """The store could not be reached (connection refused, timed out, gone away)."""
+
+
+class ArchiveSchemaMismatch(PyrulaError):
+    """The Postgres archive schema is missing or from a different baseline."""
+
+
+class WorkflowNotFound(PyrulaError, LookupError):
+    """No run with this id, or no workflow registered under this name."""
+
+
+class RunNotActive(PyrulaError, ValueError):
+    """A signal, resume or cancel was sent to a run that has already ended."""
+
+
+class PayloadTooLarge(PyrulaError, ValueError):
+    """Params, a step result or a signal payload exceeds ``max_payload_bytes``."""
+
+
+class StaleToken(PyrulaError):
+    """A write carried a fencing token that is no longer the run's current attempt.
+
+    The store refuses the write inside the same atomic step; the attempt that sent it
+    has lost its lock (another worker recovered the run) and must stand down.
+    """
+
+    def __init__(self, run_id: str, token: int, current: int | None = None) -> None:
+        self.run_id = run_id
+        self.token = token
+        self.current = current
+        super().__init__(
+            f"run {run_id}: write with stale fencing token {token}"
+            + (f" (current attempt is {current})" if current is not None else "")
+        )
+
+
+class RunFailed(PyrulaError):
+    """``client.result()`` of a run that failed; ``.error`` holds the run's error dict."""
+
+    def __init__(self, run_id: str, error: dict[str, Any]) -> None:
+        self.run_id = run_id
+        self.error = error
+        super().__init__(
+            f"run {run_id} failed [{error.get('code')}] "
+            f"{error.get('error_type')}: {error.get('message')}"
+        )
+
+
+class RunCancelled(PyrulaError):
+    """``client.result()`` of a run that was cancelled."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} was cancelled")
+
+
+class StepFailed(PyrulaError):
+    """A step failed on its last attempt; raised into the workflow at the step's call.
+
+    ``error_type`` and ``message`` describe the step's own exception.
+    """
+
+    def __init__(self, step: str, error_type: str, message: str, attempts: int) -> None:
+        self.step = step
+        self.error_type = error_type
+        self.message = message
+        self.attempts = attempts
+        plural = "s" if attempts != 1 else ""
+        super().__init__(
+            f"step {step!r} failed after {attempts} attempt{plural}: {error_type}: {message}"
+        )
+
+
+class NonDeterminismError(PyrulaError):
+    """The workflow's code no longer matches the journal recorded for the run."""
+
+
+class ControlFlow(BaseException):
+    """Engine control flow; never raise or catch it in workflow code."""
+
+
+class ContinueAsNew(ControlFlow):
+    """Raised by ``ctx.continue_as_new(params)`` to end the run and queue its successor."""
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+        super().__init__("continue_as_new")

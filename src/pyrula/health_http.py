@@ -1,0 +1,82 @@
+"""A minimal asyncio HTTP/1.1 server for probes: GET only, JSON or text bodies.
+
+Shared by the worker and the fleet supervisor (which must not import the engine), so it
+imports nothing of pyrula.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: A route returns (HTTP status, body); a dict/list body is sent as JSON, a str as text.
+Handler = Callable[[], Awaitable[tuple[int, Any]]]
+
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable",
+            500: "Internal Server Error", 400: "Bad Request"}
+
+
+class ProbeServer:
+    def __init__(self, routes: dict[str, Handler], host: str, port: int) -> None:
+        self.routes = routes
+        self.host = host
+        self.port = port
+        self._server: asyncio.Server | None = None
+        self.address: tuple[str, int] | None = None
+
+    async def start(self) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        sock = self._server.sockets[0].getsockname()
+        self.address = (str(sock[0]), int(sock[1]))
+        return self.address
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+            line = request.split(b"\r\n", 1)[0].decode("latin-1")
+            parts = line.split()
+            if len(parts) < 2:
+                status, body = 400, {"status": "bad_request"}
+            elif parts[0] not in ("GET", "HEAD"):
+                status, body = 405, {"status": "method_not_allowed"}
+            else:
+                handler = self.routes.get(parts[1].split("?", 1)[0])
+                if handler is None:
+                    status, body = 404, {"status": "not_found", "routes": ",".join(self.routes)}
+                else:
+                    try:
+                        status, body = await handler()
+                    except Exception:  # a probe must answer, whatever broke
+                        logger.exception("probe handler for %s failed", parts[1])
+                        status, body = 500, {"status": "error"}
+            if isinstance(body, str):
+                payload, kind = body.encode(), "text/plain; version=0.0.4; charset=utf-8"
+            else:
+                payload, kind = json.dumps(body).encode(), "application/json"
+            head = (
+                f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\n"
+                f"Content-Type: {kind}\r\nContent-Length: {len(payload)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode()
+            writer.write(head + (b"" if parts and parts[0] == "HEAD" else payload))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
+                ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()

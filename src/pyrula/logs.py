@@ -1,0 +1,68 @@
+"""Logging setup for the entry points: one line per event, JSON or text.
+
+Library code only calls ``logging.getLogger(__name__)``; the CLI and the fleet call
+``configure``. An event's name travels in ``extra={"event": ...}`` together with its
+context (worker_id, run_id, workflow...).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": getattr(record, "event", None) or _event_of(record.getMessage()),
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and key not in data:
+                data[key] = value
+        if record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        return json.dumps(data, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        return time.strftime("%H:%M:%S", time.localtime(record.created)) + (
+            f".{int(record.msecs):03d}"
+        )
+
+
+def _event_of(message: str) -> str:
+    head = message.split(":", 1)[0]
+    return head if head and " " not in head else ""
+
+
+def configure(fmt: str = "text", level: str | int = "INFO") -> None:
+    """Send pyrula's logs (and the app's) to stderr, one line per event."""
+    if fmt not in ("text", "json"):
+        from pyrula.errors import ConfigurationError
+
+        raise ConfigurationError(f"log format must be json or text, got {fmt!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    try:
+        root.setLevel(level.upper() if isinstance(level, str) else level)
+    except ValueError:
+        from pyrula.errors import ConfigurationError
+
+        raise ConfigurationError(f"unknown log level {level!r}") from None

@@ -1,0 +1,67 @@
+"""The SQLite store's schema. Bump SCHEMA_VERSION with any change to it."""
+
+SCHEMA_VERSION = 1
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL DEFAULT '',
+        params BLOB,
+        status TEXT NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        result BLOB,
+        error BLOB,
+        lock_owner TEXT,
+        lock_expires REAL,
+        wake_at REAL,
+        waiting_for BLOB,
+        interrupt BLOB,
+        idempotency_key TEXT,
+        start_id TEXT NOT NULL,
+        successor_id TEXT,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        crashes BLOB NOT NULL DEFAULT '[]',
+        signal_seq BLOB NOT NULL DEFAULT '{}',
+        journal_len INTEGER NOT NULL DEFAULT 0,
+        parked_seq INTEGER NOT NULL DEFAULT 0,
+        queue_seq INTEGER
+    )""",
+    """CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency
+        ON runs(name, idempotency_key) WHERE idempotency_key IS NOT NULL""",
+    """CREATE INDEX IF NOT EXISTS runs_queue
+        ON runs(name, owner, queue_seq) WHERE status = 'queued'""",
+    """CREATE INDEX IF NOT EXISTS runs_timers
+        ON runs(wake_at) WHERE status IN ('sleeping', 'waiting') AND wake_at IS NOT NULL""",
+    """CREATE INDEX IF NOT EXISTS runs_locks
+        ON runs(lock_expires) WHERE status = 'running'""",
+    """CREATE INDEX IF NOT EXISTS runs_owner_status ON runs(owner, status)""",
+    """CREATE INDEX IF NOT EXISTS runs_listing ON runs(created_at, run_id)""",
+    """CREATE TABLE IF NOT EXISTS events (
+        run_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS served (
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        served REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (name, owner)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS flow_control (
+        owner TEXT PRIMARY KEY,
+        max_concurrent INTEGER,
+        max_starts_per_second REAL,
+        tokens REAL,
+        stamp REAL
+    )""",
+)

@@ -1,0 +1,80 @@
+-- The fenced writes of one attempt. Each returns an error reply "STALE <attempt>" or
+-- "NOTFOUND" when the token is not the run's current attempt.
+
+-- append: ARGV op, run_id, token, now, lock_expires, event... -> {last_seq, cancel}
+ops.append = function(k, a)
+  local base, id, token, now, expires = k[1], a[2], a[3], a[4], a[5]
+  local run = runk(base, id)
+  local err, cancel = stale(run, token)
+  if err then return redis.error_reply(err) end
+  local len = push_events(base, id, a, 6)
+  redis.call('HSET', run, 'lock_expires', expires, 'updated_at', now)
+  redis.call('ZADD', base .. ':locks', expires, id)
+  return {len, cancel and 1 or 0}
+end
+
+-- park: ARGV op, run_id, token, now, wake_at|'', known_seq, interrupt_json|'', n_signals,
+--       signal..., event...
+-- returns {parked (1|0), last_seq, cancel, {tail after known_seq when not parked}}
+ops.park = function(k, a)
+  local base, id, token, now, wake_at, known = k[1], a[2], a[3], a[4], a[5], tonumber(a[6])
+  local interrupt, n = a[7], tonumber(a[8])
+  local run = runk(base, id)
+  local err, cancel = stale(run, token)
+  if err then return redis.error_reply(err) end
+  local len = push_events(base, id, a, 9 + n)
+  local arrived = false
+  local waiting = {}
+  for i = 9, 8 + n do
+    waiting[#waiting + 1] = a[i]
+    local seen = tonumber(redis.call('HGET', run, 'sig:' .. a[i]) or '0')
+    if seen > known then arrived = true end
+  end
+  if arrived or cancel then
+    return {0, len, cancel and 1 or 0, redis.call('LRANGE', jnlk(base, id), known, -1)}
+  end
+  local status = 'sleeping'
+  if n > 0 then status = 'waiting' end
+  redis.call('HSET', run, 'status', status, 'lock_owner', '', 'parked_seq', len,
+    'waiting_for', n > 0 and cjson.encode(waiting) or '', 'interrupt', interrupt,
+    'wake_at', wake_at, 'updated_at', now)
+  redis.call('ZREM', base .. ':locks', id)
+  if wake_at ~= '' then redis.call('ZADD', base .. ':timers', wake_at, id) end
+  return {1, len, 0, {}}
+end
+
+-- finish: ARGV op, run_id, token, now, status, result_json, error_json|'', completed_ttl,
+--         successor_id|'', successor_submitted_event|'', successor_params|'', event...
+-- (the last event is the terminal one; with a successor its JSON already names it)
+-- returns last_seq
+ops.finish = function(k, a)
+  local base, id, token, now, status = k[1], a[2], a[3], a[4], a[5]
+  local result, errj, ttl, succ, succ_ev, succ_params = a[6], a[7], a[8], a[9], a[10], a[11]
+  local run = runk(base, id)
+  local err = stale(run, token)
+  if err then return redis.error_reply(err) end
+  if succ ~= '' then
+    local f = redis.call('HMGET', run, 'name', 'owner', 'start_id')
+    redis.call('HSET', runk(base, succ), 'name', f[1], 'owner', f[2], 'params', succ_params,
+      'status', 'queued', 'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', '',
+      'start_id', f[3], 'parked_seq', 0, 'cancel', 0, 'crashes', '[]', 'predecessor', id)
+    redis.call('RPUSH', jnlk(base, succ), succ_ev)
+    redis.call('ZADD', base .. ':index', now, succ)
+    enqueue(base, succ, f[2], now)
+    redis.call('HSET', run, 'successor_id', succ)
+  end
+  local len = push_events(base, id, a, 12)
+  finish_run(base, id, status, now, result, errj, ttl)
+  return len
+end
+
+-- requeue: ARGV op, run_id, token, now, reason, crash (1|0), max_retries, retry_ttl,
+--          detail_json, completed_ttl, event...   -> quarantined (1|0)
+ops.requeue = function(k, a)
+  local base, id, token, now = k[1], a[2], a[3], a[4]
+  local run = runk(base, id)
+  local err = stale(run, token)
+  if err then return redis.error_reply(err) end
+  push_events(base, id, a, 11)
+  return requeue_run(base, id, now, a[5], a[6], a[7], a[8], a[9], a[10])
+end

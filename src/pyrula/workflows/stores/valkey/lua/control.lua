@@ -1,0 +1,58 @@
+-- Run control from clients.
+
+-- signal: ARGV op, run_id, now, name, event -> 'NOTFOUND' | 'ENDED <status>' | 'OK' | 'QUEUED'
+ops.signal = function(k, a)
+  local base, id, now, name, ev = k[1], a[2], a[3], a[4], a[5]
+  local run = runk(base, id)
+  local f = redis.call('HMGET', run, 'status', 'waiting_for', 'owner')
+  if not f[1] then return 'NOTFOUND' end
+  local status = f[1]
+  if status == 'completed' or status == 'failed' or status == 'cancelled'
+    or status == 'continued' then
+    return 'ENDED ' .. status
+  end
+  local len = redis.call('RPUSH', jnlk(base, id), ev)
+  redis.call('HSET', run, 'sig:' .. name, len, 'updated_at', now)
+  if status == 'waiting' and f[2] and f[2] ~= '' then
+    for _, w in ipairs(cjson.decode(f[2])) do
+      if w == name then
+        enqueue(base, id, f[3], now)
+        return 'QUEUED'
+      end
+    end
+  end
+  return 'OK'
+end
+
+-- cancel: ARGV op, run_id, now, completed_ttl -> 'NOTFOUND' | 'ENDED' | 'CANCELLED' | 'REQUESTED'
+ops.cancel = function(k, a)
+  local base, id, now = k[1], a[2], a[3]
+  local run = runk(base, id)
+  local f = redis.call('HMGET', run, 'status', 'owner')
+  if not f[1] then return 'NOTFOUND' end
+  local status = f[1]
+  if status == 'completed' or status == 'failed' or status == 'cancelled'
+    or status == 'continued' then
+    return 'ENDED'
+  end
+  if status == 'running' then
+    redis.call('HSET', run, 'cancel', 1, 'updated_at', now)
+    return 'REQUESTED'
+  end
+  if status == 'queued' then dequeue(base, id, f[2]) end
+  redis.call('RPUSH', jnlk(base, id), event('run:cancelled', now))
+  finish_run(base, id, 'cancelled', now, 'null', '', a[4])
+  return 'CANCELLED'
+end
+
+-- wake_run: ARGV op, run_id, now -> 'NOTFOUND' | 'NO' | 'WOKEN'
+ops.wake_run = function(k, a)
+  local base, id, now = k[1], a[2], a[3]
+  local run = runk(base, id)
+  local f = redis.call('HMGET', run, 'status', 'owner')
+  if not f[1] then return 'NOTFOUND' end
+  if f[1] ~= 'sleeping' then return 'NO' end
+  redis.call('RPUSH', jnlk(base, id), event('run:woken', now, {reason = 'manual'}))
+  enqueue(base, id, f[2], now)
+  return 'WOKEN'
+end

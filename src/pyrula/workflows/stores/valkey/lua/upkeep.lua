@@ -1,0 +1,69 @@
+-- Batched upkeep of one shard.
+
+-- renew: ARGV op, now, lock_expires, run_id, token, run_id, token...
+-- returns {{lost...}, {cancel requested...}}
+ops.renew = function(k, a)
+  local base, now, expires = k[1], a[2], a[3]
+  local lost, cancel = {}, {}
+  for i = 4, #a, 2 do
+    local id, token = a[i], a[i + 1]
+    local run = runk(base, id)
+    local err, wants_cancel = stale(run, token)
+    if err then
+      lost[#lost + 1] = id
+    else
+      redis.call('HSET', run, 'lock_expires', expires)
+      redis.call('ZADD', base .. ':locks', expires, id)
+      if wants_cancel then cancel[#cancel + 1] = id end
+    end
+  end
+  return {lost, cancel}
+end
+
+-- wake_due: ARGV op, now, limit -> number woken
+ops.wake_due = function(k, a)
+  local base, now, limit = k[1], a[2], tonumber(a[3])
+  local due = redis.call('ZRANGEBYSCORE', base .. ':timers', '-inf', now, 'LIMIT', 0, limit)
+  local woken = 0
+  for _, id in ipairs(due) do
+    local run = runk(base, id)
+    local f = redis.call('HMGET', run, 'status', 'owner')
+    redis.call('ZREM', base .. ':timers', id)
+    if f[1] == 'sleeping' or f[1] == 'waiting' then
+      redis.call('RPUSH', jnlk(base, id), event('run:woken', now, {reason = 'timer'}))
+      enqueue(base, id, f[2], now)
+      woken = woken + 1
+    end
+  end
+  return woken
+end
+
+-- reclaim: ARGV op, now, limit, max_retries, retry_ttl, completed_ttl
+-- returns {{run_id, quarantined}...}
+ops.reclaim = function(k, a)
+  local base, now, limit = k[1], a[2], tonumber(a[3])
+  local expired = redis.call('ZRANGEBYSCORE', base .. ':locks', '-inf', now, 'LIMIT', 0, limit)
+  local out = {}
+  for _, id in ipairs(expired) do
+    local run = runk(base, id)
+    local f = redis.call('HMGET', run, 'status', 'lock_owner', 'attempt')
+    if f[1] == 'running' then
+      local detail = cjson.encode({cause = 'worker_crash', worker = f[2],
+        attempt = tonumber(f[3])})
+      out[#out + 1] = {id, requeue_run(base, id, now, 'orphaned', '1', a[4], a[5], detail, a[6])}
+    else
+      redis.call('ZREM', base .. ':locks', id)
+    end
+  end
+  return out
+end
+
+-- pending: ARGV op -> {queued runs, parked runs with a timer, running runs}
+ops.pending = function(k, a)
+  local base = k[1]
+  local queued = 0
+  for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
+    queued = queued + redis.call('LLEN', base .. ':q:' .. owner)
+  end
+  return {queued, redis.call('ZCARD', base .. ':timers'), redis.call('ZCARD', base .. ':locks')}
+end

@@ -1,0 +1,102 @@
+"""Background loops: each one a ``tick`` run on an interval, restarted on store errors.
+
+A loop failing on a store or network error is logged once per outage and restarted with
+a jittered delay doubling from 0.5 to 30 s (counted in ``pyrula.workflows.loop.restarts``).
+Any other exception is fatal: it propagates to the worker, which stops and re-raises it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pyrula.errors import StoreUnavailable
+from pyrula.workflows.worker.metrics import Metrics
+
+logger = logging.getLogger("pyrula.workflows.worker")
+
+#: Errors that mean "the store or the network is having a bad moment".
+TRANSIENT: tuple[type[BaseException], ...] = (
+    StoreUnavailable,
+    ConnectionError,
+    TimeoutError,
+    OSError,
+)
+
+BACKOFF_MIN = 0.5
+BACKOFF_MAX = 30.0
+#: /livez fails once a loop has been failing this long without a completed tick.
+LIVENESS_FAILURE_S = 120.0
+
+Tick = Callable[[], Awaitable[float | None]]
+
+
+@dataclass(slots=True)
+class LoopState:
+    name: str
+    failing_since: float | None = None
+    last_ok: float | None = None
+    restarts: int = 0
+
+    def failed_for(self, now: float) -> float:
+        return 0.0 if self.failing_since is None else now - self.failing_since
+
+
+def backoff_delays(start: float = BACKOFF_MIN, cap: float = BACKOFF_MAX) -> Callable[[], float]:
+    """Successive jittered delays doubling from ``start`` up to ``cap``."""
+    current = start / 2
+
+    def next_delay() -> float:
+        nonlocal current
+        current = min(cap, current * 2)
+        return random.uniform(current / 2, current)
+
+    return next_delay
+
+
+async def run_loop(
+    state: LoopState,
+    tick: Tick,
+    interval: float,
+    stopping: asyncio.Event,
+    metrics: Metrics,
+    log_extra: dict[str, str],
+) -> None:
+    """Run ``tick`` every ``interval`` seconds (or what it returns) until ``stopping``."""
+    delays = backoff_delays()
+    while not stopping.is_set():
+        try:
+            wait = await tick()
+        except TRANSIENT as exc:
+            if state.failing_since is None:
+                state.failing_since = time.monotonic()
+                logger.warning(
+                    "loop_failed: %s loop failed on a store/network error (%s: %s); "
+                    "restarting with backoff", state.name, type(exc).__name__, exc,
+                    extra={"event": "loop_failed", "loop": state.name, **log_extra},
+                )
+            state.restarts += 1
+            metrics.inc("pyrula.workflows.loop.restarts", loop=state.name)
+            wait = delays()
+        else:
+            if state.failing_since is not None:
+                logger.info(
+                    "loop_recovered: %s loop recovered after %.1f s", state.name,
+                    time.monotonic() - state.failing_since,
+                    extra={"event": "loop_recovered", "loop": state.name, **log_extra},
+                )
+                delays = backoff_delays()
+            state.failing_since = None
+            state.last_ok = time.monotonic()
+        pause = interval if wait is None else wait
+        if pause > 0 or stopping.is_set():
+            try:
+                await asyncio.wait_for(stopping.wait(), pause)
+            except TimeoutError:
+                pass
+        else:
+            await asyncio.sleep(0)

@@ -1,0 +1,119 @@
+"""The bounded pool of daemon threads that runs sync steps, and its saturation signal.
+
+Threads are daemons on purpose: a hung sync step must not keep the process alive after
+shutdown (``worker_thread_calls_still_running``), which ThreadPoolExecutor's non-daemon,
+joined-at-exit threads would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+logger = logging.getLogger("pyrula.workflows.worker")
+
+_Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+def default_pool_size() -> int:
+    return min(32, (os.cpu_count() or 1) + 4)
+
+
+class StepPool(Executor):
+    """At most ``max_workers`` daemon threads; knows how many calls run.
+
+    ``user_code_threads_saturated`` is logged once each time every thread becomes busy
+    and another call has to wait.
+    """
+
+    def __init__(self, max_workers: int | None = None, worker_id: str = "") -> None:
+        self.size = max_workers or default_pool_size()
+        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._busy = 0
+        self._idle = 0
+        self._saturated = False
+        self._shutdown = False
+        self._worker_id = worker_id
+        self.all_idle = threading.Event()
+        self.all_idle.set()
+
+    @property
+    def busy(self) -> int:
+        with self._lock:
+            return self._busy
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("the sync-step pool is shut down")
+            if self._busy >= self.size and not self._saturated:
+                self._saturated = True
+                logger.warning(
+                    "user_code_threads_saturated: all %d sync-step threads are busy; "
+                    "further sync steps wait", self.size,
+                    extra={"event": "user_code_threads_saturated", "worker_id": self._worker_id},
+                )
+            self._busy += 1
+            self.all_idle.clear()
+            if self._idle == 0 and len(self._threads) < self.size:
+                thread = threading.Thread(
+                    target=self._work, name=f"pyrula-step-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+        self._queue.put((future, fn, args, kwargs))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            item = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(*args, **kwargs))
+                    except BaseException as exc:  # handed to the awaiting step
+                        future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+                    if self._busy < self.size:
+                        self._saturated = False
+                    if self._busy == 0:
+                        self.all_idle.set()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shutdown = True
+            threads = list(self._threads)
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+                    with self._lock:
+                        self._busy -= 1
+                        if self._busy == 0:
+                            self.all_idle.set()
+        for _ in threads:
+            self._queue.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()

@@ -1,0 +1,165 @@
+"""Lock renewal on its own thread, and blocked-event-loop detection.
+
+The thread renews the locks of every run the worker holds in one store call every
+``lock_ttl / 3`` seconds. The event loop stamps a heartbeat; while the loop is blocked the
+thread keeps renewing, up to each run's liveness bound ``max(3 × lock_ttl, timeout)``.
+Past it, every run on the loop stands down (requeued with reason ``loop_blocked``) and
+only the run whose code was running when the block was found is charged a crash
+(``run_attempt_loop_blocked``); the stand-down is written from this thread, with the
+attempt's own fencing token, so the attempt's later writes are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyrula.errors import StaleToken, StoreUnavailable, WorkflowNotFound
+from pyrula.workflows.clock import Clock
+from pyrula.workflows.engine import RUN_TASK_PREFIX
+from pyrula.workflows.records import PoisonPolicy
+from pyrula.workflows.stores.base import Store
+
+logger = logging.getLogger("pyrula.workflows.worker")
+
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    token: int
+    liveness_bound_s: float
+
+
+class LockRenewer:
+    """Owns the renewal thread. ``held`` is shared with the loop under ``lock``."""
+
+    def __init__(
+        self,
+        store: Store,
+        worker_id: str,
+        clock: Clock,
+        lock_ttl: float,
+        poison: PoisonPolicy,
+        charge_loop_blocked: bool,
+        loop: asyncio.AbstractEventLoop,
+        loop_heartbeat: Callable[[], float],
+        on_cancel: Callable[[str], None],
+        log_extra: dict[str, str],
+    ) -> None:
+        self.lock = threading.Lock()
+        self.held: dict[str, Held] = {}
+        self.stood_down: set[str] = set()
+        self._store = store
+        self._worker_id = worker_id
+        self._clock = clock
+        self._lock_ttl = lock_ttl
+        self._poison = poison
+        self._charge = charge_loop_blocked
+        self._loop = loop
+        self._heartbeat = loop_heartbeat
+        self._on_cancel = on_cancel
+        self._extra = log_extra
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="pyrula-lock-renewal", daemon=True)
+        self.failures = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def hold(self, run_id: str, token: int, liveness_bound_s: float) -> None:
+        with self.lock:
+            self.held[run_id] = Held(token, liveness_bound_s)
+            self.stood_down.discard(run_id)
+
+    def release(self, run_id: str) -> bool:
+        """Forget the run; True if this thread had stood it down for a blocked loop."""
+        with self.lock:
+            self.held.pop(run_id, None)
+            if run_id in self.stood_down:
+                self.stood_down.discard(run_id)
+                return True
+            return False
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            interval = max(0.05, self._lock_ttl / 3)
+            while not self._stop.wait(interval):
+                try:
+                    loop.run_until_complete(self.tick())
+                except Exception:  # never let the renewal thread die
+                    self.failures += 1
+                    logger.exception("lock renewal failed", extra=self._extra)
+        finally:
+            loop.close()
+
+    async def tick(self) -> None:
+        lag = time.monotonic() - self._heartbeat()
+        with self.lock:
+            held = dict(self.held)
+        blocked = {r: h for r, h in held.items() if lag > h.liveness_bound_s}
+        if blocked:
+            await self._stand_down(blocked, lag)
+            held = {r: h for r, h in held.items() if r not in blocked}
+        if not held:
+            return
+        try:
+            result = await self._store.renew(
+                self._worker_id, {r: h.token for r, h in held.items()},
+                now=self._clock.now(), lock_ttl=self._lock_ttl,
+            )
+        except StoreUnavailable:
+            self.failures += 1
+            return
+        for run_id in result.cancel_requested:
+            self._loop.call_soon_threadsafe(self._on_cancel, run_id)
+
+    def _running_run(self) -> str | None:
+        task = asyncio.current_task(self._loop)
+        name = task.get_name() if task is not None else ""
+        return name[len(RUN_TASK_PREFIX):] if name.startswith(RUN_TASK_PREFIX) else None
+
+    async def _stand_down(self, blocked: dict[str, Held], lag: float) -> None:
+        culprit = self._running_run()
+        for run_id, held in blocked.items():
+            charged = run_id == culprit
+            detail = {
+                "cause": "loop_blocked",
+                "blocked_for_s": round(lag, 3),
+                "liveness_bound_s": held.liveness_bound_s,
+                "worker": self._worker_id,
+            }
+            try:
+                outcome = await self._store.requeue(
+                    run_id, held.token, now=self._clock.now(), reason="loop_blocked",
+                    crash=charged and self._charge, poison=self._poison, crash_detail=detail,
+                )
+            except (StaleToken, WorkflowNotFound, StoreUnavailable):
+                outcome = None
+            with self.lock:
+                self.held.pop(run_id, None)
+                self.stood_down.add(run_id)
+            if charged:
+                logger.error(
+                    "run_attempt_loop_blocked: run %s blocked the event loop for %.1f s "
+                    "(liveness bound %.1f s); stood down%s", run_id, lag,
+                    held.liveness_bound_s,
+                    " and quarantined" if outcome is not None and outcome.quarantined else "",
+                    extra={"event": "run_attempt_loop_blocked", "run_id": run_id,
+                           "blocked_for_s": round(lag, 3), **self._extra},
+                )
+            else:
+                logger.warning(
+                    "run %s stood down: the event loop was blocked for %.1f s by other code",
+                    run_id, lag, extra={"event": "run_stood_down", "run_id": run_id,
+                                        **self._extra},
+                )

@@ -1,0 +1,532 @@
+"""WorkflowWorker: claims runs, wakes sleeping ones, recovers orphans, serves probes.
+
+``run()`` starts the loops and blocks until ``stop()``; then the shutdown sequence runs in
+order: stop claiming → wait up to ``shutdown_grace`` for in-flight runs → cancel the rest
+together within ``cancel_timeout`` → wait up to ``cancel_timeout`` for sync steps still in
+a thread → release shards. The class installs no signal handlers; entry points do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from pyrula.config.cloud import check_cloud
+from pyrula.config.worker import WorkerOptions
+from pyrula.errors import ConfigurationError, StaleToken, StoreUnavailable, WorkflowNotFound
+from pyrula.health_http import ProbeServer
+from pyrula.workflows.client import WorkflowClient
+from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
+from pyrula.workflows.definition import REGISTRY, Registry, WorkflowSpec, workflow_name
+from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
+from pyrula.workflows.events import Event
+from pyrula.workflows.records import ClaimedRun, PoisonPolicy
+from pyrula.workflows.stores.base import Store
+from pyrula.workflows.worker.cache import JournalCache
+from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S, LoopState, backoff_delays, run_loop
+from pyrula.workflows.worker.metrics import Metrics
+from pyrula.workflows.worker.pool import StepPool
+from pyrula.workflows.worker.renewal import LockRenewer
+
+logger = logging.getLogger("pyrula.workflows.worker")
+
+PING_TIMEOUT_S = 2.0
+HEARTBEAT_INTERVAL_S = 0.1
+
+
+class JournalCacheMismatch(RuntimeError):
+    """PYRULA_JOURNAL_CACHE_VERIFY found a cached journal that differs from the store."""
+
+
+def _default_store() -> Store:
+    from pyrula.workflows.stores import store_from_url
+
+    url = os.environ.get("PYRULA_STORE_URL", "").strip()
+    if not url:
+        raise ConfigurationError(
+            "WorkflowWorker needs a store: pass store=... or set PYRULA_STORE_URL"
+        )
+    return store_from_url(url)
+
+
+class WorkflowWorker:
+    """Runs workflows from ``store``: every imported ``@workflow``, or only ``workflows``."""
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        workflows: Sequence[Any] | None = None,
+        options: WorkerOptions | None = None,
+        *,
+        cloud: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
+        registry: Registry = REGISTRY,
+    ) -> None:
+        self.options = (options if options is not None else WorkerOptions()).resolve()
+        self.store: Store = store if store is not None else _default_store()
+        available = registry.workflows()
+        if workflows is None:
+            self._specs = available
+        else:
+            self._specs = {}
+            for wf in workflows:
+                name = workflow_name(wf)
+                if name not in available:
+                    raise WorkflowNotFound(f"no workflow registered under the name {name!r}")
+                self._specs[name] = available[name]
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.client = WorkflowClient(
+            self.store, clock=clock, max_payload_bytes=self.options.max_payload_bytes
+        )
+        self.health_address: tuple[str, int] | None = None
+        self.metrics = Metrics()
+        self.runs_done = 0
+        self._cloud = cloud
+        self._clock = clock
+        self._settings = AttemptSettings(
+            lock_ttl=self.options.lock_ttl,
+            step_boundary_durability=self.options.step_boundary_durability,
+            event_buffer_size=self.options.event_buffer_size,
+            max_payload_bytes=self.options.max_payload_bytes,
+        )
+        self._poison = PoisonPolicy(
+            self.options.poison_max_retries, self.options.poison_retry_ttl_s
+        )
+        self._log = {"worker_id": self.worker_id}
+        self._state = "starting"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._stop_requested = False
+        self._fatal: BaseException | None = None
+        self._binding_ok = True
+        self._loops: dict[str, LoopState] = {}
+        self._attempts: dict[str, Attempt] = {}
+        self._run_tasks: set[asyncio.Task[None]] = set()
+        self._capacity = asyncio.Event()
+        self._heartbeat = time.monotonic()
+        self._cache = JournalCache(self.options.journal_cache_events)
+        self._pool: StepPool | None = None
+        self._renewer: LockRenewer | None = None
+
+    # --- public surface -------------------------------------------------------------
+
+    @property
+    def workflow_names(self) -> list[str]:
+        return sorted(self._specs)
+
+    @property
+    def state(self) -> str:
+        """starting | ready | draining | stopped."""
+        return self._state
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._attempts)
+
+    def stop(self) -> None:
+        """Begin the graceful shutdown; safe from a signal handler, a coroutine or a thread."""
+        self._stop_requested = True
+        if self._state in ("starting", "ready"):
+            self._state = "draining"
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and not loop.is_closed():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                stopping.set()
+            else:
+                loop.call_soon_threadsafe(stopping.set)
+
+    async def run(self) -> None:
+        """Serve until ``stop()``. Raises ConfigurationError before any loop starts for
+        what only the server can show, and re-raises a fatal loop error after shutdown."""
+        check_cloud(self._cloud)
+        if not self._specs:
+            raise ConfigurationError(
+                "no @workflow is registered: import your workflow modules before "
+                "constructing the worker, or pass workflows=[...]"
+            )
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._capacity = asyncio.Event()
+        if self._stop_requested:
+            self._stopping.set()
+        await self._prepare_store()
+        probe = await self._start_probes()
+        self._pool = StepPool(worker_id=self.worker_id)
+        self._renewer = LockRenewer(
+            self.store, self.worker_id, self._clock, self.options.lock_ttl, self._poison,
+            self.options.poison_counts_loop_blocked, self._loop, lambda: self._heartbeat,
+            self._cancel_run, self._log,
+        )
+        self._renewer.start()
+        background = self._start_loops()
+        claim = asyncio.create_task(self._supervise("claim", self._claim_tick,
+                                                    self.options.claim_poll_interval))
+        if self._binding_ok and not self._stop_requested:
+            self._state = "ready"
+        logger.info(
+            "worker_started: %s serving %s", self.worker_id, ", ".join(self.workflow_names),
+            extra={"event": "worker_started", **self._log},
+        )
+        try:
+            await self._stopping.wait()
+        finally:
+            await self._shutdown(claim, background, probe)
+        if self._fatal is not None:
+            raise self._fatal
+
+    # --- startup --------------------------------------------------------------------
+
+    async def _prepare_store(self) -> None:
+        prepare = getattr(self.store, "prepare", None)
+        if prepare is not None:
+            # Server-side checks (eviction policy, shard count, cluster mode) come first.
+            await prepare(self.workflow_names)
+        project, environment = self.options.project, self.options.environment
+        recorded = await self.store.bind(project, environment)
+        self._binding_ok = all(
+            want is None or have is None or want == have
+            for want, have in zip((project, environment), recorded, strict=True)
+        )
+        if not self._binding_ok:
+            logger.error(
+                "store_binding_mismatch: this store is bound to project=%r environment=%r, "
+                "the worker is configured for project=%r environment=%r; not claiming",
+                recorded[0], recorded[1], project, environment,
+                extra={"event": "store_binding_mismatch", **self._log},
+            )
+
+    async def _start_probes(self) -> ProbeServer | None:
+        if self.options.health_port is None:
+            return None
+        probe = ProbeServer(
+            {"/livez": self._livez, "/readyz": self._readyz, "/metrics": self._metrics_route},
+            self.options.health_host, self.options.health_port,
+        )
+        self.health_address = await probe.start()
+        logger.info("health probes on http://%s:%d", *self.health_address, extra=self._log)
+        return probe
+
+    def _start_loops(self) -> list[asyncio.Task[None]]:
+        o = self.options
+        loops: list[tuple[str, Callable[[], Awaitable[float | None]], float]] = [
+            ("timer", self._timer_tick, o.timer_poll_interval_s),
+            ("orphan", self._orphan_tick, o.orphan_scan_interval),
+        ]
+        optional = [
+            ("schedule", "schedule_tick", o.schedule_interval),
+            ("reconcile", "reconcile_tick", o.reconcile_interval),
+            ("projection", "projection_tick", o.projection_interval),
+            ("shard_lease", "shard_lease_tick", o.shard_lease_interval),
+        ]
+        for name, method, interval in optional:
+            hook = getattr(self.store, method, None)
+            if hook is not None:
+                loops.append((name, self._store_hook(hook), interval))
+        tasks = [asyncio.create_task(self._beat(), name="pyrula-heartbeat")]
+        tasks += [
+            asyncio.create_task(self._supervise(name, tick, interval), name=f"pyrula-{name}")
+            for name, tick, interval in loops
+        ]
+        return tasks
+
+    def _store_hook(self, hook: Callable[..., Awaitable[Any]]) -> Callable[[], Awaitable[None]]:
+        async def tick() -> None:
+            await hook(worker_id=self.worker_id, names=self.workflow_names,
+                       now=self._clock.now(), options=self.options)
+
+        return tick
+
+    async def _beat(self) -> None:
+        """Stamped by the event loop itself: proof for /livez and the watchdog that it turns."""
+        while True:
+            self._heartbeat = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+    async def _supervise(
+        self, name: str, tick: Callable[[], Awaitable[float | None]], interval: float
+    ) -> None:
+        assert self._stopping is not None
+        state = self._loops.setdefault(name, LoopState(name))
+        try:
+            await run_loop(state, tick, interval, self._stopping, self.metrics, self._log)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # not a store error: the worker stops and run() re-raises
+            logger.exception(
+                "loop_died: %s loop failed with %s; stopping the worker", name,
+                type(exc).__name__, extra={"event": "loop_died", "loop": name, **self._log},
+            )
+            if self._fatal is None:
+                self._fatal = exc
+            self.stop()
+
+    # --- loops ----------------------------------------------------------------------
+
+    async def _claim_tick(self) -> float | None:
+        if self._stop_requested or not self._binding_ok:
+            return self.options.claim_poll_interval
+        free = self.options.max_concurrent_runs - len(self._attempts)
+        if free <= 0:
+            self._capacity.clear()
+            assert self._stopping is not None
+            await _first(self._capacity.wait(), self._stopping.wait())
+            return 0.0
+        claimed = await self.store.claim(
+            self.worker_id, self.workflow_names, limit=free, now=self._clock.now(),
+            lock_ttl=self.options.lock_ttl,
+        )
+        for run in claimed:
+            self._start_attempt(run)
+        # A full batch means there is more: claim again at once.
+        return 0.0 if claimed and len(claimed) >= free else None
+
+    async def _timer_tick(self) -> float | None:
+        woken = await self.store.wake_due(now=self._clock.now(), limit=self.options.timer_max_batch)
+        if woken:
+            self.metrics.inc("pyrula.workflows.timers.woken", woken)
+        return 0.0 if woken >= self.options.timer_max_batch else None
+
+    async def _orphan_tick(self) -> float | None:
+        outcomes = await self.store.reclaim(
+            self.workflow_names, now=self._clock.now(), limit=1000, poison=self._poison
+        )
+        for outcome in outcomes:
+            if outcome.quarantined:
+                logger.error(
+                    "run_quarantined: run %s crashed its workers more than %d times",
+                    outcome.run_id, self.options.poison_max_retries,
+                    extra={"event": "run_quarantined", "run_id": outcome.run_id, **self._log},
+                )
+            else:
+                logger.warning(
+                    "run_reclaimed: run %s was orphaned (its worker's lock expired); requeued",
+                    outcome.run_id,
+                    extra={"event": "run_reclaimed", "run_id": outcome.run_id, **self._log},
+                )
+        if outcomes:
+            self.metrics.inc("pyrula.workflows.runs.reclaimed", len(outcomes))
+        return None
+
+    # --- runs -----------------------------------------------------------------------
+
+    def _start_attempt(self, claimed: ClaimedRun) -> None:
+        task = asyncio.create_task(
+            self._run_attempt(claimed), name=f"pyrula-attempt:{claimed.run_id}"
+        )
+        self._run_tasks.add(task)
+        task.add_done_callback(self._run_tasks.discard)
+
+    async def _journal_for(self, claimed: ClaimedRun) -> list[Event]:
+        if claimed.base_seq == 0:
+            return list(claimed.journal)
+        cached = self._cache.take(claimed.run_id, claimed.base_seq)
+        if cached is None:
+            return await self.store.read_events(claimed.run_id)
+        journal = cached + list(claimed.journal)
+        if self.options.journal_cache_verify:
+            fresh = await self.store.read_events(claimed.run_id)
+            if fresh != journal:
+                raise JournalCacheMismatch(
+                    f"journal cache of run {claimed.run_id} differs from the store "
+                    f"({len(journal)} cached events vs {len(fresh)} stored)"
+                )
+        return journal
+
+    async def _run_attempt(self, claimed: ClaimedRun) -> None:
+        assert self._renewer is not None
+        spec = self._specs[claimed.name]
+        run_log = {"run_id": claimed.run_id, "workflow": claimed.name, **self._log}
+        self._renewer.hold(claimed.run_id, claimed.token, self._liveness_bound(spec))
+        attempt: Attempt | None = None
+        try:
+            try:
+                journal = await self._journal_for(claimed)
+            except JournalCacheMismatch as exc:
+                logger.critical("journal_cache_mismatch: %s", exc, extra=run_log)
+                if self._fatal is None:
+                    self._fatal = exc
+                self.stop()
+                return
+            attempt = Attempt(
+                spec, claimed, journal, self.store, executor=self._pool, clock=self._clock,
+                settings=self._settings,
+            )
+            self._attempts[claimed.run_id] = attempt
+            outcome = await attempt.run()
+            await self._after(claimed, outcome, run_log)
+        except StoreUnavailable as exc:
+            logger.warning("run %s: store unavailable before the attempt began (%s)",
+                           claimed.run_id, exc, extra=run_log)
+            await self._requeue_unavailable(claimed, run_log)
+        finally:
+            self._attempts.pop(claimed.run_id, None)
+            if self._renewer.release(claimed.run_id):
+                self._cache.drop(claimed.run_id)
+            self._capacity.set()
+
+    def _liveness_bound(self, spec: WorkflowSpec) -> float:
+        return max(3 * self.options.lock_ttl, spec.timeout or 0.0)
+
+    async def _after(self, claimed: ClaimedRun, outcome: Outcome, run_log: dict[str, Any]) -> None:
+        kind = outcome.kind
+        self.metrics.inc("pyrula.workflows.attempts", outcome=kind.value)
+        if kind is OutcomeKind.PARKED:
+            self._cache.put(claimed.run_id, outcome.journal)
+        else:
+            self._cache.drop(claimed.run_id)
+        if kind in (OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.CANCELLED,
+                    OutcomeKind.CONTINUED):
+            self.runs_done += 1
+            self.metrics.inc("pyrula.workflows.runs.finished", status=kind.value)
+        if kind is OutcomeKind.FAILED and outcome.error is not None:
+            logger.info("run %s failed [%s] %s", claimed.run_id, outcome.error.get("code"),
+                        outcome.error.get("message"), extra=run_log)
+        elif kind is OutcomeKind.LOST:
+            logger.warning("run %s: lock lost to another attempt; stood down", claimed.run_id,
+                           extra={"event": "run_lock_lost", **run_log})
+        elif kind is OutcomeKind.STORE_UNAVAILABLE:
+            await self._requeue_unavailable(claimed, run_log)
+
+    async def _requeue_unavailable(self, claimed: ClaimedRun, run_log: dict[str, Any]) -> None:
+        """Put the run back (reason store_unavailable) once the store answers again, for as
+        long as this attempt's lock can still be valid; after that the orphan scan owns it."""
+        deadline = time.monotonic() + self.options.lock_ttl
+        delays = backoff_delays(0.1, 2.0)
+        while time.monotonic() < deadline:
+            try:
+                await self.store.requeue(
+                    claimed.run_id, claimed.token, now=self._clock.now(),
+                    reason="store_unavailable",
+                )
+                logger.warning("run %s requeued: the store was unavailable during its attempt",
+                               claimed.run_id, extra={"event": "run_requeued", **run_log})
+                return
+            except StaleToken:
+                return
+            except StoreUnavailable:
+                await asyncio.sleep(delays())
+
+    def _cancel_run(self, run_id: str) -> None:
+        attempt = self._attempts.get(run_id)
+        if attempt is not None:
+            attempt.request_cancel()
+
+    # --- probes ---------------------------------------------------------------------
+
+    def _failed_loop(self) -> str | None:
+        now = time.monotonic()
+        for state in self._loops.values():
+            if state.failed_for(now) >= LIVENESS_FAILURE_S:
+                return state.name
+        return None
+
+    async def _livez(self) -> tuple[int, Any]:
+        failed = self._failed_loop()
+        if failed is not None or self._fatal is not None:
+            return 503, {"status": "loop_failed", "loop": failed, "worker_id": self.worker_id}
+        return 200, {"status": "ok", "worker_id": self.worker_id}
+
+    async def _readyz(self) -> tuple[int, Any]:
+        body: dict[str, Any] = {"worker_id": self.worker_id}
+        if self._stop_requested or self._state in ("draining", "stopped"):
+            return 503, {"status": "draining", **body}
+        if self._fatal is not None or self._failed_loop() is not None:
+            return 503, {"status": "loop_failed", **body}
+        if not self._binding_ok:
+            return 503, {"status": "store_binding_mismatch", **body}
+        if self._state == "starting":
+            return 503, {"status": "starting", **body}
+        try:
+            await asyncio.wait_for(self.store.aping(), PING_TIMEOUT_S)
+        except Exception:  # any failure to answer in time means not ready
+            return 503, {"status": "store_unreachable", **body}
+        return 200, {"status": "ready", "shards": self.shards(), "in_flight": self.in_flight,
+                     **body}
+
+    def shards(self) -> dict[str, int]:
+        held = getattr(self.store, "shards_held", None)
+        return dict(held(self.worker_id)) if held is not None else {}
+
+    async def _metrics_route(self) -> tuple[int, Any]:
+        self.metrics.set("pyrula.workflows.runs.in_flight", float(self.in_flight))
+        return 200, self.metrics.prometheus({"worker_id": self.worker_id})
+
+    # --- shutdown -------------------------------------------------------------------
+
+    async def _shutdown(
+        self,
+        claim: asyncio.Task[None],
+        background: list[asyncio.Task[None]],
+        probe: ProbeServer | None,
+    ) -> None:
+        o = self.options
+        self._state = "draining"
+        log = self._log
+        logger.info("shutdown: 1/5 stop claiming", extra={"event": "shutdown", **log})
+        claim.cancel()
+        await asyncio.gather(claim, return_exceptions=True)
+
+        pending = set(self._run_tasks)
+        if pending:
+            logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
+                        o.shutdown_grace, len(pending), extra={"event": "shutdown", **log})
+            _, pending = await asyncio.wait(pending, timeout=o.shutdown_grace)
+        if pending:
+            logger.warning("shutdown: 3/5 cancelling %d runs still in flight", len(pending),
+                           extra={"event": "shutdown", **log})
+            for attempt in list(self._attempts.values()):
+                attempt.stand_down("shutdown")
+            _, pending = await asyncio.wait(pending, timeout=max(o.cancel_timeout, 0.01))
+            for task in pending:  # stuck in a store call: leave it to orphan recovery
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            idle = await asyncio.get_running_loop().run_in_executor(
+                None, self._pool.all_idle.wait, o.cancel_timeout
+            )
+            if not idle:
+                logger.warning(
+                    "worker_thread_calls_still_running: %d sync step calls still running "
+                    "after %.1f s; left on daemon threads (their runs were requeued)",
+                    self._pool.busy, o.cancel_timeout,
+                    extra={"event": "worker_thread_calls_still_running", **log},
+                )
+
+        release = getattr(self.store, "release_shards", None)
+        if release is not None:
+            logger.info("shutdown: 5/5 releasing shards", extra={"event": "shutdown", **log})
+            try:
+                await release(self.worker_id)
+            except Exception:  # shards then lapse after shard_lease_ttl
+                logger.warning("shard release failed", exc_info=True, extra=log)
+
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        if self._renewer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._renewer.stop)
+        if probe is not None:
+            await probe.close()
+        self._state = "stopped"
+        logger.info("worker_stopped: %s", self.worker_id, extra={"event": "worker_stopped", **log})
+
+
+async def _first(*aws: Awaitable[Any]) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
