@@ -180,24 +180,25 @@ async def test_cancel_a_sleeping_run(store_runner: InlineWorkflowRunner) -> None
     assert await runner.store.wake_due(now=1e12, limit=100) == 0
 
 
+#: The client a step uses to cancel its own run, by run id (step arguments are JSON).
+CLIENTS: dict[str, Any] = {}
+
+
 @step
-async def cancel_myself(client: Any, run_id: str) -> str:
-    await client.cancel(run_id)
+async def cancel_myself(run_id: str) -> str:
+    await CLIENTS[run_id].cancel(run_id)
     return "asked"
 
 
 @workflow(name="engine.cancel_while_running")
 async def cancel_while_running(ctx: WorkflowContext, params: None) -> str:
     try:
-        await cancel_myself(CLIENTS[ctx.run_id], ctx.run_id)
+        await cancel_myself(ctx.run_id)
         SEEN.append("after the step")
         await tick(1)
     finally:
         await tick(2)
     return "not cancelled"
-
-
-CLIENTS: dict[str, Any] = {}
 
 
 async def test_cancel_a_running_run_takes_effect_at_the_next_boundary(
