@@ -673,7 +673,11 @@ class Attempt:
     async def _stop_task(self) -> None:
         self._ending = True
         task = self._task
-        if task is None or task.done():
+        if task is None:
+            return
+        if task.done():
+            if not task.cancelled():
+                task.exception()  # the attempt reports the outcome; asyncio need not log it
             return
         task.cancel()
         try:
