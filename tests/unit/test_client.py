@@ -12,10 +12,12 @@ from pyrula.workflows import (
     ConfigurationError,
     InlineWorkflowRunner,
     MemoryStore,
+    PayloadTooLarge,
     RunHandle,
     RunNotActive,
     RunStatus,
     SyncWorkflowClient,
+    WorkflowClient,
     WorkflowContext,
     WorkflowNotFound,
     store_from_url,
@@ -47,6 +49,15 @@ async def test_params_that_are_not_json_are_refused_at_submit(
     client = store_runner.client
     with pytest.raises(ValueError, match="client.echo"):
         await client.submit("client.echo", params)
+    assert [info async for info in client.list_runs()] == []
+
+
+async def test_params_above_the_payload_limit_are_refused_at_submit() -> None:
+    client = WorkflowClient(MemoryStore(), max_payload_bytes=64)
+    with pytest.raises(PayloadTooLarge, match=r"max_payload_bytes \(64\)") as raised:
+        await client.submit("client.echo", {"blob": "x" * 100})
+    assert isinstance(raised.value, ValueError)
+    assert "client.echo" in str(raised.value)
     assert [info async for info in client.list_runs()] == []
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from pyrula.workflows import (
     InlineWorkflowRunner,
+    MemoryStore,
     RunFailed,
     RunStatus,
     StepFailed,
@@ -17,6 +18,7 @@ from pyrula.workflows import (
     step,
     workflow,
 )
+from pyrula.workflows.engine import AttemptSettings
 from tests.unit.journal import last, of_type, step_names, types
 
 CALLS: list[str] = []
@@ -259,6 +261,33 @@ async def test_unserialisable_step_result_fails_once_with_a_clear_error(
     with pytest.raises(RunFailed) as caught:
         await runner.client.result(run.run_id, timeout=5)
     assert caught.value.error["code"] == "step_failed"
+
+
+@step(retries=3, retry_backoff=0)
+def returns_a_lot() -> str:
+    CALLS.append("returns_a_lot")
+    return "x" * 1000
+
+
+@workflow(name="steps.too_large")
+async def too_large(ctx: WorkflowContext, params: None) -> str:
+    return str(await returns_a_lot())
+
+
+async def test_a_step_result_above_the_payload_limit_fails_once() -> None:
+    runner = InlineWorkflowRunner(
+        store=MemoryStore(), settings=AttemptSettings(max_payload_bytes=100), cloud=False
+    )
+    run = await runner.client.submit("steps.too_large")
+    events = await runner.run(run.name, run.run_id)
+    await runner.aclose()
+
+    assert len(of_type(events, "step:failed")) == 1
+    assert CALLS == ["returns_a_lot"]
+    error = (await runner.client.get(run.run_id)).error
+    assert error is not None and error["code"] == "step_failed"
+    assert error["error_type"] == "PayloadTooLarge"
+    assert "max_payload_bytes (100)" in error["message"]
 
 
 @step
