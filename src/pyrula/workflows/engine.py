@@ -15,11 +15,12 @@ The engine does no I/O of its own: every write goes through the fenced
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import random
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -161,6 +162,7 @@ class Attempt:
         self._steps_running = 0
         self._wake = asyncio.Event()
         self._cancel_requested = False
+        self._ending = False
         self._stand: _Stand | None = None
         self._nondeterminism: NonDeterminismError | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -186,7 +188,9 @@ class Attempt:
 
     @property
     def is_replaying(self) -> bool:
-        return self._next_call <= self._known_calls
+        # Between operations ``_next_call`` counts those already taken, so the code is
+        # replaying while the next one is still in the journal.
+        return self._next_call < self._known_calls
 
     def _recorded(self, call: int, name: str) -> list[Event]:
         """Events recorded for ``call``, after checking they were written by ``name``."""
@@ -279,7 +283,19 @@ class Attempt:
 
     # --- operations called by workflow code -----------------------------------------
 
+    def _refuse_if_ending(self) -> None:
+        """Start nothing new once the attempt is ending or a cancel is known.
+
+        The attempt loop ends an attempt (park, cancel, stand-down, failure) by cancelling
+        the workflow task, which still runs its ``finally`` blocks: a step started there
+        would execute unjournaled, on every park. A known cancel ends the attempt at the
+        loop's next turn, which may come only after the code has started more.
+        """
+        if self._ending or self._cancel_requested:
+            raise asyncio.CancelledError
+
     def _take_call(self) -> int:
+        self._refuse_if_ending()
         self._next_call += 1
         return self._next_call
 
@@ -309,6 +325,7 @@ class Attempt:
         while True:
             if retry_at is not None:
                 await self._retry_delay(call, spec, retry_at)
+            self._refuse_if_ending()  # a retry starts the step anew
             attempt = failures + 1
             self._emit(EventType.STEP_STARTED, step=spec.name, call=call, attempt=attempt)
             try:
@@ -351,7 +368,8 @@ class Attempt:
             return
         if remaining <= self._settings.inline_retry_max:
             await self.flush()
-            await self._clock.sleep(remaining)
+            with self._step_in_progress():  # so the attempt does not park under it
+                await self._clock.sleep(remaining)
             return
         already = any(
             e["type"] == EventType.RUN_SLEEPING and e.get("wake_at") == retry_at
@@ -370,8 +388,7 @@ class Attempt:
         context = contextvars.copy_context()
         context.run(current_engine.set, None)
         loop = asyncio.get_running_loop()
-        self._steps_running += 1
-        try:
+        with self._step_in_progress():
             future: asyncio.Future[Any]
             if spec.is_async:
                 future = loop.create_task(
@@ -389,6 +406,17 @@ class Attempt:
                         f"step {spec.name!r} timed out after {spec.timeout:g} s"
                     ) from None
                 raise
+
+    @contextlib.contextmanager
+    def _step_in_progress(self) -> Iterator[None]:
+        """Count a step as running (executing, or waiting out a short retry delay).
+
+        The attempt parks only when no step is in progress; when the last one ends, the
+        loop looks again.
+        """
+        self._steps_running += 1
+        try:
+            yield
         finally:
             self._steps_running -= 1
             if self._blockers:
@@ -467,8 +495,8 @@ class Attempt:
             if candidate is not None:
                 self._consumed.add(int(candidate["seq"]))
                 return candidate.get("payload")
-            if timeout is not None and timeout <= 0:
-                return None
+            # Even a zero timeout is recorded and decided durably below: on replay the
+            # journal may hold a signal that arrived later, which this wait must not take.
             fields: dict[str, Any] = {"op": op, "call": call, "signal": signal}
             if timeout_at is not None:
                 fields["timeout_at"] = timeout_at
@@ -643,8 +671,13 @@ class Attempt:
                 blocker.future.set_result(None)
 
     async def _stop_task(self) -> None:
+        self._ending = True
         task = self._task
-        if task is None or task.done():
+        if task is None:
+            return
+        if task.done():
+            if not task.cancelled():
+                task.exception()  # the attempt reports the outcome; asyncio need not log it
             return
         task.cancel()
         try:
