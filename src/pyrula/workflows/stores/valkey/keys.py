@@ -9,7 +9,6 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:jnl:<id>       list     the journal (event JSON; seq = index + 1)
     <ns>:{<h>.<s>}:q:<owner>      list     FIFO of queued runs of one owner
     <ns>:{<h>.<s>}:active         zset     owners with queued runs -> runs served (DRR)
-    <ns>:{<h>.<s>}:served         hash     owner -> runs served
     <ns>:{<h>.<s>}:timers         zset     parked run -> wake time
     <ns>:{<h>.<s>}:locks          zset     running run -> lock expiry
     <ns>:{<h>.<s>}:index          zset     run -> created_at (listing)

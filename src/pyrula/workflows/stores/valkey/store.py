@@ -8,13 +8,14 @@ one call per shard, batched across shards. See keys.py for the data model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -146,6 +147,9 @@ class ValkeyStore:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
+        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
         self._is_cluster: bool | None = cluster
         self._pid = os.getpid()
         self._known_names: set[str] = set()
@@ -168,6 +172,10 @@ class ValkeyStore:
             return client
         if self._is_cluster is None:
             self._is_cluster = await self._detect_cluster()
+            with self._lock:  # another task of this loop may have built it meanwhile
+                client = self._clients.get(loop)
+            if client is not None:
+                return client
         opts: dict[str, Any] = {"decode_responses": True,
                                 "socket_timeout": self._socket_timeout,
                                 "socket_connect_timeout": self._socket_timeout}
@@ -179,7 +187,19 @@ class ValkeyStore:
             )
         with self._lock:
             self._clients[loop] = client
+        # Close this loop's client when the loop shuts down: asyncio.run() finalizes the
+        # loop's async generators before closing it, so this one's finally runs then.
+        closer = self._closer(client)
+        self._closers[loop] = closer
+        await closer.__anext__()
         return client
+
+    async def _closer(self, client: Any) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                await client.aclose()
 
     async def _detect_cluster(self) -> bool:
         """Read INFO once: does the server report a cluster?"""
@@ -539,26 +559,61 @@ class ValkeyStore:
         caps: list[Any] = []
         for owner, (count, _) in reserved.items():
             caps.extend([owner, count])
+        # Spread the claim over the rung shards (own shards first): each gets a share of
+        # `limit`, so one claim is one pipelined round trip and a small owner's runs,
+        # which deficit round robin puts first on their shards, come out early.
+        visit = candidates[:limit]
+        if not visit:
+            return []
+        shares = [limit // len(visit)] * len(visit)
+        for i in range(limit - sum(shares)):
+            shares[i] += 1
         claimed: list[ClaimedRun] = []
         empty: dict[str, list[tuple[int, float]]] = {}
         try:
-            for _, name, shard, rung in candidates:
-                remaining = limit - len(claimed)
-                if remaining <= 0:
-                    break
-                base = self.keys.base_of(name, shard)
-                rows = await self._op(
-                    base, "claim", worker_id, now, now + lock_ttl, remaining, *caps
-                )
-                taken = [self._claimed(row) for row in rows]
-                claimed.extend(taken)
-                for run in taken:
-                    owner = run.owner or NO_OWNER
-                    if owner in reserved:
-                        at = caps.index(owner)
-                        caps[at + 1] = int(caps[at + 1]) - 1
-                if len(rows) < remaining:
-                    empty.setdefault(name, []).append((shard, rung))
+            if len(reserved) and len(visit) > 1:
+                # Flow caps are owner-wide: claim shard by shard so each sees what is left.
+                for (_, name, shard, rung), share in zip(visit, shares, strict=True):
+                    rows, left = await self._op(
+                        self.keys.base_of(name, shard), "claim", worker_id, now,
+                        now + lock_ttl, share, *caps,
+                    )
+                    taken = [self._claimed(row) for row in rows]
+                    claimed.extend(taken)
+                    for run in taken:
+                        owner = run.owner or NO_OWNER
+                        if owner in reserved:
+                            at = caps.index(owner)
+                            caps[at + 1] = int(caps[at + 1]) - 1
+                    if not int(left):
+                        empty.setdefault(name, []).append((shard, rung))
+            else:
+                calls = [
+                    (self.keys.base_of(name, shard),
+                     ("claim", worker_id, now, now + lock_ttl, share, *caps))
+                    for (_, name, shard, _), share in zip(visit, shares, strict=True)
+                ]
+                fuller: list[tuple[str, int]] = []
+                for (_, name, shard, rung), result in zip(visit, await self._batch(calls),
+                                                          strict=True):
+                    if isinstance(result, BaseException):
+                        raise result
+                    rows, left = result
+                    claimed.extend(self._claimed(row) for row in rows)
+                    if not int(left):
+                        empty.setdefault(name, []).append((shard, rung))
+                    else:
+                        fuller.append((name, shard))
+                # Shares left unused by shards that ran dry go to those that still have runs.
+                for name, shard in fuller:
+                    remaining = limit - len(claimed)
+                    if remaining <= 0:
+                        break
+                    rows, _ = await self._op(
+                        self.keys.base_of(name, shard), "claim", worker_id, now,
+                        now + lock_ttl, remaining, *caps,
+                    )
+                    claimed.extend(self._claimed(row) for row in rows)
         finally:
             await self._flow_settle(reserved, claimed, now + lock_ttl)
         await self._unring(empty, now)

@@ -1,7 +1,7 @@
 -- Shared helpers. Every op takes KEYS[1] = the shard's base key "<ns>:{<tag>}"; every key
 -- an op touches is that base plus a suffix, so it shares the hash tag (one slot).
 -- Suffixes: :run:<id> (hash), :jnl:<id> (list of event JSON), :q:<owner> (FIFO list),
--- :active (zset owner -> served, owners with queued runs), :served (hash owner -> served),
+-- :active (zset owner -> served, owners with queued runs),
 -- :timers (zset id -> wake_at), :locks (zset id -> lock expiry), :index (zset id ->
 -- created_at), :expiry (zset id -> finished_at), :idem:<key>, :done:<id>, :gen.
 local ops = {}
@@ -33,13 +33,12 @@ end
 local function enqueue(base, id, owner, now)
   local q = base .. ':q:' .. owner
   if redis.call('LLEN', q) == 0 then
-    -- An owner that (re)appears starts level with the least-served active one.
+    -- An owner that (re)appears starts level with the least-served active one: it
+    -- neither starves the others nor waits behind the runs it got while alone.
     local low = redis.call('ZRANGE', base .. ':active', 0, 0, 'WITHSCORES')
     local floor = 0
     if #low > 0 then floor = tonumber(low[2]) end
-    local served = tonumber(redis.call('HGET', base .. ':served', owner) or '0')
-    if served < floor then served = floor end
-    redis.call('ZADD', base .. ':active', served, owner)
+    redis.call('ZADD', base .. ':active', floor, owner)
   end
   redis.call('RPUSH', q, id)
   redis.call('HSET', runk(base, id), 'status', 'queued', 'lock_owner', '', 'wake_at', '',

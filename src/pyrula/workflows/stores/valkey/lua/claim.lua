@@ -2,8 +2,8 @@
 -- over owners (least served first, oldest head breaking ties), FIFO within an owner.
 -- ARGV: op, worker, now, lock_expires, limit, [owner, cap]... (flow-controlled owners may
 -- take at most cap runs; cap 0 blocks the owner)
--- returns {{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
---           {journal after base_seq}}...}
+-- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
+--           {journal after base_seq}}...}, owners still queued}
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
   local caps = {}
@@ -32,7 +32,6 @@ ops.claim = function(k, a)
     if caps[best] ~= nil then caps[best] = caps[best] - 1 end
     local q = base .. ':q:' .. best
     local id = redis.call('LPOP', q)
-    redis.call('HINCRBY', base .. ':served', best, 1)
     if redis.call('LLEN', q) == 0 then
       redis.call('ZREM', active, best)
     else
@@ -40,7 +39,7 @@ ops.claim = function(k, a)
     end
     out[#out + 1] = take(base, id, worker, now, expires)
   end
-  return out
+  return {out, redis.call('ZCARD', active)}
 end
 
 -- claim_run: claim this one run if it is queued. ARGV: op, run_id, worker, now, expires
