@@ -1,15 +1,42 @@
-"""Shared test plumbing: async tests without a plugin, stores, and polling helpers."""
+"""Shared test plumbing: async tests without a plugin, stores, polling helpers, real servers.
+
+Real Valkey/Redis servers (see ``tests/servers.py``), one set per xdist worker process:
+
+- ``valkey_url`` + ``valkey_namespace``: the URL of the session's shared standalone server and
+  a fresh key namespace for this test; keys containing the namespace are deleted afterwards.
+  Put the namespace in every key (or use it as the store's prefix) and never flush, reconfigure
+  or stop the shared server: tests that do that take ``fresh_valkey_server`` instead.
+- ``valkey_server``: the shared standalone ``Server`` itself (session scope).
+- ``fresh_valkey_server``: a server of the test's own, free to kill, restart and reconfigure.
+- ``valkey_server_factory``: ``start(**config) -> Server`` for servers with special config
+  (``requirepass``, ``maxmemory``, ACL ``user`` lines, ...); all stopped after the test.
+- ``valkey_cluster``: a 3 primary + 3 replica ``Cluster`` shared by the session.
+
+Tests using these fixtures are marked ``valkey`` (and ``cluster``) automatically, so
+``-m "not valkey"`` / ``-m "not cluster"`` deselect them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.servers import (
+    Cluster,
+    Server,
+    ServerError,
+    find_server_binary,
+    server_version,
+    start_cluster,
+    start_server,
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -77,3 +104,99 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         yield s
     finally:
         s.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Real Valkey/Redis servers
+
+VALKEY_FIXTURES = frozenset(
+    {"valkey_server", "valkey_url", "fresh_valkey_server", "valkey_server_factory"}
+)
+CLUSTER_FIXTURES = frozenset({"valkey_cluster"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests by the server fixtures they use (directly or through other fixtures)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & CLUSTER_FIXTURES:
+            item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.valkey)
+        elif names & VALKEY_FIXTURES:
+            item.add_marker(pytest.mark.valkey)
+
+
+def pytest_report_header() -> str:
+    try:
+        binary = find_server_binary()
+    except ServerError as exc:
+        return f"valkey test server: none ({exc})"
+    return f"valkey test server: {binary} ({server_version(binary)})"
+
+
+@pytest.fixture(scope="session")
+def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One standalone server for the whole session (per xdist worker). Do not reconfigure it."""
+    server = start_server(tmp_path_factory.mktemp("valkey"))
+    try:
+        yield server
+    finally:
+        server.kill()  # nothing to save, and SIGTERM costs up to 100 ms per server
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A 3 primary + 3 replica cluster for the whole session (per xdist worker)."""
+    cluster = start_cluster(tmp_path_factory.mktemp("valkey-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.kill()
+
+
+@pytest.fixture
+def valkey_namespace() -> str:
+    """A key namespace no other test uses, e.g. ``t3f9c2a1b0d4e5f67``."""
+    return f"t{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+def valkey_url(valkey_server: Server, valkey_namespace: str) -> Iterator[str]:
+    """URL of the shared server; keys containing ``valkey_namespace`` are removed afterwards."""
+    if not valkey_server.is_running:
+        raise ServerError(
+            f"the shared {valkey_server!r} is down: a test stopped it; "
+            "tests that kill or reconfigure servers must use fresh_valkey_server"
+        )
+    yield valkey_server.url
+    with valkey_server.client(socket_timeout=5) as client:
+        keys = list(client.scan_iter(match=f"*{valkey_namespace}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.unlink(*keys[start : start + 500])
+
+
+@pytest.fixture
+def fresh_valkey_server(tmp_path: Path) -> Iterator[Server]:
+    """A standalone server of this test's own: kill, restart and reconfigure it freely."""
+    server = start_server(tmp_path / "valkey")
+    try:
+        yield server
+    finally:
+        server.kill()  # nothing to save, and SIGTERM costs up to 100 ms per server
+
+
+@pytest.fixture
+def valkey_server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """``start(**config) -> Server``, e.g. ``start(requirepass="pw", maxmemory="2mb")``."""
+    servers: list[Server] = []
+
+    def start(**config: Any) -> Server:
+        server = start_server(tmp_path / "valkey", **config)
+        servers.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.kill()
