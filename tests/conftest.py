@@ -91,15 +91,31 @@ async def await_until(
         await asyncio.sleep(interval)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    """Every embedded store, one test run each."""
-    from pyrula.workflows import MemoryStore, SQLiteStore
+STORE_PARAMS = [
+    "memory",
+    "sqlite",
+    pytest.param("valkey", marks=pytest.mark.valkey),
+    pytest.param("valkey-cluster", marks=[pytest.mark.valkey, pytest.mark.cluster]),
+]
 
+
+@pytest.fixture(params=STORE_PARAMS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Every store, one test run each: memory, SQLite, Valkey standalone (one shard, so
+    ordering is exact) and a real Valkey cluster (four shards across its nodes)."""
+    from pyrula.workflows import MemoryStore, SQLiteStore, ValkeyStore
+
+    namespace = f"t{uuid.uuid4().hex[:16]}"
     if request.param == "memory":
         s: Any = MemoryStore()
-    else:
+    elif request.param == "sqlite":
         s = SQLiteStore(str(tmp_path / "store.db"))
+    elif request.param == "valkey":
+        server = request.getfixturevalue("valkey_server")
+        s = ValkeyStore(url=server.url, namespace=namespace, shard_count=1)
+    else:
+        cluster = request.getfixturevalue("valkey_cluster")
+        s = ValkeyStore(url=cluster.url, namespace=namespace, shard_count=4)
     try:
         yield s
     finally:

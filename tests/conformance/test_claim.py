@@ -17,6 +17,7 @@ from tests.conformance.support import (
     info,
     journal,
     orphan,
+    require_global_order,
     running,
     seqs,
     sleep,
@@ -114,6 +115,7 @@ async def test_claim_takes_only_the_given_names(store: Store) -> None:
 
 
 async def test_claim_is_fifo_within_one_owner(store: Store) -> None:
+    require_global_order(store)
     ids = [await submit(store, owner="tenant-1", now=T0 + i) for i in range(6)]
 
     order = []

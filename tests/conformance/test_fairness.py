@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyrula.workflows.stores.base import Store
-from tests.conformance.support import T0, TTL, WF, WORKER, complete, submit
+from tests.conformance.support import T0, TTL, WF, WORKER, complete, require_global_order, submit
 
 
 async def _claim_one_at_a_time(store: Store, count: int, now: float) -> list[str]:
@@ -16,6 +16,7 @@ async def _claim_one_at_a_time(store: Store, count: int, now: float) -> list[str
 
 
 async def test_a_late_small_owner_is_not_stuck_behind_a_big_one(store: Store) -> None:
+    require_global_order(store)
     big = [await submit(store, owner="big", now=T0 + i) for i in range(50)]
     small = [await submit(store, owner="small", now=T0 + 50 + i) for i in range(5)]
 
@@ -30,6 +31,7 @@ async def test_a_late_small_owner_is_not_stuck_behind_a_big_one(store: Store) ->
 
 async def test_a_newcomer_does_not_starve_an_owner_already_served(store: Store) -> None:
     """A new owner starts level with the others, not at zero ahead of their history."""
+    require_global_order(store)
     big = [await submit(store, owner="big", now=T0 + i) for i in range(50)]
     assert await _claim_one_at_a_time(store, 20, T0 + 60) == big[:20]
     for i in range(20):
@@ -42,6 +44,7 @@ async def test_a_newcomer_does_not_starve_an_owner_already_served(store: Store) 
 
 
 async def test_a_batch_claim_is_fair_too(store: Store) -> None:
+    require_global_order(store)
     for i in range(50):
         await submit(store, owner="big", now=T0 + i)
     small = [await submit(store, owner="small", now=T0 + 50 + i) for i in range(5)]
@@ -52,6 +55,7 @@ async def test_a_batch_claim_is_fair_too(store: Store) -> None:
 
 
 async def test_runs_without_owner_share_one_tenant(store: Store) -> None:
+    require_global_order(store)
     for i in range(20):
         await submit(store, now=T0 + i)
     tenant = [await submit(store, owner="tenant-x", now=T0 + 20 + i) for i in range(3)]
@@ -65,6 +69,7 @@ async def test_an_owner_is_not_charged_for_runs_served_while_nobody_else_waited(
     store: Store,
 ) -> None:
     """An owner whose queue emptied comes back level with the others, not behind its past."""
+    require_global_order(store)
     history = [await submit(store, owner="a", now=T0 + i) for i in range(20)]
     for run_id in await _claim_one_at_a_time(store, 20, T0 + 30):
         assert run_id in history
@@ -79,6 +84,7 @@ async def test_an_owner_is_not_charged_for_runs_served_while_nobody_else_waited(
 
 async def test_fairness_holds_across_finished_runs(store: Store) -> None:
     """Claims interleave owners while runs keep finishing, one worker slot at a time."""
+    require_global_order(store)
     ids = {
         owner: [await submit(store, owner=owner, now=T0 + i * 0.25) for i in range(6)]
         for owner in ("x", "y", "z")

@@ -13,6 +13,7 @@ from tests.conformance.support import (
     WORKER,
     complete,
     info,
+    require_global_order,
     sleep,
     submit,
 )
@@ -56,6 +57,7 @@ def test_a_bad_owner_is_refused(store: Store) -> None:
 
 
 async def test_max_concurrent_caps_the_running_runs_of_an_owner(store: Store) -> None:
+    require_global_order(store)
     store.flow_control_set("capped", max_concurrent=2)
     capped = [await submit(store, owner="capped", now=T0 + i) for i in range(5)]
     free = [await submit(store, owner="free", now=T0 + 10 + i) for i in range(3)]
@@ -87,6 +89,7 @@ async def test_max_concurrent_caps_the_running_runs_of_an_owner(store: Store) ->
 
 
 async def test_max_starts_per_second_limits_claims_per_second(store: Store) -> None:
+    require_global_order(store)
     rate = 5
     store.flow_control_set("rated", max_starts_per_second=float(rate))
     rated = [await submit(store, owner="rated", now=T0 + i * 0.25) for i in range(60)]

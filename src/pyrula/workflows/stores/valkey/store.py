@@ -150,6 +150,9 @@ class ValkeyStore:
         self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
+        self._init_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
         self._is_cluster: bool | None = cluster
         self._pid = os.getpid()
         self._known_names: set[str] = set()
@@ -162,37 +165,46 @@ class ValkeyStore:
     # --- connections ----------------------------------------------------------------
 
     async def _client(self) -> Any:
+        """This event loop's client (each loop and thread gets its own connections)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._pid != os.getpid():  # never reuse a parent's sockets after fork
                 self._clients = weakref.WeakKeyDictionary()
+                self._init_locks = weakref.WeakKeyDictionary()
                 self._pid = os.getpid()
             client = self._clients.get(loop)
-        if client is not None:
-            return client
-        if self._is_cluster is None:
-            self._is_cluster = await self._detect_cluster()
-            with self._lock:  # another task of this loop may have built it meanwhile
+            if client is not None:
+                return client
+            init_lock = self._init_locks.setdefault(loop, asyncio.Lock())
+        async with init_lock:  # one task builds it; the others wait for it
+            with self._lock:
                 client = self._clients.get(loop)
             if client is not None:
                 return client
-        opts: dict[str, Any] = {"decode_responses": True,
-                                "socket_timeout": self._socket_timeout,
-                                "socket_connect_timeout": self._socket_timeout}
-        if self._is_cluster:
-            client = RedisCluster.from_url(self.url, **opts)
-        else:
-            client = aioredis.Redis.from_url(
-                self.url, max_connections=self._max_connections, **opts
-            )
-        with self._lock:
-            self._clients[loop] = client
-        # Close this loop's client when the loop shuts down: asyncio.run() finalizes the
-        # loop's async generators before closing it, so this one's finally runs then.
-        closer = self._closer(client)
-        self._closers[loop] = closer
-        await closer.__anext__()
-        return client
+            if self._is_cluster is None:
+                self._is_cluster = await self._detect_cluster()
+            opts: dict[str, Any] = {"decode_responses": True,
+                                    "socket_timeout": self._socket_timeout,
+                                    "socket_connect_timeout": self._socket_timeout}
+            if self._is_cluster:
+                client = RedisCluster.from_url(self.url, **opts)
+                try:
+                    await client.initialize()
+                except _TRANSIENT as exc:
+                    await client.aclose()
+                    raise StoreUnavailable(f"Valkey cluster at {self._where()}: {exc}") from exc
+            else:
+                client = aioredis.Redis.from_url(
+                    self.url, max_connections=self._max_connections, **opts
+                )
+            # Close this loop's client when the loop shuts down: asyncio.run() finalizes
+            # the loop's async generators before closing it, so this one's finally runs.
+            closer = self._closer(client)
+            await closer.__anext__()
+            with self._lock:
+                self._closers[loop] = closer
+                self._clients[loop] = client
+            return client
 
     async def _closer(self, client: Any) -> AsyncIterator[None]:
         try:
@@ -570,50 +582,51 @@ class ValkeyStore:
             shares[i] += 1
         claimed: list[ClaimedRun] = []
         empty: dict[str, list[tuple[int, float]]] = {}
+        fuller: list[tuple[str, int]] = []
+
+        def took(rows: Sequence[Any], left: Any, name: str, shard: int, rung: float) -> None:
+            taken = [self._claimed(row) for row in rows]
+            claimed.extend(taken)
+            for run in taken:  # flow caps are owner-wide: later shards see what is left
+                owner = run.owner or NO_OWNER
+                if owner in reserved:
+                    at = caps.index(owner)
+                    caps[at + 1] = int(caps[at + 1]) - 1
+            if int(left):
+                fuller.append((name, shard))
+            else:
+                empty.setdefault(name, []).append((shard, rung))
+
         try:
-            if len(reserved) and len(visit) > 1:
-                # Flow caps are owner-wide: claim shard by shard so each sees what is left.
+            if reserved:
                 for (_, name, shard, rung), share in zip(visit, shares, strict=True):
                     rows, left = await self._op(
                         self.keys.base_of(name, shard), "claim", worker_id, now,
                         now + lock_ttl, share, *caps,
                     )
-                    taken = [self._claimed(row) for row in rows]
-                    claimed.extend(taken)
-                    for run in taken:
-                        owner = run.owner or NO_OWNER
-                        if owner in reserved:
-                            at = caps.index(owner)
-                            caps[at + 1] = int(caps[at + 1]) - 1
-                    if not int(left):
-                        empty.setdefault(name, []).append((shard, rung))
+                    took(rows, left, name, shard, rung)
             else:
                 calls = [
                     (self.keys.base_of(name, shard),
-                     ("claim", worker_id, now, now + lock_ttl, share, *caps))
+                     ("claim", worker_id, now, now + lock_ttl, share))
                     for (_, name, shard, _), share in zip(visit, shares, strict=True)
                 ]
-                fuller: list[tuple[str, int]] = []
                 for (_, name, shard, rung), result in zip(visit, await self._batch(calls),
                                                           strict=True):
                     if isinstance(result, BaseException):
                         raise result
-                    rows, left = result
-                    claimed.extend(self._claimed(row) for row in rows)
-                    if not int(left):
-                        empty.setdefault(name, []).append((shard, rung))
-                    else:
-                        fuller.append((name, shard))
-                # Shares left unused by shards that ran dry go to those that still have runs.
-                for name, shard in fuller:
-                    remaining = limit - len(claimed)
-                    if remaining <= 0:
-                        break
-                    rows, _ = await self._op(
-                        self.keys.base_of(name, shard), "claim", worker_id, now,
-                        now + lock_ttl, remaining, *caps,
-                    )
-                    claimed.extend(self._claimed(row) for row in rows)
+                    took(result[0], result[1], name, shard, rung)
+            # Shares left unused by shards that ran dry go to those that still have runs.
+            for name, shard in list(fuller):
+                remaining = limit - len(claimed)
+                if remaining <= 0:
+                    break
+                fuller.remove((name, shard))
+                rows, left = await self._op(
+                    self.keys.base_of(name, shard), "claim", worker_id, now,
+                    now + lock_ttl, remaining, *caps,
+                )
+                took(rows, left, name, shard, float("inf"))
         finally:
             await self._flow_settle(reserved, claimed, now + lock_ttl)
         await self._unring(empty, now)
