@@ -2,12 +2,14 @@
 
 A worker killed (SIGKILL) or frozen (SIGSTOP) while a step runs loses its run to another
 worker after ``lock_ttl``; the run completes there, a recorded step never runs twice, and
-the frozen worker, once continued, can neither append to nor complete the run.
+the frozen worker, once continued, can neither append to nor complete the run. A frozen
+worker that nobody replaced simply carries on when it wakes.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from typing import Any
 
 from pyrula.workflows import SyncWorkflowClient
@@ -101,3 +103,28 @@ def test_a_frozen_worker_that_wakes_cannot_write_to_the_run_it_lost(
     for worker in (a, b):
         worker.send(signal.SIGTERM)
     assert [a.wait(), b.wait()] == [0, 0]
+
+
+def test_a_worker_frozen_past_its_liveness_bound_that_nobody_replaced_keeps_its_run(
+    workers: Workers, client: SyncWorkflowClient
+) -> None:
+    run = client.submit("pp_two_steps", {"tag": "z"})
+    # lock_ttl 0.5: renewal every 0.17 s, liveness bound 1.5 s; no orphan scan meanwhile.
+    a = workers.start("--lock-ttl", "0.5", name="a")
+    workers.wait_ran("two", "z", a.pid)
+
+    a.send(signal.SIGSTOP)
+    time.sleep(2.5)  # the length of the freeze is what is tested: past the 1.5 s bound
+    a.send(signal.SIGCONT)
+    a.wait_for_log("worker_resumed")
+    workers.open_gate("z")
+
+    assert client.result(run.run_id, timeout=15) == {"one": "one", "two": f"two-{a.pid}"}
+    # The loop was not blocked, the whole process was stopped: no stand-down, no re-run.
+    journal = client.events(run.run_id)
+    assert _of(journal, "run:requeued") == []
+    assert [e["attempt"] for e in _of(journal, "run:started")] == [1]
+    assert workers.ran("two", "z") == [a.pid]
+    assert "stood down" not in a.log()
+    a.send(signal.SIGTERM)
+    assert a.wait() == 0
