@@ -6,12 +6,21 @@ so "a run in flight" is a state the test holds for as long as it needs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from functools import partial
 from typing import Any
 
-from pyrula.workflows import RunStatus, SyncWorkflowClient
+import pytest
+
+from pyrula.workflows import (
+    ConfigurationError,
+    MemoryStore,
+    RunStatus,
+    SyncWorkflowClient,
+    WorkflowWorker,
+)
 from tests.conftest import wait_until
 from tests.integration.workerprocs import APP_MODULE, Workers, child_env, free_port, http_get
 
@@ -186,6 +195,16 @@ def test_a_cloud_key_without_the_client_fails_the_start_unless_no_cloud(
     accepted.wait_for_log("worker_started")
     accepted.send(signal.SIGTERM)
     assert accepted.wait() == 0
+
+
+def test_the_cloud_key_refusal_is_a_configuration_error_raised_by_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYRULA_CLOUD_API_KEY", "x")
+    worker = WorkflowWorker(store=MemoryStore())
+    with pytest.raises(ConfigurationError, match="pyrula-cloud-client is not installed"):
+        asyncio.run(worker.run())
+    assert worker.state == "starting"  # refused before any loop started
 
 
 # --- pyrula dev ------------------------------------------------------------------------
