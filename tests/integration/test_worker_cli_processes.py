@@ -17,16 +17,24 @@ import pytest
 from pyrula.workflows import (
     ConfigurationError,
     MemoryStore,
+    RunHandle,
     RunStatus,
     SyncWorkflowClient,
     WorkflowWorker,
 )
 from tests.conftest import wait_until
-from tests.integration.workerprocs import APP_MODULE, Workers, child_env, free_port, http_get
+from tests.integration.workerprocs import (
+    APP_MODULE,
+    WorkerProcess,
+    Workers,
+    child_env,
+    free_port,
+    http_get,
+)
 
 
 def _in_flight(workers: Workers, client: SyncWorkflowClient, tag: str, *options: str,
-               command: str = "worker") -> tuple[Any, Any]:
+               command: str = "worker") -> tuple[RunHandle, WorkerProcess]:
     """A worker with one run blocked in step ``two``."""
     run = client.submit("pp_two_steps", {"tag": tag})
     worker = workers.start(*options, command=command)
