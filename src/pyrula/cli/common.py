@@ -23,6 +23,8 @@ DEFAULT_STORE_URL = "sqlite:///pyrula.db"
 
 #: The exit codes of a second signal while draining (128 + signal number).
 FORCED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+#: The exit code of a ConfigurationError, whether the options or the store refused.
+CONFIGURATION_ERROR_EXIT = 2
 
 
 def import_target(target: str) -> Any:
@@ -131,4 +133,4 @@ def serve(worker: Any, on_start: Callable[[], None] | None = None) -> int:
         return asyncio.run(main())
     except ConfigurationError as exc:
         click.echo(f"configuration error: {exc}", err=True)
-        return 2
+        return CONFIGURATION_ERROR_EXIT

@@ -14,6 +14,7 @@ import click
 
 from pyrula import logs
 from pyrula.cli.common import (
+    CONFIGURATION_ERROR_EXIT,
     load_workflows,
     open_store,
     option_flags,
@@ -227,10 +228,14 @@ def runs(name: str | None, status: str | None, owner: str | None, limit: int,
 
 
 def main() -> None:
-    from pyrula.errors import PyrulaError
+    from pyrula.errors import ConfigurationError, PyrulaError
 
     try:
         cli(standalone_mode=True)
+    except ConfigurationError as exc:
+        # The same words and exit code as a ConfigurationError raised by worker.run().
+        click.echo(f"configuration error: {exc}", err=True)
+        sys.exit(CONFIGURATION_ERROR_EXIT)
     except PyrulaError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

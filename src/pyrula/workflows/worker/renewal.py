@@ -7,6 +7,13 @@ Past it, every run on the loop stands down (requeued with reason ``loop_blocked`
 only the run whose code was running when the block was found is charged a crash
 (``run_attempt_loop_blocked``); the stand-down is written from this thread, with the
 attempt's own fencing token, so the attempt's later writes are refused.
+
+A heartbeat is only evidence against the loop if the loop could have run. When the whole
+process was suspended (SIGSTOP, a paused VM or container), this thread wakes late too,
+having used next to no CPU meanwhile; the loop then gets a fresh liveness window from the
+moment the process resumed, instead of having every run stood down as ``loop_blocked``.
+A C call that holds the GIL also makes this thread late, but burns CPU while it does, so
+it is still found when it returns.
 """
 
 from __future__ import annotations
@@ -26,6 +33,11 @@ from pyrula.workflows.stores.base import Store
 
 logger = logging.getLogger("pyrula.workflows.worker")
 
+
+def was_suspended(late_s: float, cpu_s: float, interval_s: float) -> bool:
+    """True if a renewal wake-up ``late_s`` seconds past its time, while the process used
+    ``cpu_s`` seconds of CPU, means the process was suspended rather than busy."""
+    return late_s > interval_s and cpu_s < late_s / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +78,9 @@ class LockRenewer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="pyrula-lock-renewal", daemon=True)
         self.failures = 0
+        #: When the process last resumed from a suspension (monotonic); the loop's
+        #: liveness is measured from here if its heartbeat is older.
+        self.resumed_at = float("-inf")
 
     def start(self) -> None:
         self._thread.start()
@@ -93,7 +108,11 @@ class LockRenewer:
         loop = asyncio.new_event_loop()
         try:
             interval = max(0.05, self._lock_ttl / 3)
-            while not self._stop.wait(interval):
+            while True:
+                slept_at, cpu = time.monotonic(), time.process_time()
+                if self._stop.wait(interval):
+                    return
+                self._check_suspended(slept_at, cpu, interval)
                 try:
                     loop.run_until_complete(self.tick())
                 except Exception:  # never let the renewal thread die
@@ -106,8 +125,21 @@ class LockRenewer:
                 logger.debug("closing the renewal thread's store client failed", exc_info=True)
             loop.close()
 
+    def _check_suspended(self, slept_at: float, cpu: float, interval: float) -> None:
+        now = time.monotonic()
+        late = now - slept_at - interval
+        used = time.process_time() - cpu
+        if was_suspended(late, used, interval):
+            self.resumed_at = now
+            logger.warning(
+                "worker_resumed: the process was suspended for about %.1f s (%.2f s of CPU "
+                "used meanwhile); not counted against the event loop", late, used,
+                extra={"event": "worker_resumed", "suspended_s": round(late, 3),
+                       **self._extra},
+            )
+
     async def tick(self) -> None:
-        lag = time.monotonic() - self._heartbeat()
+        lag = time.monotonic() - max(self._heartbeat(), self.resumed_at)
         with self.lock:
             held = dict(self.held)
         blocked = {r: h for r, h in held.items() if lag > h.liveness_bound_s}

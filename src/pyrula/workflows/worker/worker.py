@@ -493,6 +493,10 @@ class WorkflowWorker:
 
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+            if self._pool.busy:
+                logger.info("shutdown: 4/5 waiting up to %.1f s for %d sync step calls",
+                            o.cancel_timeout, self._pool.busy,
+                            extra={"event": "shutdown", **log})
             idle = await asyncio.get_running_loop().run_in_executor(
                 None, self._pool.all_idle.wait, o.cancel_timeout
             )
