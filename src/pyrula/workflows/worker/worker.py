@@ -287,7 +287,18 @@ class WorkflowWorker:
         for run in claimed:
             self._start_attempt(run)
         # A full batch means there is more: claim again at once.
-        return 0.0 if claimed and len(claimed) >= free else None
+        if claimed and len(claimed) >= free:
+            return 0.0
+        wait_for_work = getattr(self.store, "wait_for_work", None)
+        if not claimed and wait_for_work is not None:
+            # A store with a doorbell wakes us as soon as work arrives, instead of a poll.
+            assert self._stopping is not None
+            await _first(
+                wait_for_work(self.workflow_names, self.options.claim_poll_interval),
+                self._stopping.wait(),
+            )
+            return 0.0
+        return None
 
     async def _timer_tick(self) -> float | None:
         woken = await self.store.wake_due(now=self._clock.now(), limit=self.options.timer_max_batch)

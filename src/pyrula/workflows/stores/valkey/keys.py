@@ -16,6 +16,7 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:idem:<key>     string   idempotency key -> run id
     <ns>:{<h>.<s>}:done:<id>      list     a token pushed when the run ends (result waiters)
     <ns>:{<h>.ready}:ready        zset     shard -> last time it was rung (doorbell)
+    <ns>:{bell}                   list     a token per ring: wakes one idle worker at once
     <ns>:{<h>.leases}:leases      hash     shard -> "worker|expiry"
     <ns>:{<h>.leases}:workers     zset     live workers of the name -> heartbeat expiry
     <ns>:{flow.<o>}:running       zset     flow-controlled owner's running runs -> expiry
@@ -75,6 +76,10 @@ class KeySpace:
 
     def ready(self, name: str) -> str:
         return f"{self.ns}:{{{name_hash(name)}.ready}}:ready"
+
+    @property
+    def bell(self) -> str:
+        return f"{self.ns}:{{bell}}"
 
     def leases(self, name: str) -> str:
         return f"{self.ns}:{{{name_hash(name)}.leases}}"

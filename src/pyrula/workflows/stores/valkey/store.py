@@ -156,6 +156,8 @@ class ValkeyStore:
         self._is_cluster: bool | None = cluster
         self._pid = os.getpid()
         self._known_names: set[str] = set()
+        #: Network round trips and script calls made through this object (benchmarks).
+        self.stats: dict[str, int] = {"round_trips": 0}
         # Shard leases held through this store object: worker -> name -> shards.
         self._leases: dict[str, dict[str, set[int]]] = {}
         self._flow_cache: tuple[float, dict[str, FlowControl]] = (-1e9, {})
@@ -250,6 +252,7 @@ class ValkeyStore:
         client = await self._client()
         for attempt in (1, 2):
             try:
+                self.stats["round_trips"] += 1
                 return await client.evalsha(SHA, 1, base, *args)
             except rex.NoScriptError:
                 if attempt == 2:
@@ -266,6 +269,7 @@ class ValkeyStore:
     async def _cmd(self, method: str, *args: Any, **kwargs: Any) -> Any:
         client = await self._client()
         try:
+            self.stats["round_trips"] += 1
             return await getattr(client, method)(*args, **kwargs)
         except (rex.MovedError, rex.AskError) as exc:
             raise self._hidden_cluster(exc) from None
@@ -306,6 +310,7 @@ class ValkeyStore:
             for base, args in calls:
                 pipe.evalsha(SHA, 1, base, *args)
             try:
+                self.stats["round_trips"] += 1
                 results = await pipe.execute(raise_on_error=False)
             except _TRANSIENT as exc:
                 raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
@@ -403,21 +408,75 @@ class ValkeyStore:
         base = self.keys.base_of(name, shard)
         run_id = self.keys.new_run_id(name, shard, now)
         event = submitted_event(now, name, params, owner, idempotency_key)
-        result = await self._op(
-            base, "submit", run_id, name, owner or NO_OWNER, _dumps(params), now,
-            idempotency_key or "", _dumps(event), "",
-        )
+        args = ("submit", run_id, name, owner or NO_OWNER, _dumps(params), now,
+                idempotency_key or "", _dumps(event), "")
+        if self._is_cluster:
+            result = await self._op(base, *args)
+            if int(result[1]):
+                await self._ring(name, [shard], now)
+        else:
+            # One round trip: the script and the doorbell in one pipeline.
+            client = await self._client()
+            result = None
+            for attempt in (1, 2):
+                pipe = client.pipeline(transaction=False)
+                pipe.evalsha(SHA, 1, base, *args)
+                pipe.zadd(self.keys.ready(name), self._rung([shard], now), gt=True)
+                pipe.lpush(self.keys.bell, "1")
+                pipe.ltrim(self.keys.bell, 0, 63)
+                try:
+                    self.stats["round_trips"] += 1
+                    replies = await pipe.execute(raise_on_error=False)
+                except _TRANSIENT as exc:
+                    raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+                if isinstance(replies[0], rex.NoScriptError) and attempt == 1:
+                    await self.load_script()
+                    continue
+                if isinstance(replies[0], rex.ResponseError):
+                    raise self._translate(replies[0], args)
+                result = replies[0]
+                break
+            assert result is not None
         created = bool(int(result[1]))
-        if created:
-            await self._ring(name, [shard], now)
         return RunHandle(name, str(result[0])), created
 
     async def _ring(self, name: str, shards: Sequence[int], now: float) -> None:
-        """The doorbell: mark shards that may have queued runs."""
-        if shards:
-            ms = int(now * 1000)
-            await self._cmd("zadd", self.keys.ready(name), {str(s): ms for s in shards},
-                            gt=True)
+        """The doorbell: mark shards that may have queued runs and wake an idle worker."""
+        if not shards:
+            return
+        client = await self._client()
+        try:
+            if self._is_cluster:
+                self.stats["round_trips"] += 2
+                await asyncio.gather(
+                    client.zadd(self.keys.ready(name), self._rung(shards, now), gt=True),
+                    self._push_bell(client),
+                )
+            else:
+                pipe = client.pipeline(transaction=False)
+                pipe.zadd(self.keys.ready(name), self._rung(shards, now), gt=True)
+                pipe.lpush(self.keys.bell, "1")
+                pipe.ltrim(self.keys.bell, 0, 63)
+                self.stats["round_trips"] += 1
+                await pipe.execute()
+        except _TRANSIENT as exc:
+            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+
+    @staticmethod
+    def _rung(shards: Sequence[int], now: float) -> dict[str, int]:
+        ms = int(now * 1000)
+        return {str(s): ms for s in shards}
+
+    async def _push_bell(self, client: Any) -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.lpush(self.keys.bell, "1")
+        pipe.ltrim(self.keys.bell, 0, 63)
+        await pipe.execute()
+
+    async def wait_for_work(self, names: Sequence[str], timeout: float) -> bool:
+        """Block until something rings the doorbell (or ``timeout``); True if it rang."""
+        popped = await self._cmd("blpop", [self.keys.bell], timeout=max(timeout, 0.01))
+        return bool(popped)
 
     # --- attempt writes -------------------------------------------------------------
 
