@@ -290,7 +290,7 @@ class WorkflowWorker:
         if claimed and len(claimed) >= free:
             return 0.0
         wait_for_work = getattr(self.store, "wait_for_work", None)
-        if not claimed and wait_for_work is not None:
+        if wait_for_work is not None:
             # A store with a doorbell wakes us as soon as work arrives, instead of a poll.
             assert self._stopping is not None
             await _first(
