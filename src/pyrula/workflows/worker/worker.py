@@ -475,14 +475,18 @@ class WorkflowWorker:
         claim.cancel()
         await asyncio.gather(claim, return_exceptions=True)
 
+        # Every step is logged, with or without work, so the sequence reads the same in
+        # every drain.
         pending = set(self._run_tasks)
+        logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
+                    o.shutdown_grace, len(pending), extra={"event": "shutdown", **log})
         if pending:
-            logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
-                        o.shutdown_grace, len(pending), extra={"event": "shutdown", **log})
             _, pending = await asyncio.wait(pending, timeout=o.shutdown_grace)
+
+        logger.log(logging.WARNING if pending else logging.INFO,
+                   "shutdown: 3/5 cancelling %d runs still in flight", len(pending),
+                   extra={"event": "shutdown", **log})
         if pending:
-            logger.warning("shutdown: 3/5 cancelling %d runs still in flight", len(pending),
-                           extra={"event": "shutdown", **log})
             for attempt in list(self._attempts.values()):
                 attempt.stand_down("shutdown")
             _, pending = await asyncio.wait(pending, timeout=max(o.cancel_timeout, 0.01))
@@ -491,6 +495,9 @@ class WorkflowWorker:
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
 
+        busy = self._pool.busy if self._pool is not None else 0
+        logger.info("shutdown: 4/5 waiting up to %.1f s for %d calls still in a thread",
+                    o.cancel_timeout, busy, extra={"event": "shutdown", **log})
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             idle = await asyncio.get_running_loop().run_in_executor(
@@ -505,7 +512,10 @@ class WorkflowWorker:
                 )
 
         release = getattr(self.store, "release_shards", None)
-        if release is not None:
+        if release is None:
+            logger.info("shutdown: 5/5 no shards to release (the store is not sharded)",
+                        extra={"event": "shutdown", **log})
+        else:
             logger.info("shutdown: 5/5 releasing shards", extra={"event": "shutdown", **log})
             try:
                 await release(self.worker_id)
