@@ -10,7 +10,16 @@ import pytest
 from pyrula.workflows import WorkflowContext, WorkflowWorker, step, workflow
 from pyrula.workflows.worker import worker as worker_module
 from tests.conftest import await_until
-from tests.unit.worker_support import Outage, Spy, fast_options, http_get, serving, start, stop
+from tests.unit.worker_support import (
+    Outage,
+    Spy,
+    fast_options,
+    http_get,
+    serving,
+    start,
+    stop,
+    unique,
+)
 
 GATES: dict[str, asyncio.Event] = {}
 
@@ -89,7 +98,7 @@ async def test_no_probe_server_without_a_health_port(store: Any) -> None:
 
 
 async def test_readyz_says_draining_as_soon_as_stop_is_called(store: Any) -> None:
-    key = f"drain-{id(store)}"
+    key = unique("drain")
     GATES[key] = asyncio.Event()
     worker = make_worker(store, shutdown_grace=10.0)
     task = await start(worker)

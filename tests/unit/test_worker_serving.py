@@ -21,7 +21,7 @@ from pyrula.workflows import (
 )
 from pyrula.workflows.definition import Registry
 from tests.conftest import await_until
-from tests.unit.worker_support import Spy, fast_options, of_type, serving
+from tests.unit.worker_support import Spy, fast_options, of_type, serving, unique
 
 
 @step(name="wserve_add")
@@ -198,15 +198,12 @@ async def test_a_step_timeout_fails_the_step_under_the_worker(store: Any) -> Non
     assert [f["will_retry"] for f in failures] == [False]
 
 
-def run_key(store: Any) -> str:
-    return f"cancel-{id(store)}"
-
-
 async def test_cancelling_a_running_run_ends_it_cancelled(store: Any) -> None:
     worker = WorkflowWorker(store=store, workflows=[wserve_cancellable], options=fast_options())
     async with serving(worker):
-        run = await worker.client.submit(wserve_cancellable, {"key": run_key(store)})
-        await await_until(lambda: run_key(store) in ENTERED, what="the run in its endless step")
+        key = unique("cancel")
+        run = await worker.client.submit(wserve_cancellable, {"key": key})
+        await await_until(lambda: key in ENTERED, what="the run in its endless step")
         assert (await worker.client.get(run.run_id)).status is RunStatus.RUNNING
         assert await worker.client.cancel(run.run_id) is True
         with pytest.raises(RunCancelled):

@@ -12,7 +12,7 @@ import pytest
 from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
 from pyrula.workflows.worker.pool import default_pool_size
 from tests.conftest import await_until
-from tests.unit.worker_support import capture, fast_options, logged, of_type, start, stop
+from tests.unit.worker_support import capture, fast_options, logged, of_type, start, stop, unique
 
 #: Gates a test opens to let its steps finish, by key (events for async steps, threading
 #: events for sync ones). Each test uses its own keys.
@@ -88,7 +88,7 @@ async def test_the_five_steps_run_in_order_and_a_run_within_grace_completes(
 ) -> None:
     capture(caplog)
     sharded = ShardedMemory(store)
-    key = f"grace-{id(store)}"
+    key = unique("grace")
     gate = async_gate(key)
     worker = WorkflowWorker(
         store=store, workflows=[wshut_async], options=fast_options(shutdown_grace=20.0)
@@ -124,7 +124,7 @@ async def test_runs_past_the_grace_are_requeued_with_reason_shutdown(
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     capture(caplog)
-    keys = [f"late-{id(store)}-{i}" for i in range(3)]
+    keys = [unique("late") + f"-{i}" for i in range(3)]
     for key in keys:
         async_gate(key)
     worker = WorkflowWorker(
@@ -159,7 +159,7 @@ async def test_a_hung_sync_step_is_logged_and_run_still_returns(
     store: Any, caplog: pytest.LogCaptureFixture, thread_gates: list[str]
 ) -> None:
     capture(caplog)
-    key = f"hung-{id(store)}"
+    key = unique("hung")
     THREAD_GATES[key] = threading.Event()
     thread_gates.append(key)
     worker = WorkflowWorker(
@@ -183,7 +183,7 @@ async def test_the_pool_logs_saturation_once_when_every_thread_is_busy(
     capture(caplog)
     size = default_pool_size()
     assert size == min(32, (__import__("os").cpu_count() or 1) + 4)
-    key = f"saturate-{id(store)}"
+    key = unique("saturate")
     THREAD_GATES[key] = threading.Event()
     thread_gates.append(key)
     worker = WorkflowWorker(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -144,3 +145,8 @@ def shape(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         (e["seq"], e["type"], e.get("step"), e.get("call"), json.dumps(e.get("result")))
         for e in events
     ]
+
+
+def unique(prefix: str) -> str:
+    """A key no other test (or store variant of the same test) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
