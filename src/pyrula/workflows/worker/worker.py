@@ -164,7 +164,7 @@ class WorkflowWorker:
         self._renewer = LockRenewer(
             self.store, self.worker_id, self._clock, self.options.lock_ttl, self._poison,
             self.options.poison_counts_loop_blocked, self._loop, lambda: self._heartbeat,
-            self._cancel_run, self._log,
+            self._cancel_run, self._abandon_run, self._log,
         )
         self._renewer.start()
         background = self._start_loops()
@@ -361,6 +361,8 @@ class WorkflowWorker:
                 settings=self._settings,
             )
             self._attempts[claimed.run_id] = attempt
+            if self._renewer.was_stood_down(claimed.run_id, claimed.token):
+                attempt.abandon()  # stood down while its journal was being read
             outcome = await attempt.run()
             await self._after(claimed, outcome, run_log)
         except StoreUnavailable as exc:
@@ -368,8 +370,11 @@ class WorkflowWorker:
                            claimed.run_id, exc, extra=run_log)
             await self._requeue_unavailable(claimed, run_log)
         finally:
-            self._attempts.pop(claimed.run_id, None)
-            if self._renewer.release(claimed.run_id):
+            # A newer attempt of the same run may be in flight here already (this one was
+            # stood down): forget only this attempt.
+            if attempt is not None and self._attempts.get(claimed.run_id) is attempt:
+                del self._attempts[claimed.run_id]
+            if self._renewer.release(claimed.run_id, claimed.token):
                 self._cache.drop(claimed.run_id)
             self._capacity.set()
 
@@ -414,6 +419,12 @@ class WorkflowWorker:
                 return
             except StoreUnavailable:
                 await asyncio.sleep(delays())
+
+    def _abandon_run(self, run_id: str, token: int) -> None:
+        """Called from the renewal thread once it stood this attempt of the run down."""
+        attempt = self._attempts.get(run_id)
+        if attempt is not None and attempt.token == token:
+            attempt.abandon()
 
     def _cancel_run(self, run_id: str) -> None:
         attempt = self._attempts.get(run_id)
