@@ -165,31 +165,29 @@ def test_code_values_are_parsed_and_shown_as_effective_values() -> None:
     assert worker.options.health_port == 0
 
 
-BAD_VALUES = [
-    ("claim_poll_interval", "5s"),
-    ("orphan_scan_interval", "-1"),
-    ("lock_ttl", "0"),
-    ("max_concurrent_runs", "1.5"),
-    ("max_concurrent_runs", "0"),
-    ("stranded_policy", "maybe"),
-    ("step_boundary_durability", "perhaps"),
-    ("health_port", "70000"),
-    ("max_payload_bytes", "lots"),
+#: (option, a bad value from code, a bad value from the environment).
+BAD_VALUES: list[tuple[str, Any, str]] = [
+    ("claim_poll_interval", "5s", "5s"),
+    ("orphan_scan_interval", -1.0, "-1"),
+    ("lock_ttl", 0, "0"),
+    ("max_concurrent_runs", 1.5, "1.5"),
+    ("max_concurrent_runs", 0, "0"),
+    ("stranded_policy", "maybe", "maybe"),
+    ("step_boundary_durability", "perhaps", "perhaps"),
+    ("health_port", 70000, "70000"),
+    ("max_payload_bytes", "lots", "lots"),
 ]
 
 
-@pytest.mark.parametrize(("option", "raw"), BAD_VALUES)
-def test_a_bad_value_in_code_raises_naming_the_option(option: str, raw: str) -> None:
-    value: Any = raw
-    if option == "orphan_scan_interval":
-        value = -1.0
+@pytest.mark.parametrize(("option", "value", "raw"), BAD_VALUES)
+def test_a_bad_value_in_code_raises_naming_the_option(option: str, value: Any, raw: str) -> None:
     with pytest.raises(ConfigurationError, match=option):
         WorkerOptions(**{option: value})
 
 
-@pytest.mark.parametrize(("option", "raw"), BAD_VALUES)
+@pytest.mark.parametrize(("option", "value", "raw"), BAD_VALUES)
 def test_a_bad_environment_value_raises_at_worker_construction(
-    option: str, raw: str, monkeypatch: pytest.MonkeyPatch
+    option: str, value: Any, raw: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     variable = f"PYRULA_{option.upper()}"
     monkeypatch.setenv(variable, raw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -68,7 +69,7 @@ def shutdown_steps(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
-class ShardedMemory:
+class ShardRelease:
     """Adds the shard-release hook of a sharded store to a store, and records the call."""
 
     def __init__(self, store: Any) -> None:
@@ -87,7 +88,7 @@ async def test_the_five_steps_run_in_order_and_a_run_within_grace_completes(
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     capture(caplog)
-    sharded = ShardedMemory(store)
+    sharded = ShardRelease(store)
     key = unique("grace")
     gate = async_gate(key)
     worker = WorkflowWorker(
@@ -182,7 +183,7 @@ async def test_the_pool_logs_saturation_once_when_every_thread_is_busy(
 ) -> None:
     capture(caplog)
     size = default_pool_size()
-    assert size == min(32, (__import__("os").cpu_count() or 1) + 4)
+    assert size == min(32, (os.cpu_count() or 1) + 4)
     key = unique("saturate")
     THREAD_GATES[key] = threading.Event()
     thread_gates.append(key)
