@@ -43,7 +43,8 @@ async def _renewer_holding_a_run(stale_by: float) -> tuple[MemoryStore, LockRene
     heartbeat = time.monotonic() - stale_by
     renewer = LockRenewer(
         store, "w1", SYSTEM_CLOCK, 1.0, PoisonPolicy(), True, asyncio.get_running_loop(),
-        lambda: heartbeat, lambda run_id: None, {"worker_id": "w1"},
+        lambda: heartbeat, lambda run_id: None, lambda run_id, token: None,
+        {"worker_id": "w1"},
     )
     renewer.hold(claimed.run_id, claimed.token, liveness_bound_s=3.0)
     return store, renewer, claimed.run_id
@@ -66,6 +67,6 @@ async def test_the_same_stale_heartbeat_without_a_suspension_stands_the_run_down
     assert renewer.resumed_at == float("-inf")
 
     await renewer.tick()
-    assert run_id in renewer.stood_down and run_id not in renewer.held
+    assert (run_id, 1) in renewer.stood_down and run_id not in renewer.held
     journal = await store.read_events(run_id)
     assert journal[-1]["type"] == "run:requeued" and journal[-1]["reason"] == "loop_blocked"

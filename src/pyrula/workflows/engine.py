@@ -167,6 +167,7 @@ class Attempt:
         self._nondeterminism: NonDeterminismError | None = None
         self._task: asyncio.Task[Any] | None = None
         self._halted: OutcomeKind | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- the journal index ----------------------------------------------------------
 
@@ -326,6 +327,8 @@ class Attempt:
             if retry_at is not None:
                 await self._retry_delay(call, spec, retry_at)
             self._refuse_if_ending()  # a retry starts the step anew
+            if self._halted is not None:  # nothing can be recorded: start no new step
+                raise _Halt(self._halted)
             attempt = failures + 1
             self._emit(EventType.STEP_STARTED, step=spec.name, call=call, attempt=attempt)
             try:
@@ -554,6 +557,14 @@ class Attempt:
             self._stand = _Stand(reason, crash, dict(detail))
         self._wake.set()
 
+    def abandon(self) -> None:
+        """The run's lock is gone (the worker's watchdog stood it down): write nothing more,
+        start no new step, and end as LOST at the next turn. Safe from any thread."""
+        self._halted = OutcomeKind.LOST
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake.set)
+
     def _deadline(self) -> float | None:
         if self.spec.timeout is None:
             return None
@@ -564,6 +575,7 @@ class Attempt:
         return first + self.spec.timeout
 
     async def run(self) -> Outcome:
+        self._loop = asyncio.get_running_loop()
         try:
             return await self._run()
         except _Halt as halt:
@@ -582,6 +594,9 @@ class Attempt:
             context=context,
         )
         while True:
+            if self._halted is not None:
+                await self._stop_task()
+                raise _Halt(self._halted)
             if self._stand is not None:
                 await self._stop_task()
                 return await self._requeue(self._stand)

@@ -6,7 +6,12 @@ thread keeps renewing, up to each run's liveness bound ``max(3 × lock_ttl, time
 Past it, every run on the loop stands down (requeued with reason ``loop_blocked``) and
 only the run whose code was running when the block was found is charged a crash
 (``run_attempt_loop_blocked``); the stand-down is written from this thread, with the
-attempt's own fencing token, so the attempt's later writes are refused.
+attempt's own fencing token, so the attempt's later writes are refused, and the attempt is
+told at once (``on_stood_down``) so that it starts no further step once the loop turns.
+
+Holds are keyed by run id *and* token: a stood-down attempt may still be ending on the loop
+when the run's next attempt is claimed by the same worker, and releasing the old one must
+not drop the new one.
 
 A heartbeat is only evidence against the loop if the loop could have run. When the whole
 process was suspended (SIGSTOP, a paused VM or container), this thread wakes late too,
@@ -60,11 +65,12 @@ class LockRenewer:
         loop: asyncio.AbstractEventLoop,
         loop_heartbeat: Callable[[], float],
         on_cancel: Callable[[str], None],
+        on_stood_down: Callable[[str, int], None],
         log_extra: dict[str, str],
     ) -> None:
         self.lock = threading.Lock()
         self.held: dict[str, Held] = {}
-        self.stood_down: set[str] = set()
+        self.stood_down: set[tuple[str, int]] = set()
         self._store = store
         self._worker_id = worker_id
         self._clock = clock
@@ -74,6 +80,7 @@ class LockRenewer:
         self._loop = loop
         self._heartbeat = loop_heartbeat
         self._on_cancel = on_cancel
+        self._on_stood_down = on_stood_down
         self._extra = log_extra
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="pyrula-lock-renewal", daemon=True)
@@ -93,16 +100,24 @@ class LockRenewer:
     def hold(self, run_id: str, token: int, liveness_bound_s: float) -> None:
         with self.lock:
             self.held[run_id] = Held(token, liveness_bound_s)
-            self.stood_down.discard(run_id)
 
-    def release(self, run_id: str) -> bool:
-        """Forget the run; True if this thread had stood it down for a blocked loop."""
+    def release(self, run_id: str, token: int) -> bool:
+        """Forget this attempt of the run; True if this thread had stood it down."""
         with self.lock:
-            self.held.pop(run_id, None)
-            if run_id in self.stood_down:
-                self.stood_down.discard(run_id)
+            self._forget(run_id, token)
+            if (run_id, token) in self.stood_down:
+                self.stood_down.discard((run_id, token))
                 return True
             return False
+
+    def was_stood_down(self, run_id: str, token: int) -> bool:
+        with self.lock:
+            return (run_id, token) in self.stood_down
+
+    def _forget(self, run_id: str, token: int) -> None:
+        held = self.held.get(run_id)
+        if held is not None and held.token == token:
+            del self.held[run_id]
 
     def _main(self) -> None:
         loop = asyncio.new_event_loop()
@@ -182,8 +197,9 @@ class LockRenewer:
             except (StaleToken, WorkflowNotFound, StoreUnavailable):
                 outcome = None
             with self.lock:
-                self.held.pop(run_id, None)
-                self.stood_down.add(run_id)
+                self._forget(run_id, held.token)
+                self.stood_down.add((run_id, held.token))
+            self._on_stood_down(run_id, held.token)
             if charged:
                 logger.error(
                     "run_attempt_loop_blocked: run %s blocked the event loop for %.1f s "

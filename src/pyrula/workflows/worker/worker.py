@@ -164,7 +164,7 @@ class WorkflowWorker:
         self._renewer = LockRenewer(
             self.store, self.worker_id, self._clock, self.options.lock_ttl, self._poison,
             self.options.poison_counts_loop_blocked, self._loop, lambda: self._heartbeat,
-            self._cancel_run, self._log,
+            self._cancel_run, self._abandon_run, self._log,
         )
         self._renewer.start()
         background = self._start_loops()
@@ -372,6 +372,8 @@ class WorkflowWorker:
                 settings=self._settings,
             )
             self._attempts[claimed.run_id] = attempt
+            if self._renewer.was_stood_down(claimed.run_id, claimed.token):
+                attempt.abandon()  # stood down while its journal was being read
             outcome = await attempt.run()
             await self._after(claimed, outcome, run_log)
         except StoreUnavailable as exc:
@@ -379,8 +381,11 @@ class WorkflowWorker:
                            claimed.run_id, exc, extra=run_log)
             await self._requeue_unavailable(claimed, run_log)
         finally:
-            self._attempts.pop(claimed.run_id, None)
-            if self._renewer.release(claimed.run_id):
+            # A newer attempt of the same run may be in flight here already (this one was
+            # stood down): forget only this attempt.
+            if attempt is not None and self._attempts.get(claimed.run_id) is attempt:
+                del self._attempts[claimed.run_id]
+            if self._renewer.release(claimed.run_id, claimed.token):
                 self._cache.drop(claimed.run_id)
             self._capacity.set()
 
@@ -425,6 +430,12 @@ class WorkflowWorker:
                 return
             except StoreUnavailable:
                 await asyncio.sleep(delays())
+
+    def _abandon_run(self, run_id: str, token: int) -> None:
+        """Called from the renewal thread once it stood this attempt of the run down."""
+        attempt = self._attempts.get(run_id)
+        if attempt is not None and attempt.token == token:
+            attempt.abandon()
 
     def _cancel_run(self, run_id: str) -> None:
         attempt = self._attempts.get(run_id)
@@ -486,14 +497,18 @@ class WorkflowWorker:
         claim.cancel()
         await asyncio.gather(claim, return_exceptions=True)
 
+        # Every step is logged, with or without work, so the sequence reads the same in
+        # every drain.
         pending = set(self._run_tasks)
+        logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
+                    o.shutdown_grace, len(pending), extra={"event": "shutdown", **log})
         if pending:
-            logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
-                        o.shutdown_grace, len(pending), extra={"event": "shutdown", **log})
             _, pending = await asyncio.wait(pending, timeout=o.shutdown_grace)
+
+        logger.log(logging.WARNING if pending else logging.INFO,
+                   "shutdown: 3/5 cancelling %d runs still in flight", len(pending),
+                   extra={"event": "shutdown", **log})
         if pending:
-            logger.warning("shutdown: 3/5 cancelling %d runs still in flight", len(pending),
-                           extra={"event": "shutdown", **log})
             for attempt in list(self._attempts.values()):
                 attempt.stand_down("shutdown")
             _, pending = await asyncio.wait(pending, timeout=max(o.cancel_timeout, 0.01))
@@ -502,12 +517,11 @@ class WorkflowWorker:
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
 
+        busy = self._pool.busy if self._pool is not None else 0
+        logger.info("shutdown: 4/5 waiting up to %.1f s for %d calls still in a thread",
+                    o.cancel_timeout, busy, extra={"event": "shutdown", **log})
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-            if self._pool.busy:
-                logger.info("shutdown: 4/5 waiting up to %.1f s for %d sync step calls",
-                            o.cancel_timeout, self._pool.busy,
-                            extra={"event": "shutdown", **log})
             idle = await asyncio.get_running_loop().run_in_executor(
                 None, self._pool.all_idle.wait, o.cancel_timeout
             )
@@ -520,7 +534,10 @@ class WorkflowWorker:
                 )
 
         release = getattr(self.store, "release_shards", None)
-        if release is not None:
+        if release is None:
+            logger.info("shutdown: 5/5 no shards to release (the store is not sharded)",
+                        extra={"event": "shutdown", **log})
+        else:
             logger.info("shutdown: 5/5 releasing shards", extra={"event": "shutdown", **log})
             try:
                 await release(self.worker_id)

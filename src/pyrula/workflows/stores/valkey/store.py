@@ -58,8 +58,6 @@ logger = logging.getLogger(__name__)
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 EVICTION_CHECKS = ("error", "warn", "off")
-#: A shard stays in the doorbell this long after its last ring (clock skew margin).
-RING_GRACE_MS = 1000
 _TRANSIENT = (rex.ConnectionError, rex.TimeoutError, ConnectionError, TimeoutError, OSError)
 
 
@@ -692,13 +690,19 @@ class ValkeyStore:
         return claimed
 
     async def _unring(self, empty: dict[str, list[tuple[int, float]]], now: float) -> None:
-        """Take shards found empty out of the doorbell, unless rung again since (with a
-        margin for clock skew between clients)."""
-        cutoff = int(now * 1000) - RING_GRACE_MS
+        """Take shards found empty out of the doorbell, then look again: a run enqueued
+        meanwhile was either seen by the second look (and the shard is rung again) or
+        enqueued after it, and its own ring comes after our removal."""
         for name, shards in empty.items():
-            stale = [str(s) for s, rung in shards if rung < cutoff]
-            if stale:
-                await self._cmd("zrem", self.keys.ready(name), *stale)
+            members = [str(s) for s, _ in shards]
+            await self._cmd("zrem", self.keys.ready(name), *members)
+            looks = await self._batch(
+                [(self.keys.base_of(name, s), ("pending",)) for s, _ in shards]
+            )
+            busy = [s for (s, _), p in zip(shards, looks, strict=True)
+                    if isinstance(p, BaseException) or int(p[0]) > 0]
+            if busy:
+                await self._ring(name, busy, now)
 
     def _claimed(self, row: Sequence[Any]) -> ClaimedRun:
         run_id, name, params, owner, attempt, start_id, created, base_seq, journal = row

@@ -1,0 +1,158 @@
+"""Background loops: restarts on store errors, fatal errors, and runs that lose the store."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
+from pyrula.workflows.worker.loops import BACKOFF_MAX, BACKOFF_MIN, backoff_delays
+from tests.conftest import await_until
+from tests.unit.worker.worker_support import (
+    Outage,
+    capture,
+    fast_options,
+    logged,
+    of_type,
+    serving,
+    start,
+    stop,
+)
+
+
+@step(name="wloop_inc")
+def wloop_inc(x: int) -> int:
+    return x + 1
+
+
+@workflow(name="wloop_steps")
+async def wloop_steps(ctx: WorkflowContext, params: Any) -> Any:
+    x = await wloop_inc(0)
+    x = await wloop_inc(x)
+    return x
+
+
+@workflow(name="wloop_nap")
+async def wloop_nap(ctx: WorkflowContext, params: Any) -> Any:
+    await ctx.sleep(0.05)
+    return "rested"
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loops restart after 10 ms instead of 0.5 s; the restart logic itself is unchanged."""
+    monkeypatch.setattr(
+        "pyrula.workflows.worker.loops.backoff_delays", lambda *a, **k: lambda: 0.01
+    )
+
+
+def test_restart_delays_double_from_half_a_second_to_thirty_with_jitter() -> None:
+    next_delay = backoff_delays()
+    delays = [next_delay() for _ in range(12)]
+    nominal = [min(BACKOFF_MAX, BACKOFF_MIN * 2**k) for k in range(12)]
+    assert (BACKOFF_MIN, BACKOFF_MAX) == (0.5, 30.0)
+    for delay, cap in zip(delays, nominal, strict=True):
+        assert cap / 2 <= delay <= cap
+    assert nominal[-1] == BACKOFF_MAX
+
+
+@pytest.mark.usefixtures("quick_backoff")
+async def test_a_store_outage_is_logged_once_restarted_counted_and_recovered(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+    outage = Outage(store, "claim")
+    worker = WorkflowWorker(store=store, workflows=[wloop_steps], options=fast_options())
+    async with serving(worker):
+        outage.active = True
+        run = await worker.client.submit(wloop_steps, {})
+        await await_until(lambda: outage.failures >= 5, what="five failed claim ticks")
+        assert len(logged(caplog, "loop_failed")) == 1
+        assert worker.metrics.get("pyrula.workflows.loop.restarts", loop="claim") >= 5
+        assert (await worker.client.get(run.run_id)).status is RunStatus.QUEUED
+
+        outage.active = False
+        assert await worker.client.result(run.run_id, timeout=10) == 2
+        assert len(logged(caplog, "loop_recovered")) == 1
+
+        restarts = worker.metrics.get("pyrula.workflows.loop.restarts")
+        failures = outage.failures
+        outage.active = True  # a second outage is logged again, once
+        await await_until(lambda: outage.failures >= failures + 3, what="a second outage")
+        assert len(logged(caplog, "loop_failed")) == 2
+        assert worker.metrics.get("pyrula.workflows.loop.restarts") >= restarts + 3
+        outage.active = False
+    record = logged(caplog, "loop_failed")[0]
+    assert record.loop == "claim"  # type: ignore[attr-defined]
+    assert record.worker_id == worker.worker_id  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("quick_backoff")
+async def test_the_timer_loop_survives_an_outage(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+    outage = Outage(store, "wake_due")
+    outage.active = True
+    worker = WorkflowWorker(store=store, workflows=[wloop_nap], options=fast_options())
+    async with serving(worker):
+        run = await worker.client.submit(wloop_nap, {})
+        await await_until(lambda: outage.failures >= 3, what="failed timer ticks")
+        outage.active = False
+        assert await worker.client.result(run.run_id, timeout=10) == "rested"
+    assert [r.loop for r in logged(caplog, "loop_failed")] == ["timer"]  # type: ignore[attr-defined]
+    assert worker.metrics.get("pyrula.workflows.loop.restarts", loop="timer") >= 3
+
+
+async def test_any_other_loop_error_stops_the_worker_and_is_raised_from_run(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+
+    class Boom(RuntimeError):
+        pass
+
+    outage = Outage(store, "reclaim", error=lambda: Boom("a bug in the orphan scan"))
+    outage.active = True
+    worker = WorkflowWorker(store=store, workflows=[wloop_steps], options=fast_options())
+    task = asyncio.create_task(worker.run())
+    with pytest.raises(Boom, match="a bug in the orphan scan"):
+        await asyncio.wait_for(task, 30)
+    assert worker.state == "stopped"
+    assert [r.loop for r in logged(caplog, "loop_died")] == ["orphan"]  # type: ignore[attr-defined]
+    assert worker.metrics.get("pyrula.workflows.loop.restarts") == 0
+
+
+async def test_a_run_whose_attempt_loses_the_store_is_requeued_not_failed(store: Any) -> None:
+    outage = Outage(store, "append")
+    worker = WorkflowWorker(store=store, workflows=[wloop_steps], options=fast_options())
+    outage.active = True
+    outage.when = lambda *a, **k: outage.failures == 0  # only the first step boundary fails
+    async with serving(worker):
+        run = await worker.client.submit(wloop_steps, {})
+        assert await worker.client.result(run.run_id, timeout=10) == 2
+    events = await worker.client.events(run.run_id)
+    assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]
+    assert of_type(events, "run:error") == []
+    info = await worker.client.get(run.run_id)
+    assert info.status is RunStatus.COMPLETED and info.attempt == 2
+
+
+async def test_a_run_that_cannot_read_its_journal_is_requeued(store: Any) -> None:
+    """A resumed run whose journal read fails before the attempt begins goes back too."""
+    outage = Outage(store, "read_events")
+    worker = WorkflowWorker(
+        store=store, workflows=[wloop_nap], options=fast_options(journal_cache_events=0)
+    )
+    outage.active = True
+    outage.when = lambda *a, **k: outage.failures == 0
+    task = await start(worker)
+    try:
+        run = await worker.client.submit(wloop_nap, {})
+        assert await worker.client.result(run.run_id, timeout=10) == "rested"
+    finally:
+        await stop(worker, task)
+    events = await worker.client.events(run.run_id)
+    assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]

@@ -1,0 +1,206 @@
+"""Health probes: /livez and /readyz with the reference's status words."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import pytest
+
+from pyrula.workflows import WorkflowContext, WorkflowWorker, step, workflow
+from pyrula.workflows.worker import worker as worker_module
+from tests.conftest import await_until
+from tests.unit.worker.worker_support import (
+    Outage,
+    Spy,
+    fast_options,
+    http_get,
+    serving,
+    start,
+    stop,
+    unique,
+)
+
+GATES: dict[str, asyncio.Event] = {}
+
+
+@step(name="wprobe_hold")
+async def wprobe_hold(key: str) -> str:
+    await GATES[key].wait()
+    return key
+
+
+@workflow(name="wprobe_held")
+async def wprobe_held(ctx: WorkflowContext, params: Any) -> Any:
+    return await wprobe_hold(params["key"])
+
+
+@pytest.fixture(autouse=True)
+def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loops restart after 10 ms instead of 0.5 s; the restart logic itself is unchanged."""
+    monkeypatch.setattr(
+        "pyrula.workflows.worker.loops.backoff_delays", lambda *a, **k: lambda: 0.01
+    )
+
+
+async def claim_ticks(worker: WorkflowWorker, n: int) -> None:
+    """Wait for ``n`` more completed passes of the claim loop."""
+    seen: list[float | None] = []
+
+    def ticked() -> bool:
+        state = worker._loops.get("claim")
+        stamp = None if state is None else state.last_ok
+        if stamp is not None and (not seen or seen[-1] != stamp):
+            seen.append(stamp)
+        return len(seen) > n
+
+    await await_until(ticked, what=f"{n} claim ticks")
+
+
+def make_worker(store: Any, **options: Any) -> WorkflowWorker:
+    return WorkflowWorker(
+        store=store, workflows=[wprobe_held], options=fast_options(health_port=0, **options)
+    )
+
+
+async def test_probes_answer_while_serving_on_localhost(store: Any) -> None:
+    worker = make_worker(store)
+    assert worker.health_address is None  # not bound before run()
+    async with serving(worker):
+        host, port = worker.health_address or ("", 0)
+        assert host == "127.0.0.1" and port > 0
+        assert await http_get(worker.health_address, "/livez") == (
+            200, {"status": "ok", "worker_id": worker.worker_id}
+        )
+        status, body = await http_get(worker.health_address, "/readyz")
+        assert status == 200
+        assert body["status"] == "ready"
+        assert body["shards"] == {}
+        assert body["worker_id"] == worker.worker_id
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="127.0.0.2 is a loopback address on Linux")
+async def test_health_port_and_host_come_from_the_environment(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYRULA_WORKER_HEALTH_PORT", "0")
+    monkeypatch.setenv("PYRULA_WORKER_HEALTH_HOST", "127.0.0.2")
+    worker = WorkflowWorker(store=store, workflows=[wprobe_held], options=fast_options())
+    async with serving(worker):
+        assert worker.health_address is not None
+        assert worker.health_address[0] == "127.0.0.2"
+        assert (await http_get(worker.health_address, "/livez"))[0] == 200
+
+
+async def test_no_probe_server_without_a_health_port(store: Any) -> None:
+    worker = WorkflowWorker(store=store, workflows=[wprobe_held], options=fast_options())
+    async with serving(worker):
+        assert worker.health_address is None
+
+
+async def test_readyz_says_draining_as_soon_as_stop_is_called(store: Any) -> None:
+    key = unique("drain")
+    GATES[key] = asyncio.Event()
+    worker = make_worker(store, shutdown_grace=10.0)
+    task = await start(worker)
+    run = await worker.client.submit(wprobe_held, {"key": key})
+    await await_until(lambda: worker.in_flight == 1, what="the run in flight")
+    worker.stop()
+    status, body = await http_get(worker.health_address, "/readyz")
+    assert (status, body["status"]) == (503, "draining")
+    assert worker.in_flight == 1  # still finishing its run
+    assert (await http_get(worker.health_address, "/livez"))[0] == 200
+    GATES[key].set()
+    await asyncio.wait_for(task, 30)
+    assert await worker.client.result(run.run_id, timeout=5) == key
+
+
+async def test_readyz_reports_a_store_binding_mismatch(store: Any) -> None:
+    await store.bind("shop", "prod")
+    spy = Spy(store, "claim")
+    worker = make_worker(store, project="billing", environment="prod")
+    task = asyncio.create_task(worker.run())
+    try:
+        await await_until(lambda: worker.health_address is not None, what="probes bound")
+        status, body = await http_get(worker.health_address, "/readyz")
+        assert (status, body["status"]) == (503, "store_binding_mismatch")
+        run = await worker.client.submit(wprobe_held, {"key": "never"})
+        await claim_ticks(worker, 3)
+        assert (await worker.client.get(run.run_id)).status == "queued"
+        assert spy.count("claim") == 0  # a mismatched worker claims nothing
+    finally:
+        await stop(worker, task)
+
+
+async def test_the_first_worker_records_the_binding_and_a_matching_one_is_ready(
+    store: Any,
+) -> None:
+    first = make_worker(store, project="shop", environment="prod")
+    async with serving(first):
+        assert (await http_get(first.health_address, "/readyz"))[0] == 200
+    assert await store.bind(None, None) == ("shop", "prod")
+    second = make_worker(store, project="shop")  # environment unset: no conflict
+    async with serving(second):
+        assert (await http_get(second.health_address, "/readyz"))[0] == 200
+
+
+async def test_readyz_reports_a_store_that_fails_its_ping(store: Any) -> None:
+    worker = make_worker(store)
+    outage = Outage(store, "aping")
+    async with serving(worker):
+        outage.active = True
+        status, body = await http_get(worker.health_address, "/readyz")
+        assert (status, body["status"]) == (503, "store_unreachable")
+        outage.active = False
+        assert (await http_get(worker.health_address, "/readyz"))[0] == 200
+
+
+async def test_readyz_reports_a_store_whose_ping_hangs(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "PING_TIMEOUT_S", 0.1)
+
+    async def hang() -> None:
+        await asyncio.Event().wait()
+
+    worker = make_worker(store)
+    async with serving(worker):
+        monkeypatch.setattr(store, "aping", hang)
+        status, body = await http_get(worker.health_address, "/readyz")
+        assert (status, body["status"]) == (503, "store_unreachable")
+
+
+async def test_livez_fails_once_a_loop_has_been_failing_too_long_and_recovers(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "LIVENESS_FAILURE_S", 1.0)
+    outage = Outage(store, "wake_due")
+    worker = make_worker(store)
+    async with serving(worker):
+        outage.active = True
+        await await_until(lambda: outage.failures >= 1, what="the timer loop failing")
+        assert (await http_get(worker.health_address, "/livez"))[0] == 200  # not for long yet
+
+        async def livez_failed() -> bool:
+            return (await http_get(worker.health_address, "/livez"))[0] == 503
+
+        await await_until(livez_failed, what="/livez to fail")
+        status, body = await http_get(worker.health_address, "/livez")
+        assert body["status"] == "loop_failed" and body["loop"] == "timer"
+        status, body = await http_get(worker.health_address, "/readyz")
+        assert (status, body["status"]) == (503, "loop_failed")
+        outage.active = False
+
+        async def livez_ok() -> bool:
+            return (await http_get(worker.health_address, "/livez"))[0] == 200
+
+        await await_until(livez_ok, what="/livez to recover on the next completed tick")
+        assert (await http_get(worker.health_address, "/readyz"))[0] == 200
+
+
+async def test_unknown_routes_are_404(store: Any) -> None:
+    worker = make_worker(store)
+    async with serving(worker):
+        assert (await http_get(worker.health_address, "/nope"))[0] == 404
+

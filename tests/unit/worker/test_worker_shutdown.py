@@ -1,0 +1,206 @@
+"""Graceful shutdown in its five ordered steps, and the bounded sync-step pool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
+from pyrula.workflows.worker.pool import default_pool_size
+from tests.conftest import await_until
+from tests.unit.worker.worker_support import capture, fast_options, logged, of_type, start, stop, unique
+
+#: Gates a test opens to let its steps finish, by key (events for async steps, threading
+#: events for sync ones). Each test uses its own keys.
+ASYNC_GATES: dict[str, asyncio.Event] = {}
+THREAD_GATES: dict[str, threading.Event] = {}
+ENTERED: set[str] = set()
+
+
+@step(name="wshut_async_hold")
+async def wshut_async_hold(key: str) -> str:
+    ENTERED.add(key)
+    await ASYNC_GATES[key].wait()
+    return key
+
+
+@step(name="wshut_sync_hold")
+def wshut_sync_hold(key: str) -> str:
+    ENTERED.add(key)
+    THREAD_GATES[key].wait(60)
+    return key
+
+
+@workflow(name="wshut_async")
+async def wshut_async(ctx: WorkflowContext, params: Any) -> Any:
+    return await wshut_async_hold(params["key"])
+
+
+@workflow(name="wshut_sync")
+async def wshut_sync(ctx: WorkflowContext, params: Any) -> Any:
+    return await wshut_sync_hold(params["key"])
+
+
+@pytest.fixture
+def thread_gates() -> Iterator[list[str]]:
+    """Keys of sync gates opened at teardown, so no step thread outlives its test."""
+    keys: list[str] = []
+    try:
+        yield keys
+    finally:
+        for key in keys:
+            THREAD_GATES[key].set()
+
+
+def async_gate(key: str) -> asyncio.Event:
+    ASYNC_GATES[key] = asyncio.Event()
+    return ASYNC_GATES[key]
+
+
+def shutdown_steps(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()[len("shutdown: "):][:3] for r in caplog.records
+        if r.getMessage().startswith("shutdown: ")
+    ]
+
+
+class ShardRelease:
+    """Adds the shard-release hook of a sharded store to a store, and records the call."""
+
+    def __init__(self, store: Any) -> None:
+        self.released: list[str] = []
+        self.pool_idle_at_release: bool | None = None
+        store.release_shards = self.release_shards
+        self.worker: WorkflowWorker | None = None
+
+    async def release_shards(self, worker_id: str) -> None:
+        assert self.worker is not None and self.worker._pool is not None
+        self.pool_idle_at_release = self.worker._pool.all_idle.is_set()
+        self.released.append(worker_id)
+
+
+async def test_the_five_steps_run_in_order_and_a_run_within_grace_completes(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+    sharded = ShardRelease(store)
+    key = unique("grace")
+    gate = async_gate(key)
+    worker = WorkflowWorker(
+        store=store, workflows=[wshut_async], options=fast_options(shutdown_grace=20.0)
+    )
+    sharded.worker = worker
+    task = await start(worker)
+    run = await worker.client.submit(wshut_async, {"key": key})
+    await await_until(lambda: key in ENTERED, what="the run in its step")
+    worker.stop()
+    await await_until(lambda: "2/5" in shutdown_steps(caplog), what="the grace period")
+    assert not task.done()
+    gate.set()
+    await asyncio.wait_for(task, 30)
+    assert shutdown_steps(caplog) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert sharded.released == [worker.worker_id]
+    assert sharded.pool_idle_at_release is True
+    info = await worker.client.get(run.run_id)
+    assert (info.status, info.result) == (RunStatus.COMPLETED, key)
+    assert worker.state == "stopped"
+
+
+async def test_an_idle_worker_also_logs_every_step(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+    worker = WorkflowWorker(store=store, workflows=[wshut_async], options=fast_options())
+    task = await start(worker)
+    await stop(worker, task)
+    assert shutdown_steps(caplog) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+
+
+async def test_runs_past_the_grace_are_requeued_with_reason_shutdown(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+    keys = [unique("late") + f"-{i}" for i in range(3)]
+    for key in keys:
+        async_gate(key)
+    worker = WorkflowWorker(
+        store=store, workflows=[wshut_async],
+        options=fast_options(shutdown_grace=0.1, cancel_timeout=5.0),
+    )
+    task = await start(worker)
+    runs = [await worker.client.submit(wshut_async, {"key": k}) for k in keys]
+    await await_until(lambda: all(k in ENTERED for k in keys), what="every run in its step")
+    await stop(worker, task)
+    assert worker.in_flight == 0
+    for run in runs:
+        info = await worker.client.get(run.run_id)
+        assert info.status is RunStatus.QUEUED
+        events = await worker.client.events(run.run_id)
+        assert [e["reason"] for e in of_type(events, "run:requeued")] == ["shutdown"]
+    assert logged(caplog, "worker_thread_calls_still_running") == []
+
+    # The next worker picks them up and finishes them.
+    for key in keys:
+        ASYNC_GATES[key].set()
+    successor = WorkflowWorker(store=store, workflows=[wshut_async], options=fast_options())
+    task = await start(successor)
+    try:
+        for run, key in zip(runs, keys, strict=True):
+            assert await successor.client.result(run.run_id, timeout=10) == key
+    finally:
+        await stop(successor, task)
+
+
+async def test_a_hung_sync_step_is_logged_and_run_still_returns(
+    store: Any, caplog: pytest.LogCaptureFixture, thread_gates: list[str]
+) -> None:
+    capture(caplog)
+    key = unique("hung")
+    THREAD_GATES[key] = threading.Event()
+    thread_gates.append(key)
+    worker = WorkflowWorker(
+        store=store, workflows=[wshut_sync],
+        options=fast_options(shutdown_grace=0.1, cancel_timeout=0.2),
+    )
+    task = await start(worker)
+    run = await worker.client.submit(wshut_sync, {"key": key})
+    await await_until(lambda: key in ENTERED, what="the sync step running")
+    await stop(worker, task, deadline=10.0)  # grace + 2 x cancel_timeout, with room
+    assert len(logged(caplog, "worker_thread_calls_still_running")) == 1
+    assert shutdown_steps(caplog) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    events = await worker.client.events(run.run_id)
+    assert [e["reason"] for e in of_type(events, "run:requeued")] == ["shutdown"]
+    assert (await worker.client.get(run.run_id)).status is RunStatus.QUEUED
+
+
+async def test_the_pool_logs_saturation_once_when_every_thread_is_busy(
+    store: Any, caplog: pytest.LogCaptureFixture, thread_gates: list[str]
+) -> None:
+    capture(caplog)
+    size = default_pool_size()
+    assert size == min(32, (os.cpu_count() or 1) + 4)
+    key = unique("saturate")
+    THREAD_GATES[key] = threading.Event()
+    thread_gates.append(key)
+    worker = WorkflowWorker(
+        store=store, workflows=[wshut_sync], options=fast_options(max_concurrent_runs=size + 3)
+    )
+    task = await start(worker)
+    try:
+        assert worker._pool is not None and worker._pool.size == size
+        runs = [await worker.client.submit(wshut_sync, {"key": key}) for _ in range(size + 3)]
+        await await_until(lambda: worker.in_flight == size + 3, what="every run claimed")
+        await await_until(lambda: worker._pool is not None and worker._pool.busy == size + 3,
+                          what="every sync step submitted")
+        assert len(logged(caplog, "user_code_threads_saturated")) == 1
+        THREAD_GATES[key].set()
+        for run in runs:
+            assert await worker.client.result(run.run_id, timeout=10) == key
+    finally:
+        await stop(worker, task)
+    assert len(logged(caplog, "user_code_threads_saturated")) == 1
