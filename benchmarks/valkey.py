@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from tests.servers import start_server
 
 from pyrula.workflows import ValkeyStore, WorkflowClient
-from tests.servers import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,15 @@ import pytest
 from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
 from pyrula.workflows.worker.worker import JournalCacheMismatch
 from tests.conftest import await_until
-from tests.unit.worker.worker_support import Spy, capture, fast_options, logged, serving, shape, start
+from tests.unit.worker.worker_support import (
+    Spy,
+    capture,
+    fast_options,
+    logged,
+    serving,
+    shape,
+    start,
+)
 
 STEPS = 6
 RESULT = ((2 * 1 + 1) * 2 + 1) * 2  # wjournal_waits with both signals carrying 1

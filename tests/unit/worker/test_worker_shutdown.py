@@ -13,7 +13,15 @@ import pytest
 from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
 from pyrula.workflows.worker.pool import default_pool_size
 from tests.conftest import await_until
-from tests.unit.worker.worker_support import capture, fast_options, logged, of_type, start, stop, unique
+from tests.unit.worker.worker_support import (
+    capture,
+    fast_options,
+    logged,
+    of_type,
+    start,
+    stop,
+    unique,
+)
 
 #: Gates a test opens to let its steps finish, by key (events for async steps, threading
 #: events for sync ones). Each test uses its own keys.

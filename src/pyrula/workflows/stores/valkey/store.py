@@ -830,6 +830,7 @@ class ValkeyStore:
                     rung.setdefault(name, []).append(shard)
         for name, shards in rung.items():
             await self._ring(name, shards, now)
+        await self._sweep(chosen, now)  # the orphan scan's pace suits the safety net
         return outcomes
 
     def recover_pending_runs(self, name: str) -> int:
@@ -1002,9 +1003,12 @@ class ValkeyStore:
             if isinstance(result, BaseException):
                 raise result
             held[name] = {int(s) for s in result}
-        # Safety net for the doorbell: ring every owned shard that still has queued runs.
+
+    async def _sweep(self, names: Sequence[str], now: float) -> None:
+        """Safety net for the doorbell (a client that died between its submit and its
+        ring): ring every shard we scan that still has queued runs."""
         for name in names:
-            shards = sorted(held.get(name, set()))
+            shards = self._shards_to_scan(name)
             pending = await self._batch(
                 [(self.keys.base_of(name, s), ("pending",)) for s in shards]
             )

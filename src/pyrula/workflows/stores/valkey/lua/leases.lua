@@ -43,8 +43,15 @@ ops.lease = function(k, a)
     mine[#mine + 1] = free[i]
     i = i + 1
   end
-  local value = worker .. '|' .. string.format('%.3f', now + ttl)
-  for _, s in ipairs(mine) do redis.call('HSET', leases, s, value) end
+  if #mine > 0 then
+    local value = worker .. '|' .. string.format('%.3f', now + ttl)
+    local args = {}
+    for _, s in ipairs(mine) do
+      args[#args + 1] = s
+      args[#args + 1] = value
+    end
+    redis.call('HSET', leases, unpack(args))
+  end
   return mine
 end
 

@@ -58,12 +58,7 @@ ops.reclaim = function(k, a)
   return out
 end
 
--- pending: ARGV op -> {queued runs, parked runs with a timer, running runs}
+-- pending: ARGV op -> {owners with queued runs (0: nothing queued)}
 ops.pending = function(k, a)
-  local base = k[1]
-  local queued = 0
-  for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
-    queued = queued + redis.call('LLEN', base .. ':q:' .. owner)
-  end
-  return {queued, redis.call('ZCARD', base .. ':timers'), redis.call('ZCARD', base .. ':locks')}
+  return {redis.call('ZCARD', k[1] .. ':active')}
 end
