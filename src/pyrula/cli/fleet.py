@@ -1,13 +1,198 @@
-"""``pyrula-fleet``: the multiprocess worker fleet (see pyrula.supervisor)."""
+"""``pyrula-fleet``: start a supervised fleet of worker processes, or look at one."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
+import os
 import sys
+import urllib.error
+import urllib.request
+from typing import Any
 
 import click
 
+from pyrula import logs
+from pyrula.config.fleet import (
+    FleetOptions,
+    parse_memory,
+    resolve_children,
+    resolve_health_port,
+    resolve_store_url,
+)
+from pyrula.config.parse import parse_float, parse_int
+from pyrula.config.worker import WorkerOptions
+from pyrula.errors import ConfigurationError
+
+#: WorkerOptions the fleet sets itself (one health port for the fleet; its own drain).
+FLEET_OWNED = {"health_port", "health_host", "shutdown_grace", "cancel_timeout"}
+
+
+def worker_option_flags(func: Any) -> Any:
+    for field in reversed(dataclasses.fields(WorkerOptions)):
+        if field.name in FLEET_OWNED:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        if field.type in ("bool", bool):
+            func = click.option(f"{flag}/--no-{field.name.replace('_', '-')}", field.name,
+                                default=None, help=f"worker option (default {field.default})")(func)
+        else:
+            func = click.option(flag, field.name, default=None, metavar="VALUE",
+                                help=f"worker option (default {field.default})")(func)
+    return func
+
+
+@click.group()
+@click.version_option(package_name="pyrula")
+def cli() -> None:
+    """pyrula-fleet: run N supervised workflow workers on this host."""
+
+
+@cli.command("start")
+@click.option("-n", "children", default=None, envvar="PYRULA_CHILDREN", metavar="N",
+              help="worker processes (default $WEB_CONCURRENCY, else 2)")
+@click.option("--app", "apps", multiple=True, envvar="PYRULA_APP", metavar="MODULE",
+              help="import this module so its @workflow functions register (repeatable)")
+@click.option("--workflow", "workflows", multiple=True, metavar="MODULE:FN",
+              help="serve only this @workflow (repeatable)")
+@click.option("--store", default=None, metavar="URL",
+              help="store URL (default $PYRULA_STORE_URL, else sqlite:///pyrula.db)")
+@click.option("--namespace", default=None, envvar="PYRULA_VALKEY_NAMESPACE")
+@click.option("--cluster/--no-cluster", default=None, help="force the Valkey cluster client")
+@click.option("--health-port", default=None, envvar="PYRULA_HEALTH_PORT",
+              help="the fleet's probe port (default $PORT, else 8081; 0 picks a free one)")
+@click.option("--health-host", default="127.0.0.1", envvar="PYRULA_HEALTH_HOST",
+              show_default=True)
+@click.option("--max-runs-per-child", default=None, envvar="PYRULA_MAX_RUNS_PER_CHILD",
+              help="recycle a child after this many runs (with jitter)")
+@click.option("--max-memory-per-child", default=None, envvar="PYRULA_MAX_MEMORY_PER_CHILD",
+              help="recycle a child above this RSS, e.g. 512MB")
+@click.option("--child-timeout", default=None, envvar="PYRULA_CHILD_TIMEOUT",
+              help="kill and replace a child whose loop sent no heartbeat this long (30)")
+@click.option("--stall-timeout", default=None, envvar="PYRULA_STALL_TIMEOUT",
+              help="recycle a child that claimed nothing this long with free slots (60)")
+@click.option("--max-boot-failures", default=None, envvar="PYRULA_MAX_BOOT_FAILURES",
+              help="children in a row that die before ready, then the fleet stops (5)")
+@click.option("--shutdown-grace", default=None, envvar="PYRULA_SHUTDOWN_GRACE",
+              help="seconds in-flight runs get to finish on SIGTERM (30)")
+@click.option("--cancel-timeout", default=None, envvar="PYRULA_CANCEL_TIMEOUT",
+              help="bound on cancelling what is left, and on threads (5)")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              envvar="PYRULA_LOG_FORMAT", show_default=True)
+@click.option("--log-level", default="INFO", envvar="PYRULA_LOG_LEVEL", show_default=True)
+@worker_option_flags
+def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
+          store: str | None, namespace: str | None, cluster: bool | None,
+          health_port: Any, health_host: str, max_runs_per_child: Any,
+          max_memory_per_child: Any, child_timeout: Any, stall_timeout: Any,
+          max_boot_failures: Any, shutdown_grace: Any, cancel_timeout: Any,
+          log_format: str, log_level: str, **worker_options: Any) -> None:
+    """Start N worker processes and supervise them until SIGTERM/SIGINT."""
+    logs.configure(log_format, log_level)
+    try:
+        given = {k: v for k, v in worker_options.items() if v is not None}
+        WorkerOptions(**given)  # bad worker option values fail here, in the parent
+        options = FleetOptions(
+            children=resolve_children(children),
+            apps=apps,
+            workflows=workflows,
+            store_url=resolve_store_url(store),
+            namespace=namespace,
+            cluster=cluster,
+            health_port=resolve_health_port(health_port),
+            health_host=health_host,
+            max_runs_per_child=(None if max_runs_per_child in (None, "") else
+                                parse_int("--max-runs-per-child", max_runs_per_child, minimum=1)),
+            max_memory_per_child=parse_memory(max_memory_per_child),
+            child_timeout=_seconds("--child-timeout", child_timeout, 30.0),
+            stall_timeout=_seconds("--stall-timeout", stall_timeout, 60.0),
+            max_boot_failures=(5 if max_boot_failures in (None, "") else
+                               parse_int("--max-boot-failures", max_boot_failures, minimum=1)),
+            shutdown_grace=_seconds("--shutdown-grace", shutdown_grace, 30.0, strict=False),
+            cancel_timeout=_seconds("--cancel-timeout", cancel_timeout, 5.0, strict=False),
+            log_format=log_format,
+            log_level=log_level,
+            worker_options=given,
+        )
+    except ConfigurationError as exc:
+        click.echo(f"configuration error: {exc}", err=True)
+        sys.exit(2)
+    sys.exit(run_fleet(options))
+
+
+def _seconds(option: str, raw: Any, default: float, strict: bool = True) -> float:
+    if raw is None or raw == "":
+        return default
+    return parse_float(option, raw, minimum=0.0, strict=strict)
+
+
+def run_fleet(options: FleetOptions) -> int:
+    from pyrula.supervisor.children import Spawner
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    modules = list(options.apps) + [w.partition(":")[0] for w in options.workflows]
+    spawner = Spawner(preload=["pyrula.workflows.worker.child", *modules])
+    # The fork server starts (and imports the app) before this process opens anything.
+    spawner.warm()
+    try:
+        return asyncio.run(_serve(options, spawner))
+    finally:
+        spawner.close()
+
+
+async def _serve(options: FleetOptions, spawner: Any) -> int:
+    from pyrula.supervisor.health import probe_server
+    from pyrula.supervisor.supervisor import Supervisor
+    from pyrula.workflows.stores import store_from_url
+
+    store_options: dict[str, Any] = {}
+    if options.namespace:
+        store_options["namespace"] = options.namespace
+    if options.cluster is not None:
+        store_options["cluster"] = options.cluster
+    store = store_from_url(options.store_url, **store_options)
+    supervisor = Supervisor(options, spawner, store)
+    probes = probe_server(supervisor, options.health_host, options.health_port)
+    host, port = await probes.start()
+    click.echo(f"pyrula-fleet: {options.children} children on {options.store_url}; "
+               f"health on http://{host}:{port} (/livez /readyz /status /metrics)", err=True)
+    try:
+        return await supervisor.run()
+    finally:
+        await probes.close()
+        close = getattr(store, "aclose", None)
+        if close is not None:
+            await close()
+
+
+@cli.command("status")
+@click.option("--url", default=None, help="the fleet's health URL (default "
+              "http://127.0.0.1:$PORT or :8081)")
+@click.option("--json", "as_json", is_flag=True, help="print the raw /status JSON")
+def status(url: str | None, as_json: bool) -> None:
+    """Show a running fleet: its children, shards, runs and restarts."""
+    base = url or f"http://127.0.0.1:{resolve_health_port(None)}"
+    try:
+        with urllib.request.urlopen(base.rstrip("/") + "/status", timeout=5) as reply:
+            body = json.loads(reply.read())
+    except (urllib.error.URLError, OSError) as exc:
+        click.echo(f"cannot reach the fleet at {base}: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+        return
+    click.echo(f"fleet {body['status']}  restarts={body['restarts']}  "
+               f"shards={json.dumps(body['shards'])}")
+    click.echo(f"{'SLOT':>4} {'PID':>7} {'STATE':<9} {'IN-FLIGHT':>9} {'DONE':>7} "
+               f"{'RESTARTS':>8} {'RSS':>9}  WORKER / SHARDS")
+    for child in body["children"]:
+        rss = f"{child['rss_bytes'] / 1048576:.1f}MB"
+        click.echo(f"{child['slot']:>4} {child['pid']:>7} {child['state']:<9} "
+                   f"{child['in_flight']:>9} {child['runs_done']:>7} {child['restarts']:>8} "
+                   f"{rss:>9}  {child['worker_id']} {json.dumps(child['shards'])}")
+
 
 def main() -> None:
-    click.echo("pyrula-fleet: the fleet supervisor is not part of this build yet; "
-               "run `pyrula worker` per process meanwhile", err=True)
-    sys.exit(2)
+    cli()

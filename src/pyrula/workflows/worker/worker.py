@@ -109,6 +109,7 @@ class WorkflowWorker:
         self._run_tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Event()
         self._heartbeat = time.monotonic()
+        self._claim_progress = time.monotonic()
         self._cache = JournalCache(self.options.journal_cache_events)
         self._pool: StepPool | None = None
         self._renewer: LockRenewer | None = None
@@ -127,6 +128,18 @@ class WorkflowWorker:
     @property
     def in_flight(self) -> int:
         return len(self._attempts)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.options.max_concurrent_runs - len(self._attempts))
+
+    def held_runs(self) -> dict[str, int]:
+        """The runs this worker is executing: run id -> attempt (its fencing token)."""
+        return {run_id: attempt.token for run_id, attempt in self._attempts.items()}
+
+    def claim_tick_age(self) -> float:
+        """Seconds since the claim loop last made progress (a fleet's stall watchdog)."""
+        return time.monotonic() - self._claim_progress
 
     def stop(self) -> None:
         """Begin the graceful shutdown; safe from a signal handler, a coroutine or a thread."""
@@ -272,6 +285,7 @@ class WorkflowWorker:
     # --- loops ----------------------------------------------------------------------
 
     async def _claim_tick(self) -> float | None:
+        self._claim_progress = time.monotonic()
         if self._stop_requested or not self._binding_ok:
             return self.options.claim_poll_interval
         free = self.options.max_concurrent_runs - len(self._attempts)
@@ -284,6 +298,7 @@ class WorkflowWorker:
             self.worker_id, self.workflow_names, limit=free, now=self._clock.now(),
             lock_ttl=self.options.lock_ttl,
         )
+        self._claim_progress = time.monotonic()
         for run in claimed:
             self._start_attempt(run)
         # A full batch means there is more: claim again at once.

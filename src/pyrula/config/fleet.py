@@ -1,0 +1,97 @@
+"""FleetOptions: every option of ``pyrula-fleet start``, its default and its check."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrula.config.parse import env_value, parse_bytes, parse_float, parse_int
+from pyrula.errors import ConfigurationError
+
+DEFAULT_HEALTH_PORT = 8081
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """How the supervisor runs its children (DESIGN §5; docs/deployment.md)."""
+
+    children: int = 2
+    apps: tuple[str, ...] = ()
+    workflows: tuple[str, ...] = ()
+    store_url: str = "sqlite:///pyrula.db"
+    namespace: str | None = None
+    cluster: bool | None = None
+    health_port: int = DEFAULT_HEALTH_PORT
+    health_host: str = "127.0.0.1"
+    max_runs_per_child: int | None = None
+    max_memory_per_child: int | None = None
+    child_timeout: float = 30.0
+    stall_timeout: float = 60.0
+    max_boot_failures: int = 5
+    shutdown_grace: float = 30.0
+    cancel_timeout: float = 5.0
+    log_format: str = "text"
+    log_level: str = "INFO"
+    #: WorkerOptions given as flags (name -> raw value); the rest comes from PYRULA_*.
+    worker_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.children < 1:
+            raise ConfigurationError(f"-n (children) must be >= 1, got {self.children}")
+        if not self.apps and not self.workflows:
+            raise ConfigurationError("name what to serve: --app MODULE or --workflow MODULE:FN")
+        if self.log_format not in ("text", "json"):
+            raise ConfigurationError(f"--log-format must be json or text, got {self.log_format!r}")
+        if self.max_boot_failures < 1:
+            raise ConfigurationError(
+                f"--max-boot-failures must be >= 1, got {self.max_boot_failures}"
+            )
+
+    @property
+    def child_worker_options(self) -> dict[str, Any]:
+        """WorkerOptions every child gets in code (so they win over the environment)."""
+        options = dict(self.worker_options)
+        options["shutdown_grace"] = self.shutdown_grace
+        options["cancel_timeout"] = self.cancel_timeout
+        return options
+
+
+def resolve_health_port(flag: Any) -> int:
+    """``--health-port``, else ``$PORT`` (as Procfile platforms set it), else 8081."""
+    raw = flag if flag is not None else env_value("PORT")
+    if raw is None:
+        return DEFAULT_HEALTH_PORT
+    port = parse_int("--health-port", raw, minimum=0)
+    if port > 65535:
+        raise ConfigurationError(f"--health-port must be a TCP port 0..65535, got {raw!r}")
+    return port
+
+
+def resolve_children(flag: Any) -> int:
+    """``-n``, else ``WEB_CONCURRENCY``, else 2."""
+    raw = flag if flag is not None else env_value("WEB_CONCURRENCY")
+    if raw is None:
+        return 2
+    return parse_int("-n", raw, minimum=1)
+
+
+def resolve_store_url(flag: str | None) -> str:
+    """``--store``, else ``PYRULA_STORE_URL``, else the embedded ``sqlite:///pyrula.db``."""
+    return flag or env_value("PYRULA_STORE_URL") or "sqlite:///pyrula.db"
+
+
+def parse_memory(raw: Any) -> int | None:
+    if raw is None or raw == "":
+        return None
+    return parse_bytes("--max-memory-per-child", raw, minimum=1024 * 1024)
+
+
+def parse_seconds(option: str, raw: Any, default: float) -> float:
+    if raw is None or raw == "":
+        return default
+    return parse_float(option, raw, minimum=0.0, strict=True)
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1

@@ -1,0 +1,130 @@
+"""Children: spawn (through the fork server), watch, terminate, kill. Mechanism only.
+
+The fork server is a process of its own, started from a clean interpreter before the
+supervisor opens anything; it imports the app once (``preload``) and forks each child from
+that state: copy-on-write sharing of the app, no fork of a process with threads, loops or
+sockets, and a respawn in milliseconds. Where fork is unavailable, children are spawned
+as fresh interpreters instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pyrula.supervisor import trampoline
+from pyrula.wire import Heartbeat
+
+logger = logging.getLogger("pyrula.fleet")
+
+
+@dataclass(eq=False)
+class Child:
+    """One child process and what the supervisor knows of it."""
+
+    slot: int
+    process: Any  # multiprocessing.process.BaseProcess
+    conn: Connection
+    started_at: float = field(default_factory=time.monotonic)
+    last_beat: float = field(default_factory=time.monotonic)
+    beat: Heartbeat | None = None
+    ready_seen: bool = False
+    boot_error: str | None = None
+    rss_bytes: int = 0
+    retiring: bool = False  # asked to drain on purpose (recycle, scale down, shutdown)
+    killed_for: str | None = None
+    run_limit: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @property
+    def sentinel(self) -> int:
+        return int(self.process.sentinel)
+
+    @property
+    def exitcode(self) -> int | None:
+        code = self.process.exitcode
+        return None if code is None else int(code)
+
+    def terminate(self) -> None:
+        """Ask the child to drain (SIGTERM: the worker's shutdown sequence)."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+class Spawner:
+    """Starts children from the fork server (or as fresh interpreters without fork)."""
+
+    def __init__(self, preload: list[str]) -> None:
+        self.preload = preload
+        methods = multiprocessing.get_all_start_methods()
+        self.method = "forkserver" if "forkserver" in methods else "spawn"
+        self._ctx = multiprocessing.get_context(self.method)
+        if self.method == "forkserver":
+            self._ctx.set_forkserver_preload(preload)
+
+    def warm(self) -> None:
+        """Start the fork server now (it imports the app), before the supervisor opens
+        sockets or threads of its own."""
+        if self.method == "forkserver":
+            multiprocessing.forkserver.ensure_running()
+
+    def reload(self) -> None:
+        """Make the next children load the code anew (SIGHUP): restart the fork server."""
+        if self.method != "forkserver":
+            return
+        server = multiprocessing.forkserver._forkserver
+        stop = getattr(server, "_stop", None)
+        if stop is not None:
+            stop()
+        self._ctx.set_forkserver_preload(self.preload)
+        multiprocessing.forkserver.ensure_running()
+
+    def spawn(self, slot: int, config: dict[str, Any]) -> Child:
+        reader, writer = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(  # type: ignore[attr-defined]
+            target=trampoline.run,
+            args=(trampoline.CHILD_ENTRY, config, writer),
+            name=f"pyrula-child-{slot}",
+            daemon=False,
+        )
+        process.start()
+        writer.close()
+        return Child(slot=slot, process=process, conn=reader)
+
+    def close(self) -> None:
+        if self.method == "forkserver":
+            server = multiprocessing.forkserver._forkserver
+            stop = getattr(server, "_stop", None)
+            if stop is not None:
+                stop()
+
+
+def describe_exit(code: int | None) -> tuple[str, str | None]:
+    """(``"exit code 3"`` or ``"signal SIGKILL"``, the signal's name or None)."""
+    if code is None:
+        return "still running", None
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"signal {name}", name
+    return f"exit code {code}", None

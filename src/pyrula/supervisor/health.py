@@ -1,0 +1,68 @@
+"""The fleet's one health port: /livez, /readyz, /status (JSON) and /metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyrula.health_http import ProbeServer
+from pyrula.supervisor.supervisor import Supervisor
+
+
+def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
+    async def livez() -> tuple[int, Any]:
+        # Answered by the supervisor's own loop: if it stops turning, the probe times out.
+        return 200, {"status": "ok", "pid": _pid()}
+
+    async def readyz() -> tuple[int, Any]:
+        if supervisor.draining:
+            return 503, {"status": "draining"}
+        ready = supervisor.ready_children()
+        if ready == 0:
+            return 503, {"status": "starting", "ready_children": 0}
+        return 200, {"status": "ready", "ready_children": ready,
+                     "shards": supervisor.status()["shards"]}
+
+    async def status() -> tuple[int, Any]:
+        return 200, supervisor.status()
+
+    async def metrics() -> tuple[int, Any]:
+        return 200, render_metrics(supervisor.status(), supervisor)
+
+    return ProbeServer(
+        {"/livez": livez, "/readyz": readyz, "/status": status, "/metrics": metrics},
+        host, port,
+    )
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def render_metrics(status: dict[str, Any], supervisor: Supervisor) -> str:
+    lines = [
+        "# TYPE pyrula_fleet_children gauge",
+        f"pyrula_fleet_children {len(status['children'])}",
+        "# TYPE pyrula_fleet_children_desired gauge",
+        f"pyrula_fleet_children_desired {supervisor.desired}",
+        "# TYPE pyrula_fleet_children_ready gauge",
+        f"pyrula_fleet_children_ready {supervisor.ready_children()}",
+        "# TYPE pyrula_fleet_restarts_total counter",
+        f"pyrula_fleet_restarts_total {status['restarts']}",
+        "# TYPE pyrula_fleet_draining gauge",
+        f"pyrula_fleet_draining {1 if supervisor.draining else 0}",
+    ]
+    for metric, key, kind in (
+        ("pyrula_fleet_child_in_flight", "in_flight", "gauge"),
+        ("pyrula_fleet_child_runs_done_total", "runs_done", "counter"),
+        ("pyrula_fleet_child_rss_bytes", "rss_bytes", "gauge"),
+        ("pyrula_fleet_child_restarts_total", "restarts", "counter"),
+    ):
+        lines.append(f"# TYPE {metric} {kind}")
+        for child in status["children"]:
+            lines.append(f'{metric}{{slot="{child["slot"]}"}} {child[key]}')
+    lines.append("# TYPE pyrula_fleet_shards gauge")
+    for name, count in sorted(status["shards"].items()):
+        lines.append(f'pyrula_fleet_shards{{workflow="{name}"}} {count}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,427 @@
+"""The supervisor: desired vs running children, their health, crashes, recycling, signals.
+
+One asyncio loop. Signal handlers only record a command; ``_tick`` acts. Children report
+over their pipes (``pyrula.wire``); their exits are seen through the process sentinels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import psutil
+
+from pyrula.config.fleet import FleetOptions
+from pyrula.config.worker import WorkerOptions
+from pyrula.supervisor.children import Child, Spawner, describe_exit
+from pyrula.supervisor.recovery import Recovery
+from pyrula.supervisor.restart import GiveUp, RestartPolicy
+from pyrula.wire import EXIT_BOOT_FAILURE, decode, parse_heartbeat
+
+logger = logging.getLogger("pyrula.fleet")
+
+TICK = 0.1
+#: Signals and the command each one records (the handler does nothing else).
+SIGNAL_COMMANDS = {
+    signal.SIGTERM: "stop",
+    signal.SIGINT: "stop",
+    signal.SIGHUP: "reload",
+    signal.SIGTTIN: "add",
+    signal.SIGTTOU: "remove",
+}
+FORCED_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
+
+
+class Slot:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.child: Child | None = None
+        self.incoming: Child | None = None  # a replacement starting (recycle, reload)
+        self.restarts = 0
+        self.respawn_at: float | None = None
+
+
+class Supervisor:
+    def __init__(self, options: FleetOptions, spawner: Spawner, store: Any) -> None:
+        self.options = options
+        self.spawner = spawner
+        self.store = store
+        worker_options = WorkerOptions(**options.child_worker_options).resolve()
+        self.recovery = Recovery(store, worker_options.poison_max_retries,
+                                 worker_options.poison_retry_ttl_s)
+        self.policy = RestartPolicy(options.max_boot_failures)
+        self.desired = options.children
+        self.slots: dict[int, Slot] = {}
+        self.draining = False
+        self.exit_code = 0
+        self.started_at = time.monotonic()
+        self._commands: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+        self._recycle_queue: list[int] = []
+        self._stopped = asyncio.Event()
+        self._recoveries: set[asyncio.Task[None]] = set()
+        self._drain_deadline: float | None = None
+        self.killed_children = 0
+        # Children asked to drain that no longer belong to a slot (recycled, scaled down).
+        self._leaving: set[Child] = set()
+
+    # --- child configuration ----------------------------------------------------
+
+    def child_config(self, slot: int) -> dict[str, Any]:
+        o = self.options
+        return {
+            "slot": slot,
+            "apps": list(o.apps),
+            "workflows": list(o.workflows),
+            "store_url": o.store_url,
+            "namespace": o.namespace,
+            "cluster": o.cluster,
+            "worker_options": o.child_worker_options,
+            "log_format": o.log_format,
+            "log_level": o.log_level,
+            "cwd": os.getcwd(),
+        }
+
+    # --- running ----------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum, command in SIGNAL_COMMANDS.items():
+            loop.add_signal_handler(signum, self._commands.put_nowait, (command, signum))
+        for index in range(self.desired):
+            self.slots[index] = Slot(index)
+            self._spawn(self.slots[index])
+        logger.info("fleet_started: %d children (%s), store %s", self.desired,
+                    self.spawner.method, self.options.store_url,
+                    extra={"event": "fleet_started", "children": self.desired})
+        try:
+            while not self._stopped.is_set():
+                await self._handle_commands()
+                await self._tick()
+                try:
+                    await asyncio.wait_for(self._stopped.wait(), TICK)
+                except TimeoutError:
+                    pass
+        finally:
+            for signum in SIGNAL_COMMANDS:
+                loop.remove_signal_handler(signum)
+            await asyncio.gather(*self._recoveries, return_exceptions=True)
+        return self.exit_code
+
+    def _spawn(self, slot: Slot, *, incoming: bool = False) -> Child:
+        child = self.spawner.spawn(slot.index, self.child_config(slot.index))
+        if self.options.max_runs_per_child:
+            # Jitter, so children started together are not recycled together.
+            child.run_limit = int(self.options.max_runs_per_child * random.uniform(1.0, 1.1))
+        loop = asyncio.get_running_loop()
+        loop.add_reader(child.conn.fileno(), self._on_message, child)
+        loop.add_reader(child.sentinel, self._on_exit, child)
+        if incoming:
+            slot.incoming = child
+        else:
+            slot.child = child
+        slot.respawn_at = None
+        logger.info("child_spawned: slot %d pid %d", slot.index, child.pid,
+                    extra={"event": "child_spawned", "slot": slot.index, "pid": child.pid})
+        return child
+
+    def _on_message(self, child: Child) -> None:
+        try:
+            while child.conn.poll():
+                message = decode(child.conn.recv_bytes())
+                self._handle_message(child, message)
+        except (EOFError, OSError, ValueError):
+            asyncio.get_running_loop().remove_reader(child.conn.fileno())
+
+    def _handle_message(self, child: Child, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "heartbeat":
+            child.beat = parse_heartbeat(message)
+            child.last_beat = time.monotonic()
+            if child.beat.state == "ready" and not child.ready_seen:
+                child.ready_seen = True
+                self.policy.ready(child.slot)
+                logger.info("child_ready: slot %d pid %d worker %s in %.0f ms", child.slot,
+                            child.pid, child.beat.worker_id,
+                            (time.monotonic() - child.started_at) * 1000,
+                            extra={"event": "child_ready", "slot": child.slot,
+                                   "pid": child.pid, "worker_id": child.beat.worker_id})
+        elif kind == "boot_error":
+            child.boot_error = str(message.get("message", ""))
+
+    def _on_exit(self, child: Child) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(child.sentinel)
+        child.process.join(0)
+        self._on_message(child)  # whatever it said last (a boot error)
+        try:
+            loop.remove_reader(child.conn.fileno())
+        except (ValueError, OSError):
+            pass
+        child.conn.close()
+        self._leaving.discard(child)
+        slot = self.slots.get(child.slot)
+        if slot is not None and slot.incoming is child:
+            slot.incoming = None
+        elif slot is not None and slot.child is child:
+            slot.child = None
+        text, signame = describe_exit(child.exitcode)
+        lived = time.monotonic() - child.started_at
+        if child.retiring:
+            logger.info("child_exited: slot %d pid %d (%s) after draining", child.slot,
+                        child.pid, text, extra={"event": "child_exited", "slot": child.slot})
+            return
+        held = dict(child.beat.held) if child.beat is not None else {}
+        worker_id = child.beat.worker_id if child.beat is not None else ""
+        level = logging.ERROR if signame == "SIGKILL" or child.killed_for else logging.WARNING
+        logger.log(level, "child_exited: slot %d pid %d died (%s%s) after %.1f s holding %d "
+                   "runs", child.slot, child.pid, text,
+                   f", killed: {child.killed_for}" if child.killed_for else "", lived, len(held),
+                   extra={"event": "child_exited", "slot": child.slot, "pid": child.pid,
+                          "exit": text})
+        if worker_id and (held or child.ready_seen):
+            evidence = {"exit": text, "exit_code": child.exitcode, "exit_signal": signame,
+                        "pid": child.pid, "rss_bytes": child.rss_bytes,
+                        "killed_for": child.killed_for}
+            task = asyncio.get_running_loop().create_task(
+                self._recover(worker_id, held, evidence))
+            self._recoveries.add(task)
+            task.add_done_callback(self._recoveries.discard)
+        if self.draining or slot is None:
+            return
+        decision = self.policy.exited(child.slot, child.ready_seen, lived, child.boot_error)
+        if isinstance(decision, GiveUp):
+            logger.critical("fleet_crash_loop: %s; stopping the fleet", decision.reason,
+                            extra={"event": "fleet_crash_loop"})
+            self.exit_code = EXIT_BOOT_FAILURE
+            self._begin_drain()
+            return
+        if slot.child is None and slot.incoming is None:
+            slot.restarts += 1
+            slot.respawn_at = time.monotonic() + decision.delay
+
+    async def _recover(self, worker_id: str, held: dict[str, int],
+                       evidence: dict[str, Any]) -> None:
+        requeued, quarantined = await self.recovery.child_died(worker_id, held, evidence)
+        if requeued or quarantined:
+            logger.warning("runs_recovered: %d runs of dead child %s requeued, %d quarantined",
+                           requeued, worker_id, quarantined,
+                           extra={"event": "runs_recovered", "worker_id": worker_id})
+
+    # --- commands ---------------------------------------------------------------
+
+    async def _handle_commands(self) -> None:
+        while not self._commands.empty():
+            command, signum = self._commands.get_nowait()
+            if command == "stop":
+                if self.draining:
+                    logger.warning("second %s while draining: quitting now",
+                                   signal.Signals(signum).name, extra={"event": "forced_exit"})
+                    self._kill_all()
+                    self.exit_code = FORCED_EXIT.get(signal.Signals(signum), 1)
+                    self._stopped.set()
+                    return
+                logger.info("received %s: draining every child (send it again to quit at "
+                            "once)", signal.Signals(signum).name,
+                            extra={"event": "fleet_draining"})
+                self._begin_drain()
+            elif command == "reload":
+                logger.info("received SIGHUP: loading the code anew, replacing children one "
+                            "at a time", extra={"event": "fleet_reload"})
+                self.spawner.reload()
+                self._recycle_queue = [i for i in sorted(self.slots)
+                                       if i not in self._recycle_queue] + self._recycle_queue
+            elif command == "add":
+                self.desired += 1
+                logger.info("received SIGTTIN: %d children desired", self.desired,
+                            extra={"event": "fleet_scale", "desired": self.desired})
+            elif command == "remove":
+                if self.desired > 1:
+                    self.desired -= 1
+                logger.info("received SIGTTOU: %d children desired", self.desired,
+                            extra={"event": "fleet_scale", "desired": self.desired})
+
+    def _begin_drain(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        o = self.options
+        # The children's own drain, plus a margin, before they are killed.
+        self._drain_deadline = time.monotonic() + o.shutdown_grace + 3 * o.cancel_timeout + 5
+        for slot in self.slots.values():
+            for child in (slot.child, slot.incoming):
+                if child is not None:
+                    child.retiring = True
+                    child.terminate()
+
+    def _kill_all(self) -> None:
+        for child in self._children():
+            child.kill()
+
+    # --- the tick ---------------------------------------------------------------
+
+    def _children(self) -> list[Child]:
+        found = [c for s in self.slots.values() for c in (s.child, s.incoming) if c is not None]
+        return found + [c for c in self._leaving if c not in found]
+
+    async def _tick(self) -> None:
+        now = time.monotonic()
+        if self.draining:
+            if not self._children():
+                logger.info("fleet_stopped", extra={"event": "fleet_stopped"})
+                self._stopped.set()
+            elif self._drain_deadline is not None and now > self._drain_deadline:
+                logger.error("children still running past the drain deadline: killing them")
+                self._kill_all()
+                self._drain_deadline = now + 5
+            return
+        self._measure()
+        for child in self._children():
+            self._watch(child, now)
+        self._scale()
+        for slot in self.slots.values():
+            if slot.child is None and slot.incoming is None and slot.respawn_at is not None \
+                    and now >= slot.respawn_at:
+                self._spawn(slot)
+        self._recycle(now)
+
+    def _measure(self) -> None:
+        for child in self._children():
+            try:
+                child.rss_bytes = psutil.Process(child.pid).memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+                pass
+
+    def _watch(self, child: Child, now: float) -> None:
+        o = self.options
+        if child.killed_for is not None or child.retiring:
+            return
+        silent = now - child.last_beat
+        if silent > o.child_timeout:
+            child.killed_for = f"no heartbeat for {silent:.1f} s (--child-timeout)"
+            logger.error("child_unresponsive: slot %d pid %d sent no heartbeat for %.1f s; "
+                         "killing it", child.slot, child.pid, silent,
+                         extra={"event": "child_unresponsive", "slot": child.slot})
+            self.killed_children += 1
+            child.kill()
+            return
+        beat = child.beat
+        if beat is None or not child.ready_seen:
+            return
+        slot = self.slots[child.slot]
+        if slot.child is not child:
+            return
+        if beat.free > 0 and beat.claim_tick_age > o.stall_timeout:
+            logger.error("child_stalled: slot %d pid %d has claimed nothing for %.0f s with "
+                         "free slots; recycling it", child.slot, child.pid,
+                         beat.claim_tick_age, extra={"event": "child_stalled", "slot": child.slot})
+            self._queue_recycle(child.slot, front=True)
+        elif child.run_limit is not None and beat.runs_done >= child.run_limit:
+            self._queue_recycle(child.slot, reason=f"{beat.runs_done} runs done")
+        elif o.max_memory_per_child and child.rss_bytes > o.max_memory_per_child:
+            self._queue_recycle(child.slot, reason=f"RSS {child.rss_bytes} bytes")
+
+    def _queue_recycle(self, index: int, *, front: bool = False, reason: str = "stalled") -> None:
+        if index in self._recycle_queue:
+            return
+        logger.info("child_recycle: slot %d queued (%s)", index, reason,
+                    extra={"event": "child_recycle", "slot": index})
+        if front:
+            self._recycle_queue.insert(0, index)
+        else:
+            self._recycle_queue.append(index)
+
+    def _recycle(self, now: float) -> None:
+        """One slot at a time: start its replacement, and once that is ready, drain the
+        old child. Capacity is kept throughout."""
+        if not self._recycle_queue:
+            return
+        index = self._recycle_queue[0]
+        slot = self.slots.get(index)
+        if slot is None:
+            self._recycle_queue.pop(0)
+            return
+        if slot.incoming is None:
+            if slot.child is None:  # nothing to replace: it died meanwhile
+                self._recycle_queue.pop(0)
+                return
+            self._spawn(slot, incoming=True)
+            return
+        if not slot.incoming.ready_seen:
+            return
+        old, slot.child, slot.incoming = slot.child, slot.incoming, None
+        slot.restarts += 1
+        self._recycle_queue.pop(0)
+        if old is not None:
+            old.retiring = True
+            old.terminate()
+            self._leaving.add(old)
+
+    def _scale(self) -> None:
+        live = sorted(self.slots)
+        if len(live) < self.desired:
+            index = next(i for i in range(len(live) + 1) if i not in self.slots)
+            self.slots[index] = Slot(index)
+            self._spawn(self.slots[index])
+        elif len(live) > self.desired:
+            index = live[-1]
+            slot = self.slots.pop(index)
+            for child in (slot.child, slot.incoming):
+                if child is not None:
+                    child.retiring = True
+                    child.terminate()
+                    self._leaving.add(child)
+
+    # --- health -----------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        children = []
+        shards: dict[str, int] = {}
+        ready = 0
+        for index in sorted(self.slots):
+            slot = self.slots[index]
+            child = slot.child
+            if child is None:
+                continue
+            beat = child.beat
+            state = "starting"
+            if child.retiring or (beat is not None and beat.state in ("draining", "stopped")):
+                state = "draining"
+            elif beat is not None and beat.state == "ready":
+                state = "ready"
+                ready += 1
+            for name, count in (beat.shards if beat else {}).items():
+                shards[name] = shards.get(name, 0) + count
+            children.append({
+                "slot": index,
+                "pid": child.pid,
+                "worker_id": beat.worker_id if beat else None,
+                "state": state,
+                "shards": dict(beat.shards) if beat else {},
+                "in_flight": beat.in_flight if beat else 0,
+                "runs_done": beat.runs_done if beat else 0,
+                "restarts": slot.restarts,
+                "rss_bytes": child.rss_bytes,
+            })
+        if self.draining:
+            overall = "draining"
+        elif ready >= self.desired:
+            overall = "ok"
+        elif ready == 0 and all(s.restarts == 0 for s in self.slots.values()):
+            overall = "starting"
+        else:
+            overall = "degraded"
+        return {
+            "status": overall,
+            "children": children,
+            "shards": shards,
+            "restarts": sum(s.restarts for s in self.slots.values()),
+        }
+
+    def ready_children(self) -> int:
+        return sum(1 for c in self._children()
+                   if c.beat is not None and c.beat.state == "ready" and not c.retiring)

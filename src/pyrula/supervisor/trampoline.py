@@ -1,0 +1,18 @@
+"""The target every fleet child starts with: import the child entry point by name.
+
+The supervisor hands the fork server this function (pickled by reference), so the
+supervisor itself never imports the worker or the engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from multiprocessing.connection import Connection
+from typing import Any
+
+CHILD_ENTRY = "pyrula.workflows.worker.child:main"
+
+
+def run(entry: str, config: dict[str, Any], conn: Connection) -> None:
+    module_name, _, attr = entry.partition(":")
+    getattr(importlib.import_module(module_name), attr)(config, conn)

@@ -1,0 +1,62 @@
+"""The wire format between a fleet child and its supervisor: one JSON object per message.
+
+A leaf module: both the worker side (``pyrula.workflows.worker.child``) and the
+supervisor import it, and it imports nothing of pyrula.
+
+Child -> supervisor:
+    {"type": "heartbeat", "state": "starting"|"ready"|"draining", "worker_id", "pid",
+     "in_flight", "runs_done", "shards": {workflow: n}, "held": {run_id: token},
+     "claim_tick_age": seconds, "free": slots}
+    {"type": "boot_error", "message": "..."}      before exiting without becoming ready
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Exit code of a child that could not boot (import error, store refused it).
+EXIT_BOOT_FAILURE = 3
+#: How often a child's event loop sends its heartbeat (seconds).
+HEARTBEAT_INTERVAL = 0.25
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    state: str
+    worker_id: str
+    pid: int
+    in_flight: int = 0
+    runs_done: int = 0
+    shards: dict[str, int] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+    claim_tick_age: float = 0.0
+    free: int = 0
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    message: dict[str, Any] = json.loads(data)
+    return message
+
+
+def heartbeat_message(beat: Heartbeat) -> bytes:
+    return encode({"type": "heartbeat", **{k: getattr(beat, k) for k in beat.__slots__}})
+
+
+def parse_heartbeat(message: dict[str, Any]) -> Heartbeat:
+    return Heartbeat(
+        state=str(message.get("state", "starting")),
+        worker_id=str(message.get("worker_id", "")),
+        pid=int(message.get("pid", 0)),
+        in_flight=int(message.get("in_flight", 0)),
+        runs_done=int(message.get("runs_done", 0)),
+        shards={str(k): int(v) for k, v in dict(message.get("shards", {})).items()},
+        held={str(k): int(v) for k, v in dict(message.get("held", {})).items()},
+        claim_tick_age=float(message.get("claim_tick_age", 0.0)),
+        free=int(message.get("free", 0)),
+    )

@@ -1,0 +1,125 @@
+"""A fleet child: one WorkflowWorker in its own process, reporting to its supervisor.
+
+Started by the supervisor (through ``pyrula.supervisor.trampoline``) after a fork from
+the fork server, which holds no threads, loops or sockets; everything here — the event
+loop, the store's connections, the sync-step pool — is created after the fork.
+The child heartbeats over its pipe from its own event loop (a stuck loop sends nothing),
+drains on SIGTERM and ignores SIGINT (Ctrl+C reaches the whole process group; the
+supervisor decides). A child that cannot boot says why and exits with EXIT_BOOT_FAILURE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pyrula import logs
+from pyrula.wire import (
+    EXIT_BOOT_FAILURE,
+    HEARTBEAT_INTERVAL,
+    Heartbeat,
+    encode,
+    heartbeat_message,
+)
+
+logger = logging.getLogger("pyrula.fleet.child")
+
+
+def _boot_failed(conn: Connection, message: str) -> None:
+    try:
+        conn.send_bytes(encode({"type": "boot_error", "message": message}))
+    except OSError:
+        pass
+    logger.error("child_boot_failed: %s", message, extra={"event": "child_boot_failed"})
+    logging.shutdown()
+    os._exit(EXIT_BOOT_FAILURE)
+
+
+def _import(target: str) -> Any:
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr) if attr else module
+
+
+def main(config: dict[str, Any], conn: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    logs.configure(config.get("log_format", "text"), config.get("log_level", "INFO"))
+    if config.get("cwd") and config["cwd"] not in sys.path:
+        sys.path.insert(0, config["cwd"])
+    try:
+        from pyrula.config.worker import WorkerOptions
+        from pyrula.workflows.stores import store_from_url
+        from pyrula.workflows.worker.worker import WorkflowWorker
+
+        for app in config.get("apps", []):
+            _import(app)
+        chosen = [_import(t) for t in config.get("workflows", [])] or None
+        store_options: dict[str, Any] = {}
+        if config.get("namespace"):
+            store_options["namespace"] = config["namespace"]
+        if config.get("cluster") is not None:
+            store_options["cluster"] = config["cluster"]
+        store = store_from_url(config["store_url"], **store_options)
+        options = WorkerOptions(**config.get("worker_options", {}), health_port=None)
+        worker = WorkflowWorker(store=store, workflows=chosen, options=options)
+    except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
+        _boot_failed(conn, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
+        return
+    code = asyncio.run(_serve(worker, conn))
+    logging.shutdown()
+    os._exit(code)
+
+
+async def _serve(worker: Any, conn: Connection) -> int:
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, worker.stop)
+
+    async def beat() -> None:
+        # Stamped by this loop: a child whose loop is stuck stops sending, and is replaced.
+        while True:
+            message = heartbeat_message(Heartbeat(
+                state=worker.state,
+                worker_id=worker.worker_id,
+                pid=os.getpid(),
+                in_flight=worker.in_flight,
+                runs_done=worker.runs_done,
+                shards=worker.shards(),
+                held=worker.held_runs(),
+                claim_tick_age=round(worker.claim_tick_age(), 3),
+                free=worker.free_slots,
+            ))
+            try:
+                conn.send_bytes(message)
+            except (BrokenPipeError, OSError):
+                worker.stop()  # the supervisor is gone: drain and leave
+                return
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    heartbeat = asyncio.create_task(beat())
+    try:
+        await worker.run()
+    except Exception as exc:
+        if worker.state == "starting":  # refused before serving (e.g. the store's checks)
+            heartbeat.cancel()
+            _boot_failed(conn, f"{type(exc).__name__}: {exc}")
+        logger.exception("worker failed: %s", exc)
+        return 1
+    finally:
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
+        close = getattr(worker.store, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:  # closing is best effort on the way out
+                logger.debug("store close failed", exc_info=True)
+    return 0
