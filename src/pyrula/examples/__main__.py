@@ -1,9 +1,10 @@
 """``python -m pyrula.examples`` (what ``make run`` starts).
 
-Runs the example app on the embedded SQLite store: a worker in this process, and a
-stream of example runs submitted to it, each printed as it completes. A big order waits
-for an ``approved`` signal, which this script sends; a digest sleeps and continues as
-new. Ctrl+C drains the worker and exits. ``--runs N`` stops after N orders.
+Runs the example app on the embedded SQLite store: ``pyrula-fleet start -n 2`` serves it,
+and this script submits a stream of example runs and prints each as it completes. A big
+order waits for an ``approved`` signal, which this script sends; a digest sleeps and
+continues as new. Ctrl+C drains the fleet and exits. ``--runs N`` stops after N orders;
+``--embedded`` runs one worker in this process instead of the fleet.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
+import socket
+import subprocess
+import sys
 from typing import Any
 
 import pyrula.examples  # noqa: F401  (registers the example workflows)
@@ -37,13 +42,17 @@ async def submit_stream(client: WorkflowClient, runs: int | None, stop: asyncio.
         pending.add(asyncio.create_task(report(client, f"order-{i}", handle.run_id)))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.3)
-    await asyncio.gather(*pending)
+    if stop.is_set():
+        for task in pending:
+            task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def approve_later(client: WorkflowClient, run_id: str) -> None:
     await asyncio.sleep(1.0)
     info = await client.get(run_id)
-    print(f"  {run_id[-8:]} is {info.status.value} for approval; sending 'approved'")
+    print(f"  {run_id[-8:]} is {info.status.value} for approval; sending 'approved'",
+          flush=True)
     await client.signal(run_id, "approved", True)
 
 
@@ -51,33 +60,68 @@ async def report(client: WorkflowClient, label: str, run_id: str) -> None:
     try:
         result: Any = await client.result(run_id, timeout=60)
     except Exception as exc:  # show failures as they are
-        print(f"  {label:<15} {run_id[-8:]}  {type(exc).__name__}: {exc}")
+        print(f"  {label:<15} {run_id[-8:]}  {type(exc).__name__}: {exc}", flush=True)
         return
     info = await client.get(run_id)
     print(f"  {label:<15} {run_id[-8:]}  {info.status.value:<9} attempt={info.attempt} "
-          f"{result}")
+          f"{result}", flush=True)
 
 
-async def main(path: str, runs: int | None) -> None:
-    store = SQLiteStore(path)
-    worker = WorkflowWorker(
-        store=store, options=WorkerOptions(timer_poll_interval_s=0.25, health_port=0)
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_fleet(path: str, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYRULA_STORE_URL": f"sqlite:///{path}"}
+    fleet = os.path.join(os.path.dirname(sys.executable), "pyrula-fleet")
+    command = [fleet] if os.path.exists(fleet) else [
+        sys.executable, "-c", "from pyrula.cli.fleet import main; main()"]
+    return subprocess.Popen(
+        [*command, "start", "-n", "2", "--app", "pyrula.examples", "--health-port", str(port),
+         "--timer-poll-interval-s", "0.25", "--log-level", "WARNING"],
+        env=env,
     )
+
+
+async def main(path: str, runs: int | None, embedded: bool) -> None:
+    store = SQLiteStore(path)
+    client = WorkflowClient(store)
     stop = asyncio.Event()
+    received: list[int] = []
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    serving = asyncio.create_task(worker.run())
-    while worker.health_address is None and not serving.done():
-        await asyncio.sleep(0.01)
-    print(f"pyrula example app on {path}; worker {worker.worker_id}; probes at "
-          f"http://{worker.health_address[0]}:{worker.health_address[1]}/readyz" if
-          worker.health_address else "")
-    print("submitting example runs (Ctrl+C to stop)")
-    await submit_stream(worker.client, runs, stop)
-    worker.stop()
-    await serving
-    store.close()
+        loop.add_signal_handler(signum, on_signal, signum)
+    fleet: subprocess.Popen[bytes] | None = None
+    worker: WorkflowWorker | None = None
+    serving: asyncio.Task[None] | None = None
+    if embedded:
+        worker = WorkflowWorker(store=store, options=WorkerOptions(timer_poll_interval_s=0.25))
+        serving = asyncio.create_task(worker.run())
+        print(f"pyrula example app on {path}: one worker in this process")
+    else:
+        port = _free_port()
+        fleet = _start_fleet(path, port)
+        print(f"pyrula example app on {path}: pyrula-fleet -n 2 (pid {fleet.pid}); "
+              f"status: pyrula-fleet status --url http://127.0.0.1:{port}")
+    print("submitting example runs (Ctrl+C to stop)", flush=True)
+    await submit_stream(client, runs, stop)
+    if worker is not None and serving is not None:
+        worker.stop()
+        await serving
+    if fleet is not None:
+        # Ctrl+C in a terminal reaches the whole process group, the fleet included; a
+        # second signal would make it quit at once instead of draining.
+        if fleet.poll() is None and signal.SIGINT not in received:
+            fleet.send_signal(signal.SIGTERM)
+        await loop.run_in_executor(None, fleet.wait)
+    await store.aclose()
     print("drained; bye")
 
 
@@ -85,7 +129,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m pyrula.examples")
     parser.add_argument("--db", default="pyrula.db", help="SQLite file (default ./pyrula.db)")
     parser.add_argument("--runs", type=int, default=None, help="stop after this many orders")
+    parser.add_argument("--embedded", action="store_true",
+                        help="one worker in this process instead of the fleet")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args()
     logs.configure("text", args.log_level)
-    asyncio.run(main(args.db, args.runs))
+    asyncio.run(main(args.db, args.runs, args.embedded))
