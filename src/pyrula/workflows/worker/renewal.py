@@ -173,6 +173,12 @@ class LockRenewer:
             return
         for run_id in result.cancel_requested:
             self._loop.call_soon_threadsafe(self._on_cancel, run_id)
+        # A lock found gone (another attempt owns the run): stop starting steps now rather
+        # than at the attempt's next write, which write-behind may put several steps away.
+        for run_id in result.lost:
+            lost = held.get(run_id)
+            if lost is not None:
+                self._on_stood_down(run_id, lost.token)
 
     def _running_run(self) -> str | None:
         task = asyncio.current_task(self._loop)
