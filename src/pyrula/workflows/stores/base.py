@@ -217,6 +217,30 @@ class RunReader(Protocol):
         ...
 
 
+class Membership(Protocol):
+    """Which live workers serve which workflow names (for stranded runs)."""
+
+    async def register_worker(
+        self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
+    ) -> None:
+        """Record that ``worker_id`` serves ``names`` until ``now + ttl`` (renewed by calling
+        again)."""
+        ...
+
+    async def unregister_worker(self, worker_id: str) -> None: ...
+
+    async def stranded(self, *, now: float) -> list[str]:
+        """Names with queued runs that no live worker serves."""
+        ...
+
+    async def fail_stranded(
+        self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
+    ) -> list[str]:
+        """End queued runs of ``name`` queued since before ``older_than`` with ``error``
+        (``run:error``); returns their ids."""
+        ...
+
+
 class FlowControlStore(Protocol):
     def flow_control_set(
         self,
@@ -232,7 +256,8 @@ class FlowControlStore(Protocol):
 
 @runtime_checkable
 class Store(
-    RunSubmitter, AttemptStore, WorkQueue, RunControl, RunReader, FlowControlStore, Protocol
+    RunSubmitter, AttemptStore, WorkQueue, RunControl, RunReader, FlowControlStore, Membership,
+    Protocol,
 ):
     """Everything a worker and a client need from a store."""
 

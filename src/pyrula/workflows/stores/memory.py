@@ -129,6 +129,7 @@ class MemoryStore:
         self._buckets: dict[str, TokenBucket] = {}
         self._waiters = ResultWaiters()
         self._binding: tuple[str | None, str | None] = (None, None)
+        self._workers: dict[str, tuple[float, tuple[str, ...]]] = {}
 
     # --- submit ---------------------------------------------------------------------
 
@@ -588,6 +589,42 @@ class MemoryStore:
         with self._lock:
             run = self._get(run_id)
             return run.info() if run.status.terminal else None
+
+    # --- membership -----------------------------------------------------------------
+
+    async def register_worker(
+        self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
+    ) -> None:
+        with self._lock:
+            self._workers[worker_id] = (now + ttl, tuple(names))
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        with self._lock:
+            self._workers.pop(worker_id, None)
+
+    async def stranded(self, *, now: float) -> list[str]:
+        with self._lock:
+            served = {n for expires, names in self._workers.values() if expires > now
+                      for n in names}
+            return sorted(
+                name for name, owners in self._queues.items()
+                if name not in served and any(owners.values())
+            )
+
+    async def fail_stranded(
+        self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
+    ) -> list[str]:
+        failed: list[str] = []
+        with self._lock:
+            for queue in list(self._queues.get(name, {}).values()):
+                for run_id in list(queue):
+                    run = self._runs[run_id]
+                    if len(failed) >= limit or run.updated_at > older_than:
+                        continue
+                    run.append([error_event(now, error)], now)
+                    self._end(run, RunStatus.FAILED, now, error=dict(error))
+                    failed.append(run_id)
+        return failed
 
     # --- flow control ---------------------------------------------------------------
 

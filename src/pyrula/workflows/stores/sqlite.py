@@ -826,6 +826,59 @@ class SQLiteStore:
         # Other processes finish runs too; re-check at most every RESULT_POLL_MAX.
         return await self._waiters.wait(run_id, check, timeout, poll=self.RESULT_POLL_MAX)
 
+    # --- membership -----------------------------------------------------------------
+
+    async def register_worker(
+        self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
+    ) -> None:
+        def op() -> None:
+            with self._tx() as conn:
+                conn.execute(
+                    "INSERT INTO workers(worker_id, names, expires) VALUES (?, ?, ?) "
+                    "ON CONFLICT(worker_id) DO UPDATE SET names=excluded.names, "
+                    "expires=excluded.expires",
+                    (worker_id, _j(list(names)), now + ttl),
+                )
+
+        await self._call(op)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        def op() -> None:
+            with self._tx() as conn:
+                conn.execute("DELETE FROM workers WHERE worker_id=?", (worker_id,))
+
+        await self._call(op)
+
+    async def stranded(self, *, now: float) -> list[str]:
+        def op(conn: sqlite3.Connection) -> list[str]:
+            served: set[str] = set()
+            for row in conn.execute("SELECT names FROM workers WHERE expires>?", (now,)):
+                served.update(_uj(row[0]) or [])
+            queued = [r[0] for r in conn.execute(
+                "SELECT DISTINCT name FROM runs WHERE status='queued'")]
+            return sorted(n for n in queued if n not in served)
+
+        return await self._call(lambda: self._read(op))
+
+    async def fail_stranded(
+        self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
+    ) -> list[str]:
+        def op() -> list[str]:
+            with self._tx() as conn:
+                rows = conn.execute(
+                    "SELECT run_id, journal_len FROM runs WHERE name=? AND status='queued' "
+                    "AND updated_at<=? ORDER BY queue_seq LIMIT ?", (name, older_than, limit),
+                ).fetchall()
+                for run_id, length in rows:
+                    self._append(conn, run_id, length, [error_event(now, error)], now)
+                    self._end(conn, run_id, RunStatus.FAILED, now, error=dict(error))
+                return [str(r[0]) for r in rows]
+
+        failed = await self._call(op)
+        for run_id in failed:
+            self._notify_after(run_id)
+        return failed
+
     # --- flow control ---------------------------------------------------------------
 
     def flow_control_set(

@@ -57,6 +57,11 @@ SCHEMA = (
         served REAL NOT NULL DEFAULT 0,
         PRIMARY KEY (name, owner)
     ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS workers (
+        worker_id TEXT PRIMARY KEY,
+        names BLOB NOT NULL,
+        expires REAL NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS flow_control (
         owner TEXT PRIMARY KEY,
         max_concurrent INTEGER,

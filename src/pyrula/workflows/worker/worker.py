@@ -110,6 +110,7 @@ class WorkflowWorker:
         self._capacity = asyncio.Event()
         self._heartbeat = time.monotonic()
         self._claim_progress = time.monotonic()
+        self._stranded_logged: set[str] = set()
         self._cache = JournalCache(self.options.journal_cache_events)
         self._pool: StepPool | None = None
         self._renewer: LockRenewer | None = None
@@ -321,7 +322,48 @@ class WorkflowWorker:
             self.metrics.inc("pyrula.workflows.timers.woken", woken)
         return 0.0 if woken >= self.options.timer_max_batch else None
 
+    async def _register(self) -> None:
+        """Tell the store which names this worker serves (live for 3 orphan scans)."""
+        register = getattr(self.store, "register_worker", None)
+        if register is not None:
+            ttl = max(3 * self.options.orphan_scan_interval, 30.0)
+            await register(self.worker_id, self.workflow_names, now=self._clock.now(), ttl=ttl)
+
+    async def _check_stranded(self) -> None:
+        """Queued runs of names no live worker serves: "wait" logs ``run_stranded`` once per
+        name; "fail" ends those queued longer than ``stranded_timeout`` (code stranded)."""
+        stranded = getattr(self.store, "stranded", None)
+        if stranded is None:
+            return
+        now = self._clock.now()
+        for name in await stranded(now=now):
+            if name not in self._stranded_logged:
+                self._stranded_logged.add(name)
+                logger.warning(
+                    "run_stranded: runs of workflow %r are queued but no live worker serves "
+                    "it (stranded_policy=%s)", name, self.options.stranded_policy,
+                    extra={"event": "run_stranded", "workflow": name, **self._log},
+                )
+            if self.options.stranded_policy != "fail":
+                continue
+            timeout = self.options.stranded_timeout
+            error = {
+                "code": "stranded",
+                "error_type": "Stranded",
+                "message": f"no live worker served workflow {name!r} for {timeout:g} s "
+                           "(stranded_policy=fail)",
+                "detail": {"stranded_timeout": timeout},
+            }
+            failed = await self.store.fail_stranded(
+                name, older_than=now - timeout, now=now, limit=1000, error=error
+            )
+            if failed:
+                logger.error("run_stranded: %d runs of %r failed (stranded)", len(failed), name,
+                             extra={"event": "run_stranded", "workflow": name, **self._log})
+
     async def _orphan_tick(self) -> float | None:
+        await self._register()
+        await self._check_stranded()
         outcomes = await self.store.reclaim(
             self.workflow_names, now=self._clock.now(), limit=1000, poison=self._poison
         )
@@ -559,6 +601,12 @@ class WorkflowWorker:
             except Exception:  # shards then lapse after shard_lease_ttl
                 logger.warning("shard release failed", exc_info=True, extra=log)
 
+        unregister = getattr(self.store, "unregister_worker", None)
+        if unregister is not None:
+            try:
+                await unregister(self.worker_id)
+            except Exception:  # the registration lapses by itself
+                logger.debug("unregister failed", exc_info=True, extra=log)
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)

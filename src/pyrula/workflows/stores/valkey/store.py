@@ -1022,6 +1022,47 @@ class ValkeyStore:
         await self._batch(calls)
         self._leases.pop(worker_id, None)
 
+    # --- membership -----------------------------------------------------------------
+
+    async def register_worker(
+        self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
+    ) -> None:
+        await self._cmd("hset", f"{self.keys.ns}:workers", worker_id,
+                        _dumps({"names": list(names), "expires": now + ttl}))
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        await self._cmd("hdel", f"{self.keys.ns}:workers", worker_id)
+
+    async def stranded(self, *, now: float) -> list[str]:
+        workers = await self._cmd("hgetall", f"{self.keys.ns}:workers")
+        served: set[str] = set()
+        gone = []
+        for worker_id, raw in workers.items():
+            entry = orjson.loads(raw)
+            if float(entry["expires"]) > now:
+                served.update(entry["names"])
+            else:
+                gone.append(worker_id)
+        if gone:
+            await self._cmd("hdel", f"{self.keys.ns}:workers", *gone)
+        found = []
+        for name in await self._names():
+            if name not in served and await self._cmd("zcard", self.keys.ready(name)):
+                found.append(name)
+        return found
+
+    async def fail_stranded(
+        self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
+    ) -> list[str]:
+        failed: list[str] = []
+        for shard in range(self.shard_count):
+            if len(failed) >= limit:
+                break
+            ids = await self._op(self.keys.base_of(name, shard), "fail_stranded", older_than,
+                                 now, limit - len(failed), _dumps(error), self.completed_ttl)
+            failed.extend(str(i) for i in ids)
+        return failed
+
     # --- flow control ---------------------------------------------------------------
 
     async def _flow_config(self) -> dict[str, FlowControl]:

@@ -62,3 +62,25 @@ end
 ops.pending = function(k, a)
   return {redis.call('ZCARD', k[1] .. ':active')}
 end
+
+-- fail_stranded: end queued runs queued since before older_than (no live worker serves
+-- their name). ARGV: op, older_than, now, limit, error_json, completed_ttl -> {run ids}
+ops.fail_stranded = function(k, a)
+  local base, older, now, limit, errj = k[1], tonumber(a[2]), a[3], tonumber(a[4]), a[5]
+  local err = cjson.decode(errj)
+  local failed = {}
+  for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
+    for _, id in ipairs(redis.call('LRANGE', base .. ':q:' .. owner, 0, -1)) do
+      if #failed >= limit then return failed end
+      local updated = tonumber(redis.call('HGET', runk(base, id), 'updated_at') or '0')
+      if updated <= older then
+        dequeue(base, id, owner)
+        redis.call('RPUSH', jnlk(base, id), event('run:error', now, {code = err.code,
+          error_type = err.error_type, message = err.message, detail = err.detail}))
+        finish_run(base, id, 'failed', now, 'null', errj, a[6])
+        failed[#failed + 1] = id
+      end
+    end
+  end
+  return failed
+end
