@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from pyrula.workflows import WorkerOptions, WorkflowClient, WorkflowContext, WorkflowWorker, workflow
+from pyrula.workflows import (
+    WorkerOptions,
+    WorkflowClient,
+    WorkflowContext,
+    WorkflowWorker,
+    workflow,
+)
 from tests.conftest import await_until
 
 
