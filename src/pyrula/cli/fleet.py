@@ -194,5 +194,25 @@ def status(url: str | None, as_json: bool) -> None:
                    f"{rss:>9}  {child['worker_id']} {json.dumps(child['shards'])}")
 
 
+@cli.command("bench")
+@click.option("-n", "children", default=2, show_default=True, help="worker processes")
+@click.option("--runs", default=10000, show_default=True)
+@click.option("--steps", default=3, show_default=True, help="steps per run")
+@click.option("--store", default=None, metavar="URL",
+              help="store URL (default: a fresh SQLite file in a temporary directory)")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="also write the figures here")
+def bench(children: int, runs: int, steps: int, store: str | None,
+          json_path: str | None) -> None:
+    """Submit RUNS runs of STEPS steps, start a fleet of N, time until every result is in."""
+    from pyrula.cli.bench import run_bench
+
+    figures = run_bench(children, runs, steps, store)
+    click.echo(json.dumps(figures, indent=2))
+    if json_path:
+        with open(json_path, "w") as out:
+            json.dump(figures, out, indent=2)
+
+
 def main() -> None:
     cli()

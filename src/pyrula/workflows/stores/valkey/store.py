@@ -194,9 +194,13 @@ class ValkeyStore:
                     await client.aclose()
                     raise StoreUnavailable(f"Valkey cluster at {self._where()}: {exc}") from exc
             else:
-                client = aioredis.Redis.from_url(
-                    self.url, max_connections=self._max_connections, **opts
+                # A blocking pool: a burst of concurrent calls waits for a connection
+                # instead of failing with "Too many connections".
+                pool = aioredis.BlockingConnectionPool.from_url(
+                    self.url, max_connections=self._max_connections,
+                    timeout=self._socket_timeout, **opts,
                 )
+                client = aioredis.Redis.from_pool(pool)  # closing the client closes the pool
             # Close this loop's client when the loop shuts down: asyncio.run() finalizes
             # the loop's async generators before closing it, so this one's finally runs.
             closer = self._closer(client)
