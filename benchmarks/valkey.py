@@ -85,11 +85,13 @@ async def throughput(url: str, steps: int, workers: int, runs: int,
     ns = f"bench{os.urandom(3).hex()}"
     name = "bench_1step" if steps == 1 else "bench_5step"
     store = ValkeyStore(url=url, namespace=ns)
-    ids = await _submit_all(store, name, runs)
-    submit_trips = store.stats["round_trips"]
     direct = redis.Redis.from_url(url)
     direct.config_resetstat()
+    at_start = _commands(direct)
+    ids = await _submit_all(store, name, runs)
+    submit_trips = store.stats["round_trips"]
     before = _commands(direct)
+    submit_commands = before - at_start
     store.stats["round_trips"] = 0
     started = time.perf_counter()
     procs = _start_workers(url, ns, workers, concurrency)
@@ -106,7 +108,9 @@ async def throughput(url: str, steps: int, workers: int, runs: int,
         "runs": runs,
         "seconds": round(elapsed, 3),
         "runs_per_s": round(runs / elapsed, 1),
-        "commands_per_run_execution": round(commands / runs, 1),
+        "commands_per_run": round((submit_commands + commands) / runs, 1),
+        "commands_per_run_submit": round(submit_commands / runs, 1),
+        "commands_per_run_execution_and_read": round(commands / runs, 1),
         "worker_round_trips_per_run": round(worker_stats["round_trips"] / runs, 2),
         "submit_round_trips_per_run": round(submit_trips / runs, 2),
         "read_round_trips_per_run": round(read_trips / runs, 2),

@@ -19,18 +19,15 @@ end
 
 local function push_events(base, id, a, from)
   local jnl = jnlk(base, id)
-  local len = redis.call('LLEN', jnl)
   if #a >= from then
-    len = redis.call('RPUSH', jnl, unpack(a, from, #a))
+    return redis.call('RPUSH', jnl, unpack(a, from, #a))  -- the new length
   end
-  return len
+  return redis.call('LLEN', jnl)
 end
 
-local function ring(base, now)
-  redis.call('SET', base .. ':gen', now)
-end
-
-local function enqueue(base, id, owner, now)
+-- Put a run in its owner's FIFO. `fresh` (a run just created) skips resetting the fields
+-- and indexes a parked or running run would still carry.
+local function enqueue(base, id, owner, now, fresh)
   local q = base .. ':q:' .. owner
   if redis.call('LLEN', q) == 0 then
     -- An owner that (re)appears starts level with the least-served active one: it
@@ -41,11 +38,11 @@ local function enqueue(base, id, owner, now)
     redis.call('ZADD', base .. ':active', floor, owner)
   end
   redis.call('RPUSH', q, id)
+  if fresh then return end
   redis.call('HSET', runk(base, id), 'status', 'queued', 'lock_owner', '', 'wake_at', '',
     'waiting_for', '', 'interrupt', '')
   redis.call('ZREM', base .. ':timers', id)
   redis.call('ZREM', base .. ':locks', id)
-  ring(base, now)
 end
 
 local function dequeue(base, id, owner)
@@ -60,12 +57,12 @@ local function event(kind, now, fields)
   return cjson.encode(e)
 end
 
-local function finish_run(base, id, status, now, result, err, ttl)
+local function finish_run(base, id, status, now, result, err, ttl, was_running)
   local run = runk(base, id)
   redis.call('HSET', run, 'status', status, 'result', result, 'error', err, 'lock_owner', '',
     'wake_at', '', 'waiting_for', '', 'finished_at', now, 'updated_at', now)
   redis.call('ZREM', base .. ':locks', id)
-  redis.call('ZREM', base .. ':timers', id)
+  if not was_running then redis.call('ZREM', base .. ':timers', id) end
   redis.call('ZADD', base .. ':expiry', now, id)
   local done = base .. ':done:' .. id
   redis.call('RPUSH', done, status)
@@ -108,13 +105,13 @@ local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl,
           ' crashes (poison_max_retries exceeded); last cause: ' .. cause}
       redis.call('RPUSH', jnlk(base, id), event('run:error', now, {code = err.code,
         error_type = err.error_type, message = err.message, detail = d}))
-      finish_run(base, id, 'failed', now, 'null', cjson.encode(err), ttl)
+      finish_run(base, id, 'failed', now, 'null', cjson.encode(err), ttl, true)
       return 1
     end
   end
   if redis.call('HGET', run, 'cancel') == '1' then
     redis.call('RPUSH', jnlk(base, id), event('run:cancelled', now))
-    finish_run(base, id, 'cancelled', now, 'null', '', ttl)
+    finish_run(base, id, 'cancelled', now, 'null', '', ttl, true)
     return 0
   end
   redis.call('RPUSH', jnlk(base, id), event('run:requeued', now, {reason = reason}))
@@ -124,15 +121,19 @@ end
 
 local function take(base, id, worker, now, expires)
   local run = runk(base, id)
-  local attempt = redis.call('HINCRBY', run, 'attempt', 1)
-  redis.call('HSET', run, 'status', 'running', 'lock_owner', worker, 'lock_expires', expires,
-    'updated_at', now)
-  redis.call('HSETNX', run, 'started_at', now)
+  local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
+    'parked_seq', 'attempt', 'started_at')
+  local attempt = tonumber(f[7] or '0') + 1
+  if f[8] then
+    redis.call('HSET', run, 'status', 'running', 'attempt', attempt, 'lock_owner', worker,
+      'lock_expires', expires, 'updated_at', now)
+  else
+    redis.call('HSET', run, 'status', 'running', 'attempt', attempt, 'lock_owner', worker,
+      'lock_expires', expires, 'updated_at', now, 'started_at', now)
+  end
   redis.call('ZADD', base .. ':locks', expires, id)
   redis.call('RPUSH', jnlk(base, id), event('run:started', now, {attempt = attempt,
     worker = worker}))
-  local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
-    'parked_seq')
   local from = tonumber(f[6] or '0')
   local journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal}

@@ -60,11 +60,11 @@ ops.finish = function(k, a)
       'start_id', f[3], 'parked_seq', 0, 'cancel', 0, 'crashes', '[]', 'predecessor', id)
     redis.call('RPUSH', jnlk(base, succ), succ_ev)
     redis.call('ZADD', base .. ':index', now, succ)
-    enqueue(base, succ, f[2], now)
+    enqueue(base, succ, f[2], now, true)
     redis.call('HSET', run, 'successor_id', succ)
   end
   local len = push_events(base, id, a, 12)
-  finish_run(base, id, status, now, result, errj, ttl)
+  finish_run(base, id, status, now, result, errj, ttl, true)
   return len
 end
 

@@ -16,6 +16,6 @@ ops.submit = function(k, a)
     'start_id', start_id, 'parked_seq', 0, 'cancel', 0, 'crashes', '[]')
   redis.call('RPUSH', jnlk(base, id), ev)
   redis.call('ZADD', base .. ':index', now, id)
-  enqueue(base, id, owner, now)
+  enqueue(base, id, owner, now, true)
   return {id, 1}
 end
