@@ -117,7 +117,7 @@ class SQLiteStore:
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if path.startswith("/") and not parts.netloc:
-            path = path[1:] if not path.startswith("//") else path[1:]
+            path = path[1:]  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
         if not path:
             raise ConfigurationError(f"store URL {url!r} names no SQLite file")
         return cls(path, **options)

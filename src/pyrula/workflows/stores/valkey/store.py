@@ -331,8 +331,6 @@ class ValkeyStore:
         """What a worker checks before any loop starts: cluster mode, eviction policy,
         the recorded shard count of each name; then loads the script."""
         client = await self._client()
-        if self.cluster is False and self._is_cluster is False:
-            pass
         await self._check_eviction(client)
         for name in names:
             await self._register_name(name)
