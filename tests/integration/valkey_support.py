@@ -1,0 +1,260 @@
+"""Shared plumbing of the ValkeyStore integration tests (tests/integration/test_valkey_*.py).
+
+Workflows here register under ``vk.*`` names; every test passes ``workflows=[...]`` so a
+worker serves only what the test means it to. Steps record each execution in ``LEDGER``
+(thread-safe, keyed by the run's tag), which is how tests count side effects: a step that
+ran twice shows up twice there, whatever the journal says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import redis
+
+from pyrula.workflows import (
+    RunStatus,
+    ValkeyStore,
+    WorkerOptions,
+    WorkflowContext,
+    WorkflowWorker,
+    step,
+    workflow,
+)
+from tests.conftest import await_until
+
+
+class Ledger:
+    """Executions of steps, by (step, tag), from any thread; and concurrency gauges."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.runs: Counter[tuple[str, str]] = Counter()
+        self.order: list[tuple[str, str]] = []
+        self.active: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+
+    def record(self, step_name: str, tag: str) -> None:
+        with self._lock:
+            self.runs[(step_name, tag)] += 1
+            self.order.append((step_name, tag))
+
+    def count(self, step_name: str, tag: str) -> int:
+        with self._lock:
+            return self.runs[(step_name, tag)]
+
+    def enter(self, group: str) -> None:
+        with self._lock:
+            self.active[group] += 1
+            self.peak[group] = max(self.peak[group], self.active[group])
+
+    def leave(self, group: str) -> None:
+        with self._lock:
+            self.active[group] -= 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self.runs.clear()
+            self.order.clear()
+            self.active.clear()
+            self.peak.clear()
+
+
+LEDGER = Ledger()
+
+
+@step(name="vk.touch")
+async def touch(tag: str) -> str:
+    LEDGER.record("vk.touch", tag)
+    return tag
+
+
+@step(name="vk.touch_again")
+async def touch_again(tag: str) -> str:
+    LEDGER.record("vk.touch_again", tag)
+    return tag + "!"
+
+
+@workflow(name="vk.one_step")
+async def one_step(ctx: WorkflowContext, params: dict[str, Any]) -> str:
+    return str(await touch(params["tag"]))
+
+
+@workflow(name="vk.two_steps")
+async def two_steps(ctx: WorkflowContext, params: dict[str, Any]) -> list[str]:
+    first = await touch(params["tag"])
+    second = await touch_again(params["tag"])
+    return [first, second]
+
+
+@workflow(name="vk.noop")
+async def noop(ctx: WorkflowContext, params: dict[str, Any]) -> str:
+    return str(params["tag"])
+
+
+#: An event each "vk.hold" run waits on before its step returns (by tag; see ``gate``).
+GATES: dict[str, threading.Event] = {}
+
+
+def gate(tag: str) -> threading.Event:
+    return GATES.setdefault(tag, threading.Event())
+
+
+@step(name="vk.hold")
+async def hold(tag: str, group: str) -> str:
+    """Counts itself in ``LEDGER.active[group]`` while it runs; ends when its gate opens,
+    or after a short while (the work a real step would do) when no gate was set up."""
+    LEDGER.enter(group)
+    try:
+        LEDGER.record("vk.hold", tag)
+        event = GATES.get(tag)
+        if event is None:
+            await asyncio.sleep(0.02)  # the step's own work, not synchronisation
+        else:
+            while not event.is_set():
+                await asyncio.sleep(0.01)
+        return tag
+    finally:
+        LEDGER.leave(group)
+
+
+@workflow(name="vk.held")
+async def held(ctx: WorkflowContext, params: dict[str, Any]) -> str:
+    return str(await hold(params["tag"], params.get("group", "")))
+
+
+@workflow(name="vk.sleeps")
+async def sleeps(ctx: WorkflowContext, params: dict[str, Any]) -> str:
+    await touch(params["tag"])
+    await ctx.sleep(params.get("seconds", 0.1))
+    return str(await touch_again(params["tag"]))
+
+
+@workflow(name="vk.awaits_signal")
+async def awaits_signal(ctx: WorkflowContext, params: dict[str, Any]) -> Any:
+    await touch(params["tag"])
+    return await ctx.wait_for_signal("go")
+
+
+FAST = {
+    "claim_poll_interval": 0.02,
+    "timer_poll_interval_s": 0.05,
+    "orphan_scan_interval": 0.2,
+    "shutdown_grace": 5.0,
+    "cancel_timeout": 1.0,
+    "lock_ttl": 2.0,
+    "shard_lease_interval": 0.2,
+    "shard_lease_ttl": 1.0,
+}
+
+
+def options(**overrides: Any) -> WorkerOptions:
+    """Worker options tuned for tests: fast polls, short locks and leases."""
+    return WorkerOptions(**{**FAST, **overrides})
+
+
+@contextlib.asynccontextmanager
+async def opened(*stores: ValkeyStore) -> AsyncIterator[None]:
+    """Close the stores' clients afterwards: this loop's, and those of other loops (the
+    synchronous facade's) that the body made them open."""
+    try:
+        yield
+    finally:
+        for store in stores:
+            await store.aclose()
+            store.close()
+
+
+def make_worker(store: Any, workflows: Iterable[Any], **overrides: Any) -> WorkflowWorker:
+    return WorkflowWorker(
+        store=store, workflows=list(workflows), options=options(**overrides), cloud=False
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(worker: WorkflowWorker, ready: bool = True) -> AsyncIterator[asyncio.Task[None]]:
+    """Run ``worker.run()`` as a task for the body of the ``async with``; stop it after and
+    re-raise whatever it raised. With ``ready`` the body starts once the worker is ready."""
+    task = asyncio.create_task(worker.run())
+    try:
+        if ready:
+            await await_until(
+                lambda: worker.state == "ready" or task.done(), timeout=15,
+                what="the worker to be ready",
+            )
+            if task.done():
+                task.result()  # raise what run() raised
+        yield task
+    finally:
+        worker.stop()
+        await asyncio.wait_for(asyncio.shield(task), 30)
+    task.result()
+
+
+async def all_ended(store: Any, run_ids: Iterable[str], timeout: float = 20.0) -> None:
+    ids = list(run_ids)
+
+    async def check() -> bool:
+        for run_id in ids:
+            info = await store.get_run(run_id)
+            if info is None or not info.status.terminal:
+                return False
+        return True
+
+    await await_until(check, timeout=timeout, interval=0.05,
+                      what=f"{len(ids)} runs to end")
+
+
+async def statuses(store: Any, run_ids: Iterable[str]) -> Counter[RunStatus | None]:
+    out: Counter[RunStatus | None] = Counter()
+    for run_id in run_ids:
+        info = await store.get_run(run_id)
+        out[None if info is None else info.status] += 1
+    return out
+
+
+def all_keys(url: str, match: str = "*") -> list[str]:
+    with redis.Redis.from_url(url, decode_responses=True) as client:
+        return sorted(client.scan_iter(match=match, count=1000))
+
+
+class LogCapture(logging.Handler):
+    """Records of the ``pyrula`` loggers with their ``event`` field, for asserting on logs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self._lock2 = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._lock2:
+            self.records.append(record)
+
+    def events(self, name: str | None = None) -> list[logging.LogRecord]:
+        with self._lock2:
+            records = list(self.records)
+        return [r for r in records if name is None or getattr(r, "event", None) == name]
+
+    def messages(self) -> list[str]:
+        with self._lock2:
+            return [r.getMessage() for r in self.records]
+
+
+@contextlib.contextmanager
+def captured_logs(logger_name: str = "pyrula") -> Any:
+    handler = LogCapture()
+    log = logging.getLogger(logger_name)
+    old_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
