@@ -1,12 +1,13 @@
 """A ValkeyStore runs under a Valkey ACL fenced to its namespace, with scripts and plain data
 commands only: no FUNCTION, no KEYS, no SCAN, not even EVAL.
 
-``STORE_COMMANDS`` is the whole set the store sends, found empirically: ``exercise`` below
-drives every kind of call the store makes (submit with an idempotency key, claim with flow
-control, steps, sleep and timer wake, signal, cancel of a queued run, result waits, reads,
-listing, shard leases, flow-control admin) through a real ``WorkflowWorker``;
-``test_the_store_sends_exactly_the_documented_commands`` reads the server's commandstats after
-it, and ``test_a_user_fenced_to_the_namespace_runs_workflows_end_to_end`` runs it as a user who
+``STORE_COMMANDS`` is the whole set the store sends, found empirically: ``exercise`` (in
+valkey_support.py) drives every kind of call the store makes (submit with an idempotency
+key, claim with flow control, steps, sleep and timer wake, signal, cancel of a queued run,
+result waits, reads, listing, shard leases, flow-control admin) through a real
+``WorkflowWorker``; ``test_the_store_sends_exactly_the_documented_commands`` reads the
+server's commandstats after it, and
+``test_a_user_fenced_to_the_namespace_runs_workflows_end_to_end`` runs it as a user who
 may send nothing else. Commands inside the Lua script are checked against the caller's ACL
 too, so they are part of the set. Two things a connection sends are left out on purpose:
 ``HELLO`` (always allowed) and ``CLIENT SETINFO`` (redis-py ignores its refusal; the ACL log
@@ -20,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyrula.workflows import RunStatus, ValkeyStore, WorkflowWorker
-from tests.conftest import await_until
+from pyrula.workflows import ValkeyStore
 from tests.integration.valkey_support import (
     awaits_signal,
+    exercise,
     make_worker,
     opened,
     serving,
@@ -58,44 +59,6 @@ HANDSHAKE = {"hello", "client|setinfo", "config|resetstat"}
 def acl_user(name: str, password: str, namespace: str, commands: frozenset[str]) -> str:
     grants = " ".join(f"+{c}" for c in sorted(commands))
     return f"{name} on >{password} resetkeys ~{namespace}:* resetchannels -@all {grants}"
-
-
-async def exercise(store: ValkeyStore, worker: WorkflowWorker) -> None:
-    """Every kind of call the store makes, through a worker and its client."""
-    client = worker.client
-    await store.aflow_control_set("metered", max_concurrent=2, max_starts_per_second=50.0)
-    assert (await store.aflow_control_get("metered")) is not None
-    handles = [
-        await client.submit(two_steps, {"tag": f"a{i}"},
-                            owner="metered" if i % 2 else None, idempotency_key=f"k{i}")
-        for i in range(6)
-    ]
-    again = await client.submit(two_steps, {"tag": "a0"}, idempotency_key="k0")
-    assert again.run_id == handles[0].run_id
-    sleeper = await client.submit(sleeps, {"tag": "s", "seconds": 0.05})
-    waiter = await client.submit(awaits_signal, {"tag": "w"})
-    stranded = await client.submit("vk.nobody_serves_this", {})
-    assert await client.cancel(stranded.run_id)
-
-    async def waiting() -> bool:
-        return (await client.get(waiter.run_id)).status is RunStatus.WAITING
-
-    await await_until(waiting, what="the run to wait for its signal")
-    await client.signal(waiter.run_id, "go", 42)
-
-    for i, handle in enumerate(handles):
-        assert await client.result(handle.run_id, timeout=15) == [f"a{i}", f"a{i}!"]
-    assert await client.result(sleeper.run_id, timeout=15) == "s!"
-    assert await client.result(waiter.run_id, timeout=15) == 42
-    assert (await client.get(stranded.run_id)).status is RunStatus.CANCELLED
-
-    journal = await client.events(handles[0].run_id)
-    assert journal[-1]["type"] == "run:completed"
-    assert await client.events(handles[0].run_id, after_seq=len(journal)) == []
-    listed = [info async for info in client.list_runs(name="vk.two_steps", limit=3)]
-    assert len(listed) == 3
-    assert await store.aflow_control_delete("metered")
-    store.ping()
 
 
 async def test_a_user_fenced_to_the_namespace_runs_workflows_end_to_end(

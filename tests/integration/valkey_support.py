@@ -98,24 +98,24 @@ async def noop(ctx: WorkflowContext, params: dict[str, Any]) -> str:
     return str(params["tag"])
 
 
-#: An event each "vk.hold" run waits on before its step returns (by tag; see ``gate``).
+#: Gates "vk.hold" steps wait on, by name (see ``gate``); a step with no gate does not wait.
 GATES: dict[str, threading.Event] = {}
 
 
-def gate(tag: str) -> threading.Event:
-    return GATES.setdefault(tag, threading.Event())
+def gate(name: str) -> threading.Event:
+    return GATES.setdefault(name, threading.Event())
 
 
 @step(name="vk.hold")
-async def hold(tag: str, group: str) -> str:
-    """Counts itself in ``LEDGER.active[group]`` while it runs; ends when its gate opens,
-    or after a short while (the work a real step would do) when no gate was set up."""
+async def hold(tag: str, group: str, gate_name: str) -> str:
+    """Counts itself in ``LEDGER.active[group]`` while it runs; returns once the gate named
+    ``gate_name`` is open, or after a moment (the work a real step does) without a gate."""
     LEDGER.enter(group)
     try:
         LEDGER.record("vk.hold", tag)
-        event = GATES.get(tag)
+        event = GATES.get(gate_name) if gate_name else None
         if event is None:
-            await asyncio.sleep(0.02)  # the step's own work, not synchronisation
+            await asyncio.sleep(0.01)  # the step's own work, not synchronisation
         else:
             while not event.is_set():
                 await asyncio.sleep(0.01)
@@ -126,7 +126,7 @@ async def hold(tag: str, group: str) -> str:
 
 @workflow(name="vk.held")
 async def held(ctx: WorkflowContext, params: dict[str, Any]) -> str:
-    return str(await hold(params["tag"], params.get("group", "")))
+    return str(await hold(params["tag"], params.get("group", ""), params.get("gate", "")))
 
 
 @workflow(name="vk.sleeps")
@@ -222,6 +222,45 @@ async def statuses(store: Any, run_ids: Iterable[str]) -> Counter[RunStatus | No
 def all_keys(url: str, match: str = "*") -> list[str]:
     with redis.Redis.from_url(url, decode_responses=True) as client:
         return sorted(client.scan_iter(match=match, count=1000))
+
+
+async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") -> None:
+    """Every kind of call the store makes, through a worker serving ``two_steps``,
+    ``sleeps`` and ``awaits_signal``, and its client. ``tag`` keeps ledger entries apart."""
+    client = worker.client
+    await store.aflow_control_set("metered", max_concurrent=2, max_starts_per_second=50.0)
+    assert (await store.aflow_control_get("metered")) is not None
+    handles = [
+        await client.submit(two_steps, {"tag": f"{tag}a{i}"},
+                            owner="metered" if i % 2 else None, idempotency_key=f"k{i}")
+        for i in range(6)
+    ]
+    again = await client.submit(two_steps, {"tag": f"{tag}a0"}, idempotency_key="k0")
+    assert again.run_id == handles[0].run_id
+    sleeper = await client.submit(sleeps, {"tag": f"{tag}s", "seconds": 0.05})
+    waiter = await client.submit(awaits_signal, {"tag": f"{tag}w"})
+    stranded = await client.submit("vk.nobody_serves_this", {})
+    assert await client.cancel(stranded.run_id)
+
+    async def waiting() -> bool:
+        return (await client.get(waiter.run_id)).status is RunStatus.WAITING
+
+    await await_until(waiting, what="the run to wait for its signal")
+    await client.signal(waiter.run_id, "go", 42)
+
+    for i, handle in enumerate(handles):
+        assert await client.result(handle.run_id, timeout=15) == [f"{tag}a{i}", f"{tag}a{i}!"]
+    assert await client.result(sleeper.run_id, timeout=15) == f"{tag}s!"
+    assert await client.result(waiter.run_id, timeout=15) == 42
+    assert (await client.get(stranded.run_id)).status is RunStatus.CANCELLED
+
+    journal = await client.events(handles[0].run_id)
+    assert journal[-1]["type"] == "run:completed"
+    assert await client.events(handles[0].run_id, after_seq=len(journal)) == []
+    listed = [info async for info in client.list_runs(name="vk.two_steps", limit=3)]
+    assert len(listed) == 3
+    assert await store.aflow_control_delete("metered")
+    store.ping()
 
 
 class LogCapture(logging.Handler):
