@@ -567,16 +567,16 @@ class ValkeyStore:
                 candidates.append((0 if shard in held else 1, name, shard, float(score)))
         random.shuffle(candidates)
         candidates.sort(key=lambda c: c[0])
-        reserved = await self._flow_reserve(names, limit, now, lock_ttl)
-        caps: list[Any] = []
-        for owner, (count, _) in reserved.items():
-            caps.extend([owner, count])
         # Spread the claim over the rung shards (own shards first): each gets a share of
         # `limit`, so one claim is one pipelined round trip and a small owner's runs,
         # which deficit round robin puts first on their shards, come out early.
         visit = candidates[:limit]
         if not visit:
-            return []
+            return []  # before reserving: a reservation is only given back by the settle
+        reserved = await self._flow_reserve(names, limit, now, lock_ttl)
+        caps: list[Any] = []
+        for owner, (count, _) in reserved.items():
+            caps.extend([owner, count])
         shares = [limit // len(visit)] * len(visit)
         for i in range(limit - sum(shares)):
             shares[i] += 1
