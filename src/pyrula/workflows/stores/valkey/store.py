@@ -251,9 +251,11 @@ class ValkeyStore:
         for attempt in (1, 2):
             try:
                 return await client.evalsha(SHA, 1, base, *args)
-            except rex.NoScriptError:
-                if attempt == 2:
-                    raise
+            except rex.NoScriptError as exc:
+                if attempt == 2:  # flushed again at once: a transient state, not a loop
+                    raise StoreUnavailable(
+                        f"Valkey at {self._where()}: NOSCRIPT after reloading ({exc})"
+                    ) from exc
                 await self.load_script()
             except (rex.MovedError, rex.AskError) as exc:
                 raise self._hidden_cluster(exc) from None
@@ -301,22 +303,29 @@ class ValkeyStore:
             return list(await asyncio.gather(
                 *(self._op(base, *args) for base, args in calls), return_exceptions=True
             ))
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
         for attempt in (1, 2):
             pipe = client.pipeline(transaction=False)
-            for base, args in calls:
+            for i in pending:
+                base, args = calls[i]
                 pipe.evalsha(SHA, 1, base, *args)
             try:
-                results = await pipe.execute(raise_on_error=False)
+                answers = await pipe.execute(raise_on_error=False)
             except _TRANSIENT as exc:
                 raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
-            if attempt == 1 and any(isinstance(r, rex.NoScriptError) for r in results):
-                await self.load_script()
-                continue
-            return [
-                self._translate(r, args) if isinstance(r, rex.ResponseError) else r
-                for r, (_, args) in zip(results, calls, strict=True)
-            ]
-        raise AssertionError("unreachable")
+            for i, answer in zip(pending, answers, strict=True):
+                results[i] = answer
+            # A flush can land between the calls of one pipeline: re-send only the calls
+            # refused with NOSCRIPT (they did not run); the others must not run twice.
+            pending = [i for i in pending if isinstance(results[i], rex.NoScriptError)]
+            if not pending or attempt == 2:
+                break
+            await self.load_script()
+        return [
+            self._translate(r, args) if isinstance(r, rex.ResponseError) else r
+            for r, (_, args) in zip(results, calls, strict=True)
+        ]
 
     # --- startup checks -------------------------------------------------------------
 
