@@ -281,6 +281,8 @@ class ValkeyStore:
         )
 
     def _translate(self, exc: rex.ResponseError, args: Sequence[Any]) -> Exception:
+        if isinstance(exc, rex.MovedError | rex.AskError):  # its text lacks the MOVED
+            return self._hidden_cluster(exc)
         message = str(exc)
         run_id = str(args[1]) if len(args) > 1 else "?"
         if message.startswith("STALE"):
@@ -333,8 +335,6 @@ class ValkeyStore:
         """What a worker checks before any loop starts: cluster mode, eviction policy,
         the recorded shard count of each name; then loads the script."""
         client = await self._client()
-        if self.cluster is False and self._is_cluster is False:
-            pass
         await self._check_eviction(client)
         for name in names:
             await self._register_name(name)
@@ -566,6 +566,8 @@ class ValkeyStore:
                 for n in names:
                     pipe.zrange(self.keys.ready(n), 0, -1, withscores=True)
                 rings = await pipe.execute()
+        except (rex.MovedError, rex.AskError) as exc:
+            raise self._hidden_cluster(exc) from None
         except _TRANSIENT as exc:
             raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
         candidates: list[tuple[int, str, int, float]] = []  # (priority, name, shard, rung)
@@ -722,6 +724,8 @@ class ValkeyStore:
                 for key in keys:
                     pipe.zcount(key, "-inf", now)
                 counts = await pipe.execute()
+        except (rex.MovedError, rex.AskError) as exc:
+            raise self._hidden_cluster(exc) from None
         except _TRANSIENT as exc:
             raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
         plan: list[tuple[str, int, int]] = []
