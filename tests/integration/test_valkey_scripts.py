@@ -22,10 +22,10 @@ from pyrula.workflows import (
     workflow,
 )
 from pyrula.workflows.stores.valkey.functions import SHA, upgrade_scripts
-from pyrula.workflows.stores.valkey.keys import name_hash
 from tests.integration.valkey_support import (
     LEDGER,
     all_ended,
+    keys_on_shards,
     make_worker,
     opened,
     serving,
@@ -143,17 +143,6 @@ class _FlushAfterFirstCall:
         return getattr(self._pipe, name)
 
 
-def _keys_for_shards(count: int) -> list[str]:
-    """One idempotency key landing on each of shards 0..count-1."""
-    found: dict[int, str] = {}
-    i = 0
-    while len(found) < count:
-        key = f"key-{i}"
-        found.setdefault(int(name_hash(key), 16) % count, key)
-        i += 1
-    return [found[s] for s in range(count)]
-
-
 async def test_a_flush_inside_one_pipeline_re_sends_only_the_refused_calls(
     fresh_valkey_server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,7 +153,7 @@ async def test_a_flush_inside_one_pipeline_re_sends_only_the_refused_calls(
     async with opened(store):
         now = time.time()
         runs = [(await store.submit(NAME, {}, now=now, idempotency_key=key))[0].run_id
-                for key in _keys_for_shards(2)]
+                for key in keys_on_shards([0, 1], 2)]
         client = await store._client()
         plain = client.pipeline
         monkeypatch.setattr(client, "pipeline",

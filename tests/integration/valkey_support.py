@@ -27,6 +27,7 @@ from pyrula.workflows import (
     step,
     workflow,
 )
+from pyrula.workflows.stores.valkey.keys import name_hash
 from tests.conftest import await_until
 
 
@@ -217,6 +218,20 @@ async def statuses(store: Any, run_ids: Iterable[str]) -> Counter[RunStatus | No
         info = await store.get_run(run_id)
         out[None if info is None else info.status] += 1
     return out
+
+
+def keys_on_shards(shards: Iterable[int], shard_count: int, prefix: str = "key") -> list[str]:
+    """Idempotency keys that put a run on each of ``shards`` (the key picks the shard)."""
+    wanted = list(shards)
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < len(set(wanted)):
+        key = f"{prefix}-{i}"
+        shard = int(name_hash(key), 16) % shard_count
+        if shard in wanted:
+            found.setdefault(shard, key)
+        i += 1
+    return [found[s] for s in wanted]
 
 
 def all_keys(url: str, match: str = "*") -> list[str]:

@@ -161,6 +161,8 @@ class ValkeyStore:
         self._flow_cache: tuple[float, dict[str, FlowControl]] = (-1e9, {})
         # Flow-controlled runs claimed through this object: run id -> owner.
         self._flow_runs: dict[str, str] = {}
+        # (name, 0 own / 1 other shards) -> the shard the next claim's round starts from.
+        self._claim_cursor: dict[tuple[str, int], int] = {}
 
     # --- connections ----------------------------------------------------------------
 
@@ -576,11 +578,18 @@ class ValkeyStore:
             for member, score in rung:
                 shard = int(member)
                 candidates.append((0 if shard in held else 1, name, shard, float(score)))
-        random.shuffle(candidates)
-        candidates.sort(key=lambda c: c[0])
-        # Spread the claim over the rung shards (own shards first): each gets a share of
-        # `limit`, so one claim is one pipelined round trip and a small owner's runs,
-        # which deficit round robin puts first on their shards, come out early.
+        # Visit the rung shards, own shards first, each group in turn from where this
+        # store's last claim of the name stopped there: every rung shard is visited within
+        # about rung / limit claims. (A random pick leaves some shard unvisited for many
+        # claims, and with it a small owner whom deficit round robin serves next there.)
+        cursor = self._claim_cursor
+        for name in names:
+            for group in (0, 1):
+                cursor.setdefault((name, group), random.randrange(self.shard_count))
+        candidates.sort(
+            key=lambda c: (c[0], (c[2] - cursor[(c[1], c[0])]) % self.shard_count)
+        )
+        # Each shard visited gets a share of `limit`: one claim is one pipelined round trip.
         visit = candidates[:limit]
         if not visit:
             return []  # before reserving: a reservation is only given back by the settle
@@ -608,25 +617,31 @@ class ValkeyStore:
             else:
                 empty.setdefault(name, []).append((shard, rung))
 
-        try:
+        async def claim_on(shards: Sequence[tuple[int, str, int, float]],
+                           counts: Sequence[int]) -> None:
+            for group, name, shard, _ in shards:
+                cursor[(name, group)] = (shard + 1) % self.shard_count
             if reserved:
-                for (_, name, shard, rung), share in zip(visit, shares, strict=True):
+                for (_, name, shard, rung), share in zip(shards, counts, strict=True):
                     rows, left = await self._op(
                         self.keys.base_of(name, shard), "claim", worker_id, now,
                         now + lock_ttl, share, *caps,
                     )
                     took(rows, left, name, shard, rung)
-            else:
-                calls = [
-                    (self.keys.base_of(name, shard),
-                     ("claim", worker_id, now, now + lock_ttl, share))
-                    for (_, name, shard, _), share in zip(visit, shares, strict=True)
-                ]
-                for (_, name, shard, rung), result in zip(visit, await self._batch(calls),
-                                                          strict=True):
-                    if isinstance(result, BaseException):
-                        raise result
-                    took(result[0], result[1], name, shard, rung)
+                return
+            calls = [
+                (self.keys.base_of(name, shard),
+                 ("claim", worker_id, now, now + lock_ttl, share))
+                for (_, name, shard, _), share in zip(shards, counts, strict=True)
+            ]
+            for (_, name, shard, rung), result in zip(shards, await self._batch(calls),
+                                                      strict=True):
+                if isinstance(result, BaseException):
+                    raise result
+                took(result[0], result[1], name, shard, rung)
+
+        try:
+            await claim_on(visit, shares)
             # Shares left unused by shards that ran dry go to those that still have runs.
             for name, shard in list(fuller):
                 remaining = limit - len(claimed)
