@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 
-from pyrula.workflows import RunStatus, ValkeyStore
+from pyrula.workflows import RunStatus, ValkeyStore, WorkerOptions
 from tests.conftest import await_until
 from tests.integration.valkey_support import (
     LEDGER,
     all_ended,
     gate,
     held,
+    keys_on_shards,
     make_worker,
     one_step,
     opened,
@@ -36,6 +37,42 @@ async def test_a_claim_that_finds_nothing_holds_no_flow_control_slot(
         handle, _ = await store.submit(NAME, {}, now=now, owner="t")
         claimed = await store.claim("w", [NAME], limit=10, now=now, lock_ttl=60)
         assert [c.run_id for c in claimed] == [handle.run_id]
+
+
+async def test_a_worker_whose_own_shards_hold_only_held_back_runs_claims_elsewhere(
+    valkey_url: str, valkey_namespace: str
+) -> None:
+    """Regression: a claim visited only the worker's own rung shards when there were as
+    many as it had free slots; if they held only runs flow control held back, the runs
+    queued on another worker's shards waited until that worker had a free slot."""
+    mine = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=4)
+    theirs = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=4)
+    async with opened(mine, theirs):
+        now = time.time()
+        lease = WorkerOptions(shard_lease_ttl=60)
+        for store, worker_id in ((mine, "w1"), (theirs, "w2"), (mine, "w1"), (theirs, "w2")):
+            await store.shard_lease_tick(worker_id=worker_id, names=[NAME], now=now,
+                                         options=lease)
+        assert (mine.shards_held("w1"), theirs.shards_held("w2")) == ({NAME: 2}, {NAME: 2})
+        own, other = sorted(mine._leases["w1"][NAME]), sorted(theirs._leases["w2"][NAME])
+
+        await mine.aflow_control_set("t", max_concurrent=1)
+        keys = keys_on_shards([other[0], own[0], own[1], other[1]], 4, valkey_namespace)
+        first, _ = await theirs.submit(NAME, {}, now=now, owner="t", idempotency_key=keys[0])
+        [taken] = await theirs.claim("w2", [NAME], limit=1, now=now, lock_ttl=60)
+        assert taken.run_id == first.run_id  # t is at its cap now
+        for key in keys[1:3]:  # held back, on w1's own shards
+            await mine.submit(NAME, {}, now=now, owner="t", idempotency_key=key)
+        runnable, _ = await mine.submit(NAME, {}, now=now, owner="u", idempotency_key=keys[3])
+
+        for limit in (1, 2, 3):
+            # The claims visit the rung shards in turn: within one round of the 4, the run.
+            rounds = [await mine.claim("w1", [NAME], limit=limit, now=now, lock_ttl=60)
+                      for _ in range(4)]
+            claimed = [c.run_id for batch in rounds for c in batch]
+            assert claimed == [runnable.run_id], limit
+            token = next(c.token for batch in rounds for c in batch)
+            await mine.requeue(runnable.run_id, token, now=now, reason="test")
 
 
 async def test_max_concurrent_holds_across_two_workers_while_others_proceed(

@@ -653,6 +653,14 @@ class ValkeyStore:
                     now + lock_ttl, remaining, *caps,
                 )
                 took(rows, left, name, shard, float("inf"))
+            # Then any: when the shards visited come back short (dry, or holding only runs
+            # that flow control holds back), as many further rung shards, once, other
+            # workers' first. Without it a worker whose own shards hold only held-back runs
+            # never takes the runs queued on the shards of a worker that is full.
+            rest = sorted(candidates[len(visit):], key=lambda c: -c[0])  # stable
+            more = rest[:max(0, limit - len(claimed))]
+            if more:
+                await claim_on(more, [1] * len(more))
         finally:
             await self._flow_settle(reserved, claimed, now + lock_ttl)
         await self._unring(empty, now)
