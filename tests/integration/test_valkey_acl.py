@@ -40,7 +40,7 @@ TOP_LEVEL = {
     "evalsha", "script|load", "ping", "info",
     "hget", "hgetall", "hsetnx", "hkeys", "hset", "hdel", "del",
     "zadd", "zrem", "zrange", "zcount", "zrevrangebyscore",
-    "lrange", "exists", "blpop", "rpush",
+    "lrange", "exists", "blmove",
 }
 #: Called by the Lua script (checked against the caller's ACL as well).
 IN_SCRIPTS = {

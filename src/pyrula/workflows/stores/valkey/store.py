@@ -954,10 +954,10 @@ class ValkeyStore:
                 wait = min(wait, deadline - loop.time())
                 if wait <= 0:
                     raise TimeoutError(f"run {run_id} did not end within {timeout} s")
-            # A blocking pop on the run's "done" list: woken by the store, no polling.
-            popped = await self._cmd("blpop", [done_key], timeout=max(wait, 0.01))
-            if popped:
-                await self._cmd("rpush", done_key, popped[1])  # leave it for other waiters
+            # Woken by the store, no polling: a blocking rotation of the run's "done" list,
+            # which leaves its token (and its TTL) for other waiters. (A pop and a push
+            # back emptied the list in between: the key came back without its TTL.)
+            await self._cmd("blmove", done_key, done_key, max(wait, 0.01), "LEFT", "RIGHT")
 
     # --- shards ---------------------------------------------------------------------
 
