@@ -284,19 +284,19 @@ class LogCapture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.records: list[logging.LogRecord] = []
-        self._lock2 = threading.Lock()
+        self._records_lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        with self._lock2:
+        with self._records_lock:
             self.records.append(record)
 
     def events(self, name: str | None = None) -> list[logging.LogRecord]:
-        with self._lock2:
+        with self._records_lock:
             records = list(self.records)
         return [r for r in records if name is None or getattr(r, "event", None) == name]
 
     def messages(self) -> list[str]:
-        with self._lock2:
+        with self._records_lock:
             return [r.getMessage() for r in self.records]
 
 
