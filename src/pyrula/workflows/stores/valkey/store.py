@@ -161,6 +161,8 @@ class ValkeyStore:
         self._flow_cache: tuple[float, dict[str, FlowControl]] = (-1e9, {})
         # Flow-controlled runs claimed through this object: run id -> owner.
         self._flow_runs: dict[str, str] = {}
+        # (name, 0 own / 1 other shards) -> the shard the next claim's round starts from.
+        self._claim_cursor: dict[tuple[str, int], int] = {}
 
     # --- connections ----------------------------------------------------------------
 
@@ -256,9 +258,11 @@ class ValkeyStore:
             try:
                 self.stats["round_trips"] += 1
                 return await client.evalsha(SHA, 1, base, *args)
-            except rex.NoScriptError:
-                if attempt == 2:
-                    raise
+            except rex.NoScriptError as exc:
+                if attempt == 2:  # flushed again at once: a transient state, not a loop
+                    raise StoreUnavailable(
+                        f"Valkey at {self._where()}: NOSCRIPT after reloading ({exc})"
+                    ) from exc
                 await self.load_script()
             except (rex.MovedError, rex.AskError) as exc:
                 raise self._hidden_cluster(exc) from None
@@ -285,6 +289,8 @@ class ValkeyStore:
         )
 
     def _translate(self, exc: rex.ResponseError, args: Sequence[Any]) -> Exception:
+        if isinstance(exc, rex.MovedError | rex.AskError):  # its text lacks the MOVED
+            return self._hidden_cluster(exc)
         message = str(exc)
         run_id = str(args[1]) if len(args) > 1 else "?"
         if message.startswith("STALE"):
@@ -307,23 +313,30 @@ class ValkeyStore:
             return list(await asyncio.gather(
                 *(self._op(base, *args) for base, args in calls), return_exceptions=True
             ))
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
         for attempt in (1, 2):
             pipe = client.pipeline(transaction=False)
-            for base, args in calls:
+            for i in pending:
+                base, args = calls[i]
                 pipe.evalsha(SHA, 1, base, *args)
             try:
                 self.stats["round_trips"] += 1
-                results = await pipe.execute(raise_on_error=False)
+                answers = await pipe.execute(raise_on_error=False)
             except _TRANSIENT as exc:
                 raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
-            if attempt == 1 and any(isinstance(r, rex.NoScriptError) for r in results):
-                await self.load_script()
-                continue
-            return [
-                self._translate(r, args) if isinstance(r, rex.ResponseError) else r
-                for r, (_, args) in zip(results, calls, strict=True)
-            ]
-        raise AssertionError("unreachable")
+            for i, answer in zip(pending, answers, strict=True):
+                results[i] = answer
+            # A flush can land between the calls of one pipeline: re-send only the calls
+            # refused with NOSCRIPT (they did not run); the others must not run twice.
+            pending = [i for i in pending if isinstance(results[i], rex.NoScriptError)]
+            if not pending or attempt == 2:
+                break
+            await self.load_script()
+        return [
+            self._translate(r, args) if isinstance(r, rex.ResponseError) else r
+            for r, (_, args) in zip(results, calls, strict=True)
+        ]
 
     # --- startup checks -------------------------------------------------------------
 
@@ -616,6 +629,8 @@ class ValkeyStore:
                 for n in names:
                     pipe.zrange(self.keys.ready(n), 0, -1, withscores=True)
                 rings = await pipe.execute()
+        except (rex.MovedError, rex.AskError) as exc:
+            raise self._hidden_cluster(exc) from None
         except _TRANSIENT as exc:
             raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
         candidates: list[tuple[int, str, int, float]] = []  # (priority, name, shard, rung)
@@ -624,18 +639,25 @@ class ValkeyStore:
             for member, score in rung:
                 shard = int(member)
                 candidates.append((0 if shard in held else 1, name, shard, float(score)))
-        random.shuffle(candidates)
-        candidates.sort(key=lambda c: c[0])
+        # Visit the rung shards, own shards first, each group in turn from where this
+        # store's last claim of the name stopped there: every rung shard is visited within
+        # about rung / limit claims. (A random pick leaves some shard unvisited for many
+        # claims, and with it a small owner whom deficit round robin serves next there.)
+        cursor = self._claim_cursor
+        for name in names:
+            for group in (0, 1):
+                cursor.setdefault((name, group), random.randrange(self.shard_count))
+        candidates.sort(
+            key=lambda c: (c[0], (c[2] - cursor[(c[1], c[0])]) % self.shard_count)
+        )
+        # Each shard visited gets a share of `limit`: one claim is one pipelined round trip.
+        visit = candidates[:limit]
+        if not visit:
+            return []  # before reserving: a reservation is only given back by the settle
         reserved = await self._flow_reserve(names, limit, now, lock_ttl)
         caps: list[Any] = []
         for owner, (count, _) in reserved.items():
             caps.extend([owner, count])
-        # Spread the claim over the rung shards (own shards first): each gets a share of
-        # `limit`, so one claim is one pipelined round trip and a small owner's runs,
-        # which deficit round robin puts first on their shards, come out early.
-        visit = candidates[:limit]
-        if not visit:
-            return []
         shares = [limit // len(visit)] * len(visit)
         for i in range(limit - sum(shares)):
             shares[i] += 1
@@ -656,25 +678,31 @@ class ValkeyStore:
             else:
                 empty.setdefault(name, []).append((shard, rung))
 
-        try:
+        async def claim_on(shards: Sequence[tuple[int, str, int, float]],
+                           counts: Sequence[int]) -> None:
+            for group, name, shard, _ in shards:
+                cursor[(name, group)] = (shard + 1) % self.shard_count
             if reserved:
-                for (_, name, shard, rung), share in zip(visit, shares, strict=True):
+                for (_, name, shard, rung), share in zip(shards, counts, strict=True):
                     rows, left = await self._op(
                         self.keys.base_of(name, shard), "claim", worker_id, now,
                         now + lock_ttl, share, *caps,
                     )
                     took(rows, left, name, shard, rung)
-            else:
-                calls = [
-                    (self.keys.base_of(name, shard),
-                     ("claim", worker_id, now, now + lock_ttl, share))
-                    for (_, name, shard, _), share in zip(visit, shares, strict=True)
-                ]
-                for (_, name, shard, rung), result in zip(visit, await self._batch(calls),
-                                                          strict=True):
-                    if isinstance(result, BaseException):
-                        raise result
-                    took(result[0], result[1], name, shard, rung)
+                return
+            calls = [
+                (self.keys.base_of(name, shard),
+                 ("claim", worker_id, now, now + lock_ttl, share))
+                for (_, name, shard, _), share in zip(shards, counts, strict=True)
+            ]
+            for (_, name, shard, rung), result in zip(shards, await self._batch(calls),
+                                                      strict=True):
+                if isinstance(result, BaseException):
+                    raise result
+                took(result[0], result[1], name, shard, rung)
+
+        try:
+            await claim_on(visit, shares)
             # Shares left unused by shards that ran dry go to those that still have runs.
             for name, shard in list(fuller):
                 remaining = limit - len(claimed)
@@ -686,6 +714,14 @@ class ValkeyStore:
                     now + lock_ttl, remaining, *caps,
                 )
                 took(rows, left, name, shard, float("inf"))
+            # Then any: when the shards visited come back short (dry, or holding only runs
+            # that flow control holds back), as many further rung shards, once, other
+            # workers' first. Without it a worker whose own shards hold only held-back runs
+            # never takes the runs queued on the shards of a worker that is full.
+            rest = sorted(candidates[len(visit):], key=lambda c: -c[0])  # stable
+            more = rest[:max(0, limit - len(claimed))]
+            if more:
+                await claim_on(more, [1] * len(more))
         finally:
             await self._flow_settle(reserved, claimed, now + lock_ttl)
         await self._unring(empty, now)
@@ -778,6 +814,8 @@ class ValkeyStore:
                 for key in keys:
                     pipe.zcount(key, "-inf", now)
                 counts = await pipe.execute()
+        except (rex.MovedError, rex.AskError) as exc:
+            raise self._hidden_cluster(exc) from None
         except _TRANSIENT as exc:
             raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
         plan: list[tuple[str, int, int]] = []
@@ -984,10 +1022,10 @@ class ValkeyStore:
                 wait = min(wait, deadline - loop.time())
                 if wait <= 0:
                     raise TimeoutError(f"run {run_id} did not end within {timeout} s")
-            # A blocking pop on the run's "done" list: woken by the store, no polling.
-            popped = await self._cmd("blpop", [done_key], timeout=max(wait, 0.01))
-            if popped:
-                await self._cmd("rpush", done_key, popped[1])  # leave it for other waiters
+            # Woken by the store, no polling: a blocking rotation of the run's "done" list,
+            # which leaves its token (and its TTL) for other waiters. (A pop and a push
+            # back emptied the list in between: the key came back without its TTL.)
+            await self._cmd("blmove", done_key, done_key, max(wait, 0.01), "LEFT", "RIGHT")
 
     # --- shards ---------------------------------------------------------------------
 

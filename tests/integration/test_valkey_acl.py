@@ -1,0 +1,107 @@
+"""A ValkeyStore runs under a Valkey ACL fenced to its namespace, with scripts and plain data
+commands only: no FUNCTION, no KEYS, no SCAN, not even EVAL.
+
+``STORE_COMMANDS`` is the whole set the store sends, found empirically: ``exercise`` (in
+valkey_support.py) drives every kind of call the store makes (submit with an idempotency
+key, claim with flow control, steps, sleep and timer wake, signal, cancel of a queued run,
+result waits, reads, listing, shard leases, flow-control admin) through a real
+``WorkflowWorker``; ``test_the_store_sends_exactly_the_documented_commands`` reads the
+server's commandstats after it, and
+``test_a_user_fenced_to_the_namespace_runs_workflows_end_to_end`` runs it as a user who
+may send nothing else. Commands inside the Lua script are checked against the caller's ACL
+too, so they are part of the set. Two things a connection sends are left out on purpose:
+``HELLO`` (always allowed) and ``CLIENT SETINFO`` (redis-py ignores its refusal; the ACL log
+shows it as the only denial).
+
+The reference's recipe grants ``+eval +evalsha +script|load``; the store itself only uses
+``EVALSHA`` and ``SCRIPT LOAD``, so ``+eval`` is not needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyrula.workflows import ValkeyStore
+from tests.integration.valkey_support import (
+    awaits_signal,
+    exercise,
+    make_worker,
+    opened,
+    serving,
+    sleeps,
+    two_steps,
+)
+from tests.servers import Server
+
+NAMESPACE = "fenced"
+
+#: Sent by the store outside scripts.
+TOP_LEVEL = {
+    "evalsha", "script|load", "ping", "info",
+    "hget", "hgetall", "hsetnx", "hkeys", "hset", "hdel", "del",
+    "zadd", "zrem", "zrange", "zcount", "zrevrangebyscore",
+    "lrange", "exists", "blmove", "lpush", "ltrim", "blpop", "zcard",
+}
+#: Called by the Lua script (checked against the caller's ACL as well).
+IN_SCRIPTS = {
+    "get", "set", "expire",
+    "hget", "hgetall", "hmget", "hset", "hsetnx", "hdel",
+    "llen", "lindex", "lpop", "lrange", "lrem", "rpush",
+    "zadd", "zrem", "zrange", "zcard", "zincrby", "zrangebyscore", "zremrangebyscore",
+}
+STORE_COMMANDS = frozenset(TOP_LEVEL | IN_SCRIPTS)
+NEVER = {"function", "keys", "scan", "eval", "eval_ro", "fcall", "flushdb", "flushall"}
+
+#: What connections send on their own, and the test's own inspection.
+HANDSHAKE = {"hello", "client|setinfo", "config|resetstat"}
+
+
+def acl_user(name: str, password: str, namespace: str, commands: frozenset[str]) -> str:
+    grants = " ".join(f"+{c}" for c in sorted(commands))
+    return f"{name} on >{password} resetkeys ~{namespace}:* resetchannels -@all {grants}"
+
+
+async def test_a_user_fenced_to_the_namespace_runs_workflows_end_to_end(
+    valkey_server_factory: Any,
+) -> None:
+    server: Server = valkey_server_factory(user=[
+        "default on nopass ~* &* +@all",
+        acl_user("pyrula", "s3cret", NAMESPACE, STORE_COMMANDS),
+    ])
+    store = ValkeyStore(url=f"redis://pyrula:s3cret@127.0.0.1:{server.port}",
+                        namespace=NAMESPACE)
+    with server.client(decode_responses=True) as admin:
+        # The fence holds: the user may not touch keys outside its namespace, nor call
+        # FUNCTION or KEYS.
+        assert admin.acl_dryrun("pyrula", "get", "other:key") != "OK"
+        assert admin.acl_dryrun("pyrula", "get", f"{NAMESPACE}:key") == "OK"
+        assert admin.acl_dryrun("pyrula", "function", "list") != "OK"
+        assert admin.acl_dryrun("pyrula", "keys", "*") != "OK"
+        admin.acl_log_reset()
+        async with opened(store):
+            worker = make_worker(store, [two_steps, sleeps, awaits_signal])
+            async with serving(worker):
+                await exercise(store, worker)
+        # Nothing the store sent was refused, save the handshake's CLIENT SETINFO.
+        denied = {(entry["reason"], entry["object"]) for entry in admin.acl_log()}
+        assert denied <= {("command", "client|setinfo")}, denied
+
+
+async def test_the_store_sends_exactly_the_documented_commands(
+    fresh_valkey_server: Server,
+) -> None:
+    with fresh_valkey_server.client(decode_responses=True) as admin:
+        admin.config_resetstat()
+        store = ValkeyStore(url=fresh_valkey_server.url, namespace=NAMESPACE)
+        async with opened(store):
+            worker = make_worker(store, [two_steps, sleeps, awaits_signal])
+            async with serving(worker):
+                await exercise(store, worker)
+        stats = admin.info("commandstats")
+    used = {name.removeprefix("cmdstat_") for name in stats} - HANDSHAKE
+    assert not used & NEVER, sorted(used & NEVER)
+    # Every command used is in the documented set, and every one of the set was needed.
+    assert used == STORE_COMMANDS, (
+        f"not documented: {sorted(used - STORE_COMMANDS)}; "
+        f"never used: {sorted(STORE_COMMANDS - used)}"
+    )

@@ -1,0 +1,175 @@
+"""What ``worker.run()`` checks against the server before any loop starts: the eviction
+policy, the shard count recorded for each name, and that the server answers at all."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pyrula.workflows import ConfigurationError, StoreUnavailable, ValkeyStore
+from pyrula.workflows.stores.valkey.functions import SHA
+from tests.integration.valkey_support import (
+    captured_logs,
+    make_worker,
+    one_step,
+    opened,
+    serving,
+)
+from tests.servers import Server
+
+NAME = "vk.one_step"
+
+
+def _set_policy(server: Server, maxmemory: str, policy: str) -> None:
+    with server.client() as admin:
+        admin.config_set("maxmemory", maxmemory)
+        admin.config_set("maxmemory-policy", policy)
+
+
+async def _refused_before_any_loop(store: ValkeyStore, error: type[Exception], match: str,
+                                   server: Server | None = None) -> None:
+    """run() raises ``error`` and nothing started: no probe, no loop, nothing written."""
+    worker = make_worker(store, [one_step], health_port=0)
+    with pytest.raises(error, match=match):
+        await worker.run()
+    assert worker.health_address is None
+    assert worker.state == "starting"
+    assert worker.in_flight == 0
+    if server is not None:
+        with server.client() as admin:
+            assert admin.dbsize() == 0
+            assert admin.script_exists(SHA) == [False]
+
+
+# --- eviction policy --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
+async def test_an_allkeys_policy_with_maxmemory_stops_run_before_any_loop(
+    fresh_valkey_server: Server, policy: str
+) -> None:
+    _set_policy(fresh_valkey_server, "100mb", policy)
+    store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns")
+    async with opened(store):
+        with captured_logs() as logs:
+            await _refused_before_any_loop(
+                store, ConfigurationError, f"maxmemory-policy {policy}.*eviction_policy_check",
+                fresh_valkey_server,
+            )
+        assert not logs.events("worker_started")
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+async def test_eviction_policy_check_warn_starts_with_a_warning(
+    fresh_valkey_server: Server, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _set_policy(fresh_valkey_server, "100mb", "allkeys-lru")
+    if how == "environment":
+        monkeypatch.setenv("PYRULA_VALKEY_EVICTION_CHECK", "warn")
+        store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns")
+    else:
+        store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns",
+                            eviction_policy_check="warn")
+    assert store.eviction_policy_check == "warn"
+    await _runs_with_one_eviction_warning(store, "allkeys-lru")
+
+
+async def test_a_volatile_policy_only_warns(fresh_valkey_server: Server) -> None:
+    _set_policy(fresh_valkey_server, "100mb", "volatile-lru")
+    store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns")
+    assert store.eviction_policy_check == "error"
+    await _runs_with_one_eviction_warning(store, "volatile-lru")
+
+
+async def test_noeviction_starts_without_a_warning(fresh_valkey_server: Server) -> None:
+    _set_policy(fresh_valkey_server, "100mb", "noeviction")
+    store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns")
+    async with opened(store):
+        with captured_logs() as logs:
+            worker = make_worker(store, [one_step])
+            async with serving(worker):
+                run = await worker.client.submit(one_step, {"tag": "noeviction"})
+                assert await worker.client.result(run.run_id, timeout=10) == "noeviction"
+        assert logs.events("valkey_eviction_policy") == []
+
+
+async def _runs_with_one_eviction_warning(store: ValkeyStore, policy: str) -> None:
+    async with opened(store):
+        with captured_logs() as logs:
+            worker = make_worker(store, [one_step])
+            async with serving(worker):
+                run = await worker.client.submit(one_step, {"tag": policy})
+                assert await worker.client.result(run.run_id, timeout=10) == policy
+        [warning] = logs.events("valkey_eviction_policy")
+        assert warning.levelname == "WARNING"
+        assert policy in warning.getMessage()
+        # Logged while preparing, before the worker started its loops.
+        started = logs.events("worker_started")
+        assert started and logs.records.index(warning) < logs.records.index(started[0])
+
+
+# --- shard count ------------------------------------------------------------------------
+
+
+async def test_a_different_shard_count_for_a_recorded_name_is_refused(
+    valkey_url: str, valkey_namespace: str
+) -> None:
+    recorded = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=64)
+    other = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=16)
+    async with opened(recorded, other):
+        await recorded.submit(NAME, {"tag": "x"}, now=time.time())
+        match = r"shard_count=64.*shard_count=16"
+        await _refused_before_any_loop(other, ConfigurationError, match)
+        with pytest.raises(ConfigurationError, match=match):
+            await make_worker(other, [one_step]).client.submit(one_step, {"tag": "y"})
+        # The count is per name: another name takes this store's count.
+        handle, created = await other.submit("vk.another_name", {}, now=time.time())
+        assert created
+        # And the recorded count still serves.
+        worker = make_worker(recorded, [one_step])
+        async with serving(worker):
+            run = await worker.client.submit(one_step, {"tag": "z"})
+            assert await worker.client.result(run.run_id, timeout=10) == "z"
+
+
+# --- a server that does not answer ------------------------------------------------------
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts TCP connections (the kernel completes them) and never replies."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port nothing listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_server_that_never_answers_info_raises_store_unavailable(
+    silent_port: int, closed_port: int
+) -> None:
+    stores = [ValkeyStore(url=f"redis://127.0.0.1:{port}", namespace="ns", socket_timeout=0.2)
+              for port in (silent_port, silent_port, closed_port, closed_port)]
+    async with opened(*stores):
+
+        async def submit(store: ValkeyStore) -> None:
+            with pytest.raises(StoreUnavailable, match="INFO"):
+                await make_worker(store, [one_step]).client.submit(one_step, {"tag": "x"})
+
+        await asyncio.gather(
+            _refused_before_any_loop(stores[0], StoreUnavailable, "does not answer INFO"),
+            submit(stores[1]),
+            _refused_before_any_loop(stores[2], StoreUnavailable, "does not answer INFO"),
+            submit(stores[3]),
+        )
