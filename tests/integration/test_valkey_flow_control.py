@@ -136,8 +136,10 @@ async def test_max_starts_per_second_bounds_the_starts_across_two_workers(
         for run_id in runs:
             started = [e for e in await stores[0].read_events(run_id)
                        if e["type"] == "run:started"]
-            assert len(started) == 1
-            starts.append(float(started[0]["ts"]))  # the claim's time, as the bucket saw it
+            assert started
+            # Every claim takes a start from the bucket (a run requeued under load is
+            # claimed again): the claim's time, as the bucket saw it.
+            starts.extend(float(e["ts"]) for e in started)
     # The bucket holds a second's worth of starts; beyond it, starts come at the rate.
     # Over every window [starts[i], starts[j]]: at most rate * length + rate (+1 for the
     # store's float rounding) starts. Unthrottled, all 50 would start within a few polls.
