@@ -304,3 +304,36 @@ class Fleets:
     def reap(self) -> None:
         for fleet in self.started:
             fleet.reap()
+
+
+class StatusRecorder:
+    """Polls a fleet's /status on a thread of its own and keeps every answer, so a test can
+    check a property held *throughout* (e.g. capacity during a rolling replacement)."""
+
+    def __init__(self, fleet: Fleet, interval: float = 0.05) -> None:
+        import threading
+
+        self.fleet = fleet
+        self.samples: list[dict[str, Any]] = []
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="status-recorder", daemon=True)
+
+    def _main(self) -> None:
+        while not self._stop.is_set():
+            status = self.fleet.status()
+            if status is not None:
+                self.samples.append(status)
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> StatusRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def min_ready(self) -> int:
+        assert self.samples, "no /status answer was recorded"
+        return min(len(ready(s)) for s in self.samples)

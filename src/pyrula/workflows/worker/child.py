@@ -70,8 +70,12 @@ def main(config: dict[str, Any], conn: Connection) -> None:
             store_options["cluster"] = config["cluster"]
         store = store_from_url(config["store_url"], **store_options)
         options = WorkerOptions(**config.get("worker_options", {}), health_port=None)
+
+        def report_claim(_: dict[str, int]) -> None:
+            _send(conn, _heartbeat(worker))
+
         worker = WorkflowWorker(store=store, workflows=chosen, options=options,
-                                on_claimed=lambda _: _send(conn, _heartbeat(worker)))
+                                on_claimed=report_claim)
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
         _boot_failed(conn, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
         return
