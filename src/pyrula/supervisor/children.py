@@ -22,9 +22,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pyrula.supervisor import trampoline
-from pyrula.wire import Heartbeat
+from pyrula.wire import PRELOAD_ENV, Heartbeat
 
 logger = logging.getLogger("pyrula.fleet")
+
+PRELOAD_MODULE = "pyrula.supervisor.preload"
 
 
 @dataclass(eq=False)
@@ -80,8 +82,14 @@ class Spawner:
         methods = multiprocessing.get_all_start_methods()
         self.method = "forkserver" if "forkserver" in methods else "spawn"
         self._ctx = multiprocessing.get_context(self.method)
+        self._set_preload()
+
+    def _set_preload(self) -> None:
+        """Preload the app in the fork server through ``preload`` (which survives an app
+        that fails to import), not by name."""
         if self.method == "forkserver":
-            self._ctx.set_forkserver_preload(preload)
+            os.environ[PRELOAD_ENV] = ",".join(self.preload)
+            self._ctx.set_forkserver_preload([PRELOAD_MODULE])
 
     def warm(self) -> None:
         """Start the fork server now (it imports the app), before the supervisor opens
@@ -112,7 +120,7 @@ class Spawner:
                 server._forkserver_alive_fd = None
                 server._forkserver_pid = None
                 server._forkserver_address = None
-        self._ctx.set_forkserver_preload(self.preload)
+        self._set_preload()
         multiprocessing.forkserver.ensure_running()
 
     def _reap_retired(self) -> None:
