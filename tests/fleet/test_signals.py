@@ -4,6 +4,7 @@ TERM/INT drain, and a second one quits at once (143/130)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -138,3 +139,40 @@ def test_a_second_signal_while_draining_quits_at_once(
     # The run never finished here: it is still locked by the killed attempt (the orphan
     # scan of the next fleet takes it back).
     assert client.get(run_id).status == RunStatus.RUNNING
+
+
+def test_a_child_sent_sigterm_alone_drains_and_is_replaced(
+    fleets: Fleets, client: SyncWorkflowClient
+) -> None:
+    fleet = fleets.start("-n", "2", *QUICK)
+    before = pids(fleet.wait_ready(2))
+    os.kill(before[1], signal.SIGTERM)
+    after = fleet.wait_status(
+        lambda s: pids(s).get(1) not in (None, before[1]) and len(ready_children(s)) == 2,
+        what="slot 1 replaced")
+    assert pids(after)[0] == before[0]
+    assert [c["restarts"] for c in after["children"]] == [0, 1]
+    log = fleet.log()
+    assert f"child_exited: slot 1 pid {before[1]} (exit code 0) after draining on its own" in log
+    assert "runs_recovered" not in log
+    assert client.result(client.submit("fa_version", {}).run_id, timeout=20) == "v1"
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait() == 0
+
+
+def test_sigterm_to_the_whole_process_group_drains_the_fleet(
+    fleets: Fleets, client: SyncWorkflowClient
+) -> None:
+    # As honcho, `docker stop` under an init, or systemd send it: supervisor, fork server
+    # and children all get it. The fork server survives it; the children's exits count
+    # as drained, not as deaths to recover or replace.
+    fleet, run_id, children = _with_run_in_flight(fleets, client, "g")
+    os.killpg(fleet.pid, signal.SIGTERM)
+    fleet.wait_status(lambda s: s["status"] == "draining", what="draining")
+    fleets.open_gate("g")
+    assert fleet.wait() == 0
+    assert client.get(run_id).status == RunStatus.COMPLETED
+    log = fleet.log()
+    assert log.count("after draining") == 2 and "died" not in log and "on its own" not in log
+    for pid in children.values():
+        wait_until(lambda pid=pid: _gone(pid), 10, what=f"child {pid} gone")
