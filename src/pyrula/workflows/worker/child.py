@@ -30,6 +30,9 @@ from pyrula.wire import (
 
 logger = logging.getLogger("pyrula.fleet.child")
 
+#: Heartbeat cadence until the worker is ready (seconds).
+STARTING_HEARTBEAT_INTERVAL = 0.01
+
 
 def _boot_failed(conn: Connection, message: str) -> None:
     try:
@@ -115,11 +118,14 @@ async def _serve(worker: Any, conn: Connection) -> int:
         # Stamped by this loop: a child whose loop is stuck stops sending, and is replaced.
         # A heartbeat also goes out after every claim (``on_claimed``), so the supervisor
         # knows each run this child holds before the run's code can crash it.
+        # While starting it beats often, so that the supervisor sees it ready within
+        # milliseconds (a respawn, a recycle and a reload wait for that), not a beat later.
         while True:
             if not _send(conn, _heartbeat(worker)):
                 worker.stop()  # the supervisor is gone: drain and leave
                 return
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            starting = worker.state == "starting"
+            await asyncio.sleep(STARTING_HEARTBEAT_INTERVAL if starting else HEARTBEAT_INTERVAL)
 
     heartbeat = asyncio.create_task(beat())
     try:
