@@ -29,8 +29,10 @@ def test_a_store_the_children_cannot_reach_stops_the_fleet_after_max_boot_failur
 ) -> None:
     # Nothing listens there: the supervisor's own store client connects lazily, each
     # child fails its startup checks.
-    url = f"redis://127.0.0.1:{free_port()}"
-    fleet = fleets.start("-n", "1", "--max-boot-failures", "2", store=url)
+    dead = free_port()
+    url = f"redis://127.0.0.1:{dead}"
+    fleet = fleets.start("-n", "1", "--max-boot-failures", "2", store=url,
+                         port=free_port(avoid=[dead]))
     assert fleet.wait(60) == EXIT_BOOT_FAILURE
     log = fleet.log()
     assert log.count("child_spawned") == 2
