@@ -117,8 +117,9 @@ def test_a_stopped_child_is_killed_after_child_timeout_and_its_runs_finish_elsew
     assert victim["pid"] not in results.values()
     moved = [tag for tag, run in runs.items() if client.get(run.run_id).attempt == 2]
     assert len(moved) == victim["in_flight"]
-    for tag in moved:
-        assert fleets.ran("gated", tag)[0] == victim["pid"]
+    for tag in moved:  # it may have been stopped before or inside the step
+        ran = fleets.ran("gated", tag)
+        assert ran[-1] == results[tag] != victim["pid"] and ran.count(victim["pid"]) <= 1
 
     fleet.send(signal.SIGTERM)
     assert fleet.wait() == 0
