@@ -20,6 +20,9 @@ from typing import Any
 EXIT_BOOT_FAILURE = 3
 #: How often a child's event loop sends its heartbeat (seconds).
 HEARTBEAT_INTERVAL = 0.25
+#: Environment variable naming the modules the fork server preloads (comma-separated;
+#: internal, set by the supervisor's Spawner, read by ``pyrula.supervisor.preload``).
+PRELOAD_ENV = "_PYRULA_FLEET_PRELOAD"
 
 
 @dataclass(slots=True)

@@ -115,10 +115,11 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
             log_level=log_level,
             worker_options=given,
         )
-    except ConfigurationError as exc:
+        code = run_fleet(options)
+    except ConfigurationError as exc:  # also what the supervisor's store refuses at start
         click.echo(f"configuration error: {exc}", err=True)
         sys.exit(2)
-    sys.exit(run_fleet(options))
+    sys.exit(code)
 
 
 def _seconds(option: str, raw: Any, default: float, strict: bool = True) -> float:

@@ -9,9 +9,11 @@ as fresh interpreters instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import signal
 import time
@@ -20,9 +22,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pyrula.supervisor import trampoline
-from pyrula.wire import Heartbeat
+from pyrula.wire import PRELOAD_ENV, Heartbeat
 
 logger = logging.getLogger("pyrula.fleet")
+
+PRELOAD_MODULE = "pyrula.supervisor.preload"
 
 
 @dataclass(eq=False)
@@ -74,11 +78,18 @@ class Spawner:
 
     def __init__(self, preload: list[str]) -> None:
         self.preload = preload
+        self._retired: list[int] = []  # fork servers replaced by reload(), not yet reaped
         methods = multiprocessing.get_all_start_methods()
         self.method = "forkserver" if "forkserver" in methods else "spawn"
         self._ctx = multiprocessing.get_context(self.method)
+        self._set_preload()
+
+    def _set_preload(self) -> None:
+        """Preload the app in the fork server through ``preload`` (which survives an app
+        that fails to import), not by name."""
         if self.method == "forkserver":
-            self._ctx.set_forkserver_preload(preload)
+            os.environ[PRELOAD_ENV] = ",".join(self.preload)
+            self._ctx.set_forkserver_preload([PRELOAD_MODULE])
 
     def warm(self) -> None:
         """Start the fork server now (it imports the app), before the supervisor opens
@@ -87,17 +98,43 @@ class Spawner:
             multiprocessing.forkserver.ensure_running()
 
     def reload(self) -> None:
-        """Make the next children load the code anew (SIGHUP): restart the fork server."""
+        """Make the next children load the code anew (SIGHUP): start a new fork server.
+
+        The old one is left to exit by itself rather than stopped: the children it forked
+        (the workers still serving until their replacements are ready) hold its "alive"
+        pipe and learn of their exits through it, so it outlives the last of them.
+        ``ForkServer._stop`` would wait for that, blocking the supervisor's loop.
+        """
         if self.method != "forkserver":
             return
-        server = multiprocessing.forkserver._forkserver
-        stop = getattr(server, "_stop", None)
-        if stop is not None:
-            stop()
-        self._ctx.set_forkserver_preload(self.preload)
+        self._reap_retired()
+        server: Any = multiprocessing.forkserver._forkserver  # private state, stable since 3.4
+        with server._lock:
+            if server._forkserver_pid is not None:
+                os.close(server._forkserver_alive_fd)
+                self._retired.append(server._forkserver_pid)
+                address = server._forkserver_address
+                if address and not multiprocessing.util.is_abstract_socket_namespace(address):
+                    with contextlib.suppress(OSError):
+                        os.unlink(address)
+                server._forkserver_alive_fd = None
+                server._forkserver_pid = None
+                server._forkserver_address = None
+        self._set_preload()
         multiprocessing.forkserver.ensure_running()
 
+    def _reap_retired(self) -> None:
+        """Collect the fork servers replaced by ``reload`` that have exited since."""
+        for pid in list(self._retired):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self._retired.remove(pid)
+
     def spawn(self, slot: int, config: dict[str, Any]) -> Child:
+        self._reap_retired()
         reader, writer = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(  # type: ignore[attr-defined]
             target=trampoline.run,

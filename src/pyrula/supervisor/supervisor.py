@@ -100,7 +100,7 @@ class Supervisor:
                     extra={"event": "fleet_started", "children": self.desired})
         try:
             while not self._stopped.is_set():
-                await self._handle_commands()
+                self._handle_commands()
                 await self._tick()
                 try:
                     await asyncio.wait_for(self._stopped.wait(), TICK)
@@ -154,6 +154,10 @@ class Supervisor:
             child.boot_error = str(message.get("message", ""))
 
     def _on_exit(self, child: Child) -> None:
+        # A signal sent to the whole process group (honcho, docker stop, systemd, a
+        # terminal) reaches the children and us at once: act on ours before judging
+        # their exits, so that children draining because of it count as drained.
+        self._handle_commands()
         loop = asyncio.get_running_loop()
         loop.remove_reader(child.sentinel)
         child.process.join(0)
@@ -174,6 +178,17 @@ class Supervisor:
         if child.retiring:
             logger.info("child_exited: slot %d pid %d (%s) after draining", child.slot,
                         child.pid, text, extra={"event": "child_exited", "slot": child.slot})
+            return
+        if child.exitcode == 0 and child.ready_seen:
+            # Drained on its own (someone sent it SIGTERM): its runs were finished or
+            # requeued by its own shutdown, so there is nothing to recover; replace it.
+            logger.warning("child_exited: slot %d pid %d (%s) after draining on its own",
+                           child.slot, child.pid, text,
+                           extra={"event": "child_exited", "slot": child.slot})
+            if not self.draining and slot is not None and slot.child is None \
+                    and slot.incoming is None:
+                slot.restarts += 1
+                slot.respawn_at = time.monotonic()
             return
         held = dict(child.beat.held) if child.beat is not None else {}
         worker_id = child.beat.worker_id if child.beat is not None else ""
@@ -214,7 +229,7 @@ class Supervisor:
 
     # --- commands ---------------------------------------------------------------
 
-    async def _handle_commands(self) -> None:
+    def _handle_commands(self) -> None:
         while not self._commands.empty():
             command, signum = self._commands.get_nowait()
             if command == "stop":

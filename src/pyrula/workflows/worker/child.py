@@ -30,6 +30,9 @@ from pyrula.wire import (
 
 logger = logging.getLogger("pyrula.fleet.child")
 
+#: Heartbeat cadence until the worker is ready (seconds).
+STARTING_HEARTBEAT_INTERVAL = 0.01
+
 
 def _boot_failed(conn: Connection, message: str) -> None:
     try:
@@ -70,7 +73,12 @@ def main(config: dict[str, Any], conn: Connection) -> None:
             store_options["cluster"] = config["cluster"]
         store = store_from_url(config["store_url"], **store_options)
         options = WorkerOptions(**config.get("worker_options", {}), health_port=None)
-        worker = WorkflowWorker(store=store, workflows=chosen, options=options)
+
+        def report_claim(_: dict[str, int]) -> None:
+            _send(conn, _heartbeat(worker))
+
+        worker = WorkflowWorker(store=store, workflows=chosen, options=options,
+                                on_claimed=report_claim)
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
         _boot_failed(conn, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
         return
@@ -79,30 +87,45 @@ def main(config: dict[str, Any], conn: Connection) -> None:
     os._exit(code)
 
 
+def _heartbeat(worker: Any) -> bytes:
+    return heartbeat_message(Heartbeat(
+        state=worker.state,
+        worker_id=worker.worker_id,
+        pid=os.getpid(),
+        in_flight=worker.in_flight,
+        runs_done=worker.runs_done,
+        shards=worker.shards(),
+        held=worker.held_runs(),
+        claim_tick_age=round(worker.claim_tick_age(), 3),
+        free=worker.free_slots,
+    ))
+
+
+def _send(conn: Connection, message: bytes) -> bool:
+    """Send one message to the supervisor; False once it is gone."""
+    try:
+        conn.send_bytes(message)
+    except OSError:  # BrokenPipeError included
+        return False
+    return True
+
+
 async def _serve(worker: Any, conn: Connection) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, worker.stop)
 
     async def beat() -> None:
         # Stamped by this loop: a child whose loop is stuck stops sending, and is replaced.
+        # A heartbeat also goes out after every claim (``on_claimed``), so the supervisor
+        # knows each run this child holds before the run's code can crash it.
+        # While starting it beats often, so that the supervisor sees it ready within
+        # milliseconds (a respawn, a recycle and a reload wait for that), not a beat later.
         while True:
-            message = heartbeat_message(Heartbeat(
-                state=worker.state,
-                worker_id=worker.worker_id,
-                pid=os.getpid(),
-                in_flight=worker.in_flight,
-                runs_done=worker.runs_done,
-                shards=worker.shards(),
-                held=worker.held_runs(),
-                claim_tick_age=round(worker.claim_tick_age(), 3),
-                free=worker.free_slots,
-            ))
-            try:
-                conn.send_bytes(message)
-            except (BrokenPipeError, OSError):
+            if not _send(conn, _heartbeat(worker)):
                 worker.stop()  # the supervisor is gone: drain and leave
                 return
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            starting = worker.state == "starting"
+            await asyncio.sleep(STARTING_HEARTBEAT_INTERVAL if starting else HEARTBEAT_INTERVAL)
 
     heartbeat = asyncio.create_task(beat())
     try:

@@ -55,7 +55,11 @@ def _default_store() -> Store:
 
 
 class WorkflowWorker:
-    """Runs workflows from ``store``: every imported ``@workflow``, or only ``workflows``."""
+    """Runs workflows from ``store``: every imported ``@workflow``, or only ``workflows``.
+
+    ``on_claimed`` (for a process that reports to a supervisor) is called on the event loop
+    with ``held_runs()`` right after a claim returned runs, before any of them starts.
+    """
 
     def __init__(
         self,
@@ -66,6 +70,7 @@ class WorkflowWorker:
         cloud: bool = True,
         clock: Clock = SYSTEM_CLOCK,
         registry: Registry = REGISTRY,
+        on_claimed: Callable[[dict[str, int]], None] | None = None,
     ) -> None:
         self.options = (options if options is not None else WorkerOptions()).resolve()
         self.store: Store = store if store is not None else _default_store()
@@ -106,6 +111,10 @@ class WorkflowWorker:
         self._binding_ok = True
         self._loops: dict[str, LoopState] = {}
         self._attempts: dict[str, Attempt] = {}
+        # Runs claimed and not yet ended: run id -> token. Set as soon as a claim returns,
+        # before the attempt's task (and any user code) runs, so a crash report is complete.
+        self._held: dict[str, int] = {}
+        self._on_claimed = on_claimed
         self._run_tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Event()
         self._heartbeat = time.monotonic()
@@ -135,8 +144,9 @@ class WorkflowWorker:
         return max(0, self.options.max_concurrent_runs - len(self._attempts))
 
     def held_runs(self) -> dict[str, int]:
-        """The runs this worker is executing: run id -> attempt (its fencing token)."""
-        return {run_id: attempt.token for run_id, attempt in self._attempts.items()}
+        """The runs this worker holds, from the claim that returned them until their attempt
+        ends: run id -> attempt (its fencing token)."""
+        return dict(self._held)
 
     def claim_tick_age(self) -> float:
         """Seconds since the claim loop last made progress (a fleet's stall watchdog)."""
@@ -302,6 +312,10 @@ class WorkflowWorker:
         self._claim_progress = time.monotonic()
         for run in claimed:
             self._start_attempt(run)
+        if claimed and self._on_claimed is not None:
+            # Before any claimed run starts: whoever watches this process (a fleet's
+            # supervisor) then knows every run to requeue should it die from here on.
+            self._on_claimed(self.held_runs())
         # A full batch means there is more: claim again at once.
         if claimed and len(claimed) >= free:
             return 0.0
@@ -387,6 +401,7 @@ class WorkflowWorker:
     # --- runs -----------------------------------------------------------------------
 
     def _start_attempt(self, claimed: ClaimedRun) -> None:
+        self._held[claimed.run_id] = claimed.token
         task = asyncio.create_task(
             self._run_attempt(claimed), name=f"pyrula-attempt:{claimed.run_id}"
         )
@@ -442,6 +457,8 @@ class WorkflowWorker:
             # stood down): forget only this attempt.
             if attempt is not None and self._attempts.get(claimed.run_id) is attempt:
                 del self._attempts[claimed.run_id]
+            if self._held.get(claimed.run_id) == claimed.token:
+                del self._held[claimed.run_id]
             if self._renewer.release(claimed.run_id, claimed.token):
                 self._cache.drop(claimed.run_id)
             self._capacity.set()

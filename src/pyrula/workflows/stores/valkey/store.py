@@ -1057,7 +1057,10 @@ class ValkeyStore:
             await self._ring(name, busy, now)
 
     async def release_shards(self, worker_id: str) -> None:
-        names = list(self._leases.get(worker_id, {}))
+        """Give back every shard ``worker_id`` leases, and drop it from the live workers.
+        Also for a worker that leased through another store object (a fleet's supervisor
+        releasing a dead child's shards): then every registered name is released."""
+        names = list(self._leases.get(worker_id, {})) or await self._names()
         calls = [(self.keys.leases(n), ("release", worker_id)) for n in names]
         await self._batch(calls)
         self._leases.pop(worker_id, None)
