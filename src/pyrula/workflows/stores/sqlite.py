@@ -208,8 +208,10 @@ class SQLiteStore:
             self._connection()
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="pyrula-sqlite")
-            executor = self._executor
-        return await asyncio.get_running_loop().run_in_executor(executor, fn)
+            # Submitted under the lock: close() detaches the executor under it, so no call
+            # lands on an executor that is shutting down (the store reopens on next use).
+            future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        return await future
 
     # --- row helpers ----------------------------------------------------------------
 
@@ -1087,19 +1089,19 @@ class SQLiteStore:
         await self._call(self.ping)
 
     def close(self) -> None:
+        """Finish the calls in flight and close the connection. The store stays usable:
+        a later call reopens it (a stopping worker closes it while others may use it)."""
         with self._lock:
-            if self._executor is not None and self._pid == os.getpid():
-                self._executor.shutdown(wait=True)
-            self._executor = None
+            executor, self._executor = self._executor, None
+        if executor is not None and self._pid == os.getpid():
+            executor.shutdown(wait=True)  # outside the lock: the calls in flight take it
+        with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
 
     async def aclose(self) -> None:
-        executor = self._executor
-        if executor is not None:
-            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
-        self.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"

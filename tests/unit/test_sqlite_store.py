@@ -1,8 +1,9 @@
-"""The SQLite schema's version: an additive change upgrades an older file in place; a file
-from a newer pyrula is refused."""
+"""SQLiteStore specifics: the schema version (an additive change upgrades an older file in
+place; a file from a newer pyrula is refused) and closing a store others still use."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -49,3 +50,25 @@ def test_a_file_from_a_newer_pyrula_is_refused(tmp_path: Path) -> None:
     _set_version(path, SCHEMA_VERSION + 1)
     with pytest.raises(ConfigurationError, match="schema version"):
         SQLiteStore(path)
+
+
+async def test_closing_a_store_others_still_use_lets_their_calls_finish(tmp_path: Path) -> None:
+    # A worker's lock-renewal thread closes the store when the worker stops, while another
+    # worker (or the application) may still be using the same store object.
+    store = SQLiteStore(tmp_path / "shared.db")
+    try:
+        handle, _ = await store.submit("wf", {}, now=1.0)
+
+        async def reader() -> None:
+            for _ in range(200):
+                assert await store.get_run(handle.run_id) is not None
+
+        async def closer() -> None:
+            for _ in range(20):
+                await store.aclose()
+                await asyncio.sleep(0)
+
+        await asyncio.gather(reader(), reader(), closer())
+        assert await store.get_run(handle.run_id) is not None  # reopened on use
+    finally:
+        store.close()
