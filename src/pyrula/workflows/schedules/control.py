@@ -1,7 +1,8 @@
 """Pause, resume and trigger schedules from scripts (sync) or from a loop (``a``-prefixed).
 
 Each takes any store (``ScheduleStore``) and raises ``ScheduleNotFound`` (a
-``WorkflowNotFound``) naming an unknown id.
+``WorkflowNotFound``) naming an unknown id. ``now`` (epoch seconds, default the system
+clock) is for tests that drive a worker with a manual clock.
 """
 
 from __future__ import annotations
@@ -21,24 +22,29 @@ async def apause_schedule(store: ScheduleStore, schedule_id: str) -> None:
         raise _unknown(schedule_id)
 
 
-async def aresume_schedule(store: ScheduleStore, schedule_id: str) -> None:
+async def aresume_schedule(
+    store: ScheduleStore, schedule_id: str, *, now: float | None = None
+) -> None:
     """Let a paused schedule fire again, from its first occurrence after now: occurrences
     that fell while it was paused are not fired."""
     sched = await store.aschedule_get(schedule_id)
     if sched is None:
         raise _unknown(schedule_id)
-    following = sched.next_after(time.time()).timestamp()
+    following = sched.next_after(time.time() if now is None else now).timestamp()
     if not await store.schedule_set_paused(schedule_id, False, next_run_at=following):
         raise _unknown(schedule_id)
 
 
-async def arun_schedule_now(store: Store, schedule_id: str) -> RunHandle:
+async def arun_schedule_now(
+    store: Store, schedule_id: str, *, now: float | None = None
+) -> RunHandle:
     """Submit one run of the schedule at once (paused or not, whatever its overlap
     policy). It becomes the schedule's last run, which its ``overlap="skip"`` check sees."""
     sched = await store.aschedule_get(schedule_id)
     if sched is None:
         raise _unknown(schedule_id)
-    now = time.time()
+    if now is None:
+        now = time.time()
     # A key that names the schedule but never matches an occurrence's: triggering by hand
     # must not swallow (or be swallowed by) the run of an occurrence.
     key = f"schedule:{schedule_id}:manual:{uuid.uuid4().hex}"
@@ -54,12 +60,16 @@ def pause_schedule(store: ScheduleStore, schedule_id: str) -> None:
     run_sync(apause_schedule(store, schedule_id))
 
 
-def resume_schedule(store: ScheduleStore, schedule_id: str) -> None:
-    run_sync(aresume_schedule(store, schedule_id))
+def resume_schedule(
+    store: ScheduleStore, schedule_id: str, *, now: float | None = None
+) -> None:
+    run_sync(aresume_schedule(store, schedule_id, now=now))
 
 
-def run_schedule_now(store: Store, schedule_id: str) -> RunHandle:
-    return run_sync(arun_schedule_now(store, schedule_id))
+def run_schedule_now(
+    store: Store, schedule_id: str, *, now: float | None = None
+) -> RunHandle:
+    return run_sync(arun_schedule_now(store, schedule_id, now=now))
 
 
 def _unknown(schedule_id: str) -> ScheduleNotFound:
