@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 
-from pyrula.workflows import WorkflowClient, WorkflowContext, WorkflowWorker, workflow
+from pyrula.workflows import (
+    ValkeyStore,
+    WorkflowClient,
+    WorkflowContext,
+    WorkflowWorker,
+    workflow,
+)
 from pyrula.workflows.clock import ManualClock
 from pyrula.workflows.records import RunInfo
 from pyrula.workflows.schedules import Schedule
@@ -92,17 +98,34 @@ async def _passes(*workers: WorkflowWorker, n: int = 3) -> None:
 
 
 async def test_two_workers_fire_each_occurrence_once(store: Any) -> None:
+    await _two_workers_three_occurrences(store, store)
+
+
+async def test_two_workers_on_valkey_fire_each_occurrence_once(
+    valkey_url: str, valkey_namespace: str
+) -> None:
+    # Two store objects, as two processes would have: the compare-and-set is the script's.
+    a, b = (ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=2)
+            for _ in range(2))
+    try:
+        await _two_workers_three_occurrences(a, b)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def _two_workers_three_occurrences(store_a: Any, store_b: Any) -> None:
     clock = ManualClock(start=T)
-    sched = store.schedule_create(_every_minute(echo), now=T)
-    w1, w2 = _worker(store, clock, echo), _worker(store, clock, echo)
+    sched = await store_a.aschedule_create(_every_minute(echo), now=T)
+    w1, w2 = _worker(store_a, clock, echo), _worker(store_b, clock, echo)
     async with serving(w1), serving(w2):
         for k in (1, 2, 3):
             clock.advance(MINUTE)
-            await _next_run_at(store, sched.schedule_id, T + (k + 1) * MINUTE)
-            await _count(store, "sched.echo", k)
+            await _next_run_at(store_a, sched.schedule_id, T + (k + 1) * MINUTE)
+            await _count(store_a, "sched.echo", k)
             await _passes(w1, w2)
-        runs = await _runs(store, "sched.echo")
-        client = WorkflowClient(store)
+        runs = await _runs(store_a, "sched.echo")
+        client = WorkflowClient(store_a)
         results = [await client.result(r.run_id, timeout=10) for r in runs]
     assert len(runs) == 3
     assert sorted(r.idempotency_key or "" for r in runs) == [
