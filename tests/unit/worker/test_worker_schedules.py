@@ -25,7 +25,8 @@ from pyrula.workflows.schedules.control import (
     aresume_schedule,
     arun_schedule_now,
 )
-from pyrula.workflows.worker.schedules import SKIPPED
+from pyrula.workflows.worker.metrics import Metrics
+from pyrula.workflows.worker.schedules import BATCH, SKIPPED, ScheduleLoop
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import capture, fast_options, logged, serving, unique
 
@@ -315,3 +316,29 @@ async def test_a_broken_schedule_is_logged_and_the_others_fire(
 
 async def _status(client: WorkflowClient, run_id: str, status: str) -> bool:
     return (await client.get(run_id)).status == status
+
+
+async def test_a_full_batch_is_followed_by_another_pass_at_once(store: Any) -> None:
+    clock = ManualClock(start=T)
+    for _ in range(BATCH + 20):
+        store.schedule_create(_every_minute(echo), now=T)
+    loop = ScheduleLoop(store, ["sched.echo"], clock, Metrics(), {})
+    clock.advance(MINUTE)
+    assert await loop.tick() == 0.0  # a full batch: more may be due
+    assert await loop.tick() is None  # the rest
+    assert len(await _runs(store, "sched.echo")) == BATCH + 20
+    assert await loop.tick() is None  # nothing due
+
+
+async def test_a_full_batch_of_broken_schedules_does_not_spin(store: Any) -> None:
+    clock = ManualClock(start=T)
+    for _ in range(BATCH):
+        store.schedule_create(_every_minute(echo), now=T)
+    loop = ScheduleLoop(store, ["sched.echo"], clock, Metrics(), {})
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("injected")
+
+    store.submit = broken
+    clock.advance(MINUTE)
+    assert await loop.tick() is None

@@ -58,6 +58,7 @@ class ScheduleLoop:
     async def tick(self) -> float | None:
         now = self._clock.now()
         due = await self._store.schedules_due(self._names, now=now, limit=BATCH)
+        handled = 0
         for sched in due:
             try:
                 await self._fire(sched, now)
@@ -68,7 +69,11 @@ class ScheduleLoop:
                     "schedule_failed: schedule %r could not be fired", sched.schedule_id,
                     extra={"event": "schedule_failed", **self._extra(sched)},
                 )
-        return 0.0 if len(due) >= BATCH else None
+            else:
+                handled += 1
+        # A full batch means more may be due: go again at once, unless nothing in it could
+        # be handled (a batch of broken schedules would otherwise spin).
+        return 0.0 if len(due) >= BATCH and handled else None
 
     async def _fire(self, sched: Schedule, now: float) -> None:
         decision = plan(sched, now)
