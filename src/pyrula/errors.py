@@ -29,6 +29,10 @@ class WorkflowNotFound(PyrulaError, LookupError):
     """No run with this id, or no workflow registered under this name."""
 
 
+class ScheduleNotFound(WorkflowNotFound):
+    """No schedule with this id (pause, resume or run_now of an unknown schedule)."""
+
+
 class RunNotActive(PyrulaError, ValueError):
     """A signal, resume or cancel was sent to a run that has already ended."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-PAGES = ["writing-workflows.md"]
+PAGES = ["writing-workflows.md", "schedules.md"]
 
 
 def _blocks() -> list[tuple[str, int, str]]:

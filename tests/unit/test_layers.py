@@ -17,6 +17,7 @@ ENGINE = {
     "pyrula.workflows.errors",
     "pyrula.workflows.records",
     "pyrula.workflows.clock",
+    "pyrula.workflows.schedules",
 }
 BACKENDS = (
     "pyrula.workflows.stores.memory",

@@ -28,6 +28,7 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
+from pyrula.workflows.schedules.schedule import Schedule
 
 
 class RunSubmitter(Protocol):
@@ -254,10 +255,77 @@ class FlowControlStore(Protocol):
     def flow_control_delete(self, owner: str) -> bool: ...
 
 
+class ScheduleStore(Protocol):
+    """Schedules, kept as JSON records (``Schedule.definition()``) plus their state.
+
+    The admin calls are synchronous, each with an async twin prefixed ``a``; the worker's
+    schedule loop uses ``schedules_due`` and ``schedule_advance``. Each call is atomic.
+    """
+
+    def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule:
+        """Store ``schedule`` under its id, replacing any record with that id: enabled
+        (a paused one is re-enabled), its ``next_run_at`` the first occurrence after
+        ``now`` (default: the system clock). The last run is kept (for ``overlap``).
+        Returns the schedule as stored."""
+        ...
+
+    def schedule_get(self, schedule_id: str) -> Schedule | None: ...
+
+    def schedule_list(self) -> list[Schedule]:
+        """Every schedule, by id."""
+        ...
+
+    def schedule_delete(self, schedule_id: str) -> bool:
+        """Forget the schedule; False if there was none. Its runs are not touched."""
+        ...
+
+    async def aschedule_create(
+        self, schedule: Schedule, *, now: float | None = None
+    ) -> Schedule: ...
+
+    async def aschedule_get(self, schedule_id: str) -> Schedule | None: ...
+
+    async def aschedule_list(self) -> list[Schedule]: ...
+
+    async def aschedule_delete(self, schedule_id: str) -> bool: ...
+
+    async def schedules_due(
+        self, names: Sequence[str], *, now: float, limit: int
+    ) -> list[Schedule]:
+        """Up to ``limit`` unpaused schedules of workflow ``names`` whose ``next_run_at``
+        is at or before ``now``, the most overdue first."""
+        ...
+
+    async def schedule_advance(
+        self,
+        schedule_id: str,
+        *,
+        expected_next_run_at: float | None,
+        next_run_at: float | None,
+        run_id: str | None = None,
+        run_at: float | None = None,
+    ) -> bool:
+        """Compare-and-set: move ``next_run_at`` from ``expected_next_run_at`` to
+        ``next_run_at``; True if it moved (False if another worker moved it first, or the
+        schedule is gone). ``expected_next_run_at`` None moves nothing.
+
+        In the same atomic step, whatever the compare found, ``run_id`` (submitted at
+        ``run_at``) becomes the schedule's last run unless a run submitted later is
+        recorded already.
+        """
+        ...
+
+    async def schedule_set_paused(
+        self, schedule_id: str, paused: bool, *, next_run_at: float | None = None
+    ) -> bool:
+        """Pause or unpause; with ``next_run_at`` also set that. False if unknown."""
+        ...
+
+
 @runtime_checkable
 class Store(
     RunSubmitter, AttemptStore, WorkQueue, RunControl, RunReader, FlowControlStore, Membership,
-    Protocol,
+    ScheduleStore, Protocol,
 ):
     """Everything a worker and a client need from a store."""
 

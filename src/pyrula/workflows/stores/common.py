@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyrula.workflows.events import Event, EventType, make_event
+from pyrula.workflows.events import Event, EventType, dumps, loads, make_event
+from pyrula.workflows.schedules.schedule import Schedule
 
 #: Internal key of the tenant of runs submitted without an ``owner``.
 NO_OWNER = ""
@@ -121,3 +122,37 @@ def validate_flow_control(
             "max_starts_per_second must be a finite number > 0 or None, "
             f"got {max_starts_per_second!r}"
         )
+
+
+def schedule_to_store(schedule: Any, now: float | None) -> tuple[Schedule, str]:
+    """What ``schedule_create`` writes: the schedule armed at ``now`` (enabled, next run
+    the first occurrence after now) and its definition as JSON."""
+    if not isinstance(schedule, Schedule):
+        raise TypeError(
+            f"schedule_create takes a Schedule (Schedule.create(...)), got "
+            f"{type(schedule).__name__}"
+        )
+    armed = schedule.armed(time.time() if now is None else now)
+    return armed, dumps(armed.definition()).decode()
+
+
+def schedule_from_store(
+    definition: str | bytes,
+    *,
+    paused: bool,
+    next_run_at: float,
+    last_run_id: str | None,
+    last_run_at: float | None,
+) -> Schedule:
+    return Schedule.from_record(
+        loads(definition), paused=paused, next_run_at=next_run_at,
+        last_run_id=last_run_id, last_run_at=last_run_at,
+    )
+
+
+def records_run(last_run_at: float | None, run_id: str | None, run_at: float | None) -> bool:
+    """Whether ``schedule_advance`` records ``run_id`` as the last run: unless a run
+    submitted later is recorded already."""
+    if run_id is None:
+        return False
+    return last_run_at is None or run_at is None or run_at >= last_run_at

@@ -29,6 +29,7 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
+from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.common import (
     NO_OWNER,
     TokenBucket,
@@ -37,7 +38,10 @@ from pyrula.workflows.stores.common import (
     new_run_id,
     pick_owner,
     quarantine_error,
+    records_run,
     requeued_event,
+    schedule_from_store,
+    schedule_to_store,
     started_event,
     submitted_event,
     validate_flow_control,
@@ -114,6 +118,22 @@ class _Run:
         return len(self.journal)
 
 
+@dataclass(slots=True)
+class _Schedule:
+    definition: str  # Schedule.definition() as JSON
+    name: str
+    paused: bool
+    next_run_at: float
+    last_run_id: str | None = None
+    last_run_at: float | None = None
+
+    def load(self) -> Schedule:
+        return schedule_from_store(
+            self.definition, paused=self.paused, next_run_at=self.next_run_at,
+            last_run_id=self.last_run_id, last_run_at=self.last_run_at,
+        )
+
+
 class MemoryStore:
     """An in-process store for development and tests. Nothing survives the process."""
 
@@ -130,6 +150,7 @@ class MemoryStore:
         self._waiters = ResultWaiters()
         self._binding: tuple[str | None, str | None] = (None, None)
         self._workers: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._schedules: dict[str, _Schedule] = {}
 
     # --- submit ---------------------------------------------------------------------
 
@@ -661,6 +682,90 @@ class MemoryStore:
 
     async def aflow_control_delete(self, owner: str) -> bool:
         return self.flow_control_delete(owner)
+
+    # --- schedules ------------------------------------------------------------------
+
+    def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule:
+        armed, definition = schedule_to_store(schedule, now)
+        with self._lock:
+            old = self._schedules.get(armed.schedule_id)
+            record = _Schedule(definition, armed.name, False, armed.next_run_at.timestamp())
+            if old is not None:
+                record.last_run_id, record.last_run_at = old.last_run_id, old.last_run_at
+            self._schedules[armed.schedule_id] = record
+            return record.load()
+
+    def schedule_get(self, schedule_id: str) -> Schedule | None:
+        with self._lock:
+            record = self._schedules.get(schedule_id)
+            return None if record is None else record.load()
+
+    def schedule_list(self) -> list[Schedule]:
+        with self._lock:
+            return [self._schedules[i].load() for i in sorted(self._schedules)]
+
+    def schedule_delete(self, schedule_id: str) -> bool:
+        with self._lock:
+            return self._schedules.pop(schedule_id, None) is not None
+
+    async def aschedule_create(
+        self, schedule: Schedule, *, now: float | None = None
+    ) -> Schedule:
+        return self.schedule_create(schedule, now=now)
+
+    async def aschedule_get(self, schedule_id: str) -> Schedule | None:
+        return self.schedule_get(schedule_id)
+
+    async def aschedule_list(self) -> list[Schedule]:
+        return self.schedule_list()
+
+    async def aschedule_delete(self, schedule_id: str) -> bool:
+        return self.schedule_delete(schedule_id)
+
+    async def schedules_due(
+        self, names: Sequence[str], *, now: float, limit: int
+    ) -> list[Schedule]:
+        wanted = set(names)
+        with self._lock:
+            due = sorted(
+                (r.next_run_at, i) for i, r in self._schedules.items()
+                if not r.paused and r.next_run_at <= now and r.name in wanted
+            )
+            return [self._schedules[i].load() for _, i in due[: max(0, limit)]]
+
+    async def schedule_advance(
+        self,
+        schedule_id: str,
+        *,
+        expected_next_run_at: float | None,
+        next_run_at: float | None,
+        run_id: str | None = None,
+        run_at: float | None = None,
+    ) -> bool:
+        with self._lock:
+            record = self._schedules.get(schedule_id)
+            if record is None:
+                return False
+            if records_run(record.last_run_at, run_id, run_at):
+                record.last_run_id, record.last_run_at = run_id, run_at
+            if expected_next_run_at is None or next_run_at is None:
+                return False
+            if record.next_run_at != expected_next_run_at:
+                return False
+            record.next_run_at = next_run_at
+            return True
+
+    async def schedule_set_paused(
+        self, schedule_id: str, paused: bool, *, next_run_at: float | None = None
+    ) -> bool:
+        with self._lock:
+            record = self._schedules.get(schedule_id)
+            if record is None:
+                return False
+            record.paused = bool(paused)
+            if next_run_at is not None:
+                record.next_run_at = next_run_at
+            return True
 
     # --- lifecycle ------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
+from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.common import (
     NO_OWNER,
     TokenBucket,
@@ -52,12 +53,15 @@ from pyrula.workflows.stores.common import (
     new_run_id,
     pick_owner,
     quarantine_error,
+    records_run,
     requeued_event,
+    schedule_from_store,
+    schedule_to_store,
     started_event,
     submitted_event,
     validate_flow_control,
 )
-from pyrula.workflows.stores.sqlite_schema import SCHEMA, SCHEMA_VERSION
+from pyrula.workflows.stores.sqlite_schema import ADDITIVE_FROM, SCHEMA, SCHEMA_VERSION
 from pyrula.workflows.stores.waiters import ResultWaiters
 
 T = TypeVar("T")
@@ -159,6 +163,10 @@ class SQLiteStore:
                 conn.execute(
                     "INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
                 )
+            elif int(row[0]) in ADDITIVE_FROM:
+                conn.execute(
+                    "UPDATE meta SET value=? WHERE key='schema_version'", (SCHEMA_VERSION,)
+                )
             elif int(row[0]) != SCHEMA_VERSION:
                 raise ConfigurationError(
                     f"SQLite store {self.path} has schema version {row[0]}, this pyrula "
@@ -200,8 +208,10 @@ class SQLiteStore:
             self._connection()
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="pyrula-sqlite")
-            executor = self._executor
-        return await asyncio.get_running_loop().run_in_executor(executor, fn)
+            # Submitted under the lock: close() detaches the executor under it, so no call
+            # lands on an executor that is shutting down (the store reopens on next use).
+            future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        return await future
 
     # --- row helpers ----------------------------------------------------------------
 
@@ -925,6 +935,131 @@ class SQLiteStore:
     async def aflow_control_delete(self, owner: str) -> bool:
         return await self._call(lambda: self.flow_control_delete(owner))
 
+    # --- schedules ------------------------------------------------------------------
+
+    _SCHEDULE_COLUMNS = "definition, paused, next_run_at, last_run_id, last_run_at"
+
+    @staticmethod
+    def _schedule(row: sqlite3.Row | tuple[Any, ...]) -> Schedule:
+        definition, paused, next_run_at, last_run_id, last_run_at = tuple(row)
+        return schedule_from_store(
+            definition, paused=bool(paused), next_run_at=next_run_at,
+            last_run_id=last_run_id, last_run_at=last_run_at,
+        )
+
+    def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule:
+        armed, definition = schedule_to_store(schedule, now)
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO schedules(schedule_id, name, definition, paused, next_run_at) "
+                "VALUES (?, ?, ?, 0, ?) ON CONFLICT(schedule_id) DO UPDATE SET "
+                "name=excluded.name, definition=excluded.definition, paused=0, "
+                "next_run_at=excluded.next_run_at",
+                (armed.schedule_id, armed.name, definition, armed.next_run_at.timestamp()),
+            )
+            row = conn.execute(
+                f"SELECT {self._SCHEDULE_COLUMNS} FROM schedules WHERE schedule_id=?",
+                (armed.schedule_id,),
+            ).fetchone()
+        return self._schedule(row)
+
+    def schedule_get(self, schedule_id: str) -> Schedule | None:
+        row = self._read(lambda conn: conn.execute(
+            f"SELECT {self._SCHEDULE_COLUMNS} FROM schedules WHERE schedule_id=?",
+            (schedule_id,),
+        ).fetchone())
+        return None if row is None else self._schedule(row)
+
+    def schedule_list(self) -> list[Schedule]:
+        rows = self._read(lambda conn: conn.execute(
+            f"SELECT {self._SCHEDULE_COLUMNS} FROM schedules ORDER BY schedule_id"
+        ).fetchall())
+        return [self._schedule(r) for r in rows]
+
+    def schedule_delete(self, schedule_id: str) -> bool:
+        with self._tx() as conn:
+            deleted = conn.execute("DELETE FROM schedules WHERE schedule_id=?", (schedule_id,))
+            return deleted.rowcount > 0
+
+    async def aschedule_create(
+        self, schedule: Schedule, *, now: float | None = None
+    ) -> Schedule:
+        return await self._call(lambda: self.schedule_create(schedule, now=now))
+
+    async def aschedule_get(self, schedule_id: str) -> Schedule | None:
+        return await self._call(lambda: self.schedule_get(schedule_id))
+
+    async def aschedule_list(self) -> list[Schedule]:
+        return await self._call(self.schedule_list)
+
+    async def aschedule_delete(self, schedule_id: str) -> bool:
+        return await self._call(lambda: self.schedule_delete(schedule_id))
+
+    async def schedules_due(
+        self, names: Sequence[str], *, now: float, limit: int
+    ) -> list[Schedule]:
+        if not names or limit <= 0:
+            return []
+        sql = (
+            f"SELECT {self._SCHEDULE_COLUMNS} FROM schedules WHERE paused=0 AND "
+            f"next_run_at<=? AND name IN ({','.join('?' * len(names))}) "
+            "ORDER BY next_run_at, schedule_id LIMIT ?"
+        )
+        args = [now, *names, limit]
+
+        def op(conn: sqlite3.Connection) -> list[Schedule]:
+            return [self._schedule(r) for r in conn.execute(sql, args).fetchall()]
+
+        return await self._call(lambda: self._read(op))
+
+    async def schedule_advance(
+        self,
+        schedule_id: str,
+        *,
+        expected_next_run_at: float | None,
+        next_run_at: float | None,
+        run_id: str | None = None,
+        run_at: float | None = None,
+    ) -> bool:
+        def op() -> bool:
+            with self._tx() as conn:
+                row = conn.execute(
+                    "SELECT next_run_at, last_run_at FROM schedules WHERE schedule_id=?",
+                    (schedule_id,),
+                ).fetchone()
+                if row is None:
+                    return False
+                if records_run(row[1], run_id, run_at):
+                    conn.execute(
+                        "UPDATE schedules SET last_run_id=?, last_run_at=? WHERE schedule_id=?",
+                        (run_id, run_at, schedule_id),
+                    )
+                if expected_next_run_at is None or next_run_at is None:
+                    return False
+                if row[0] != expected_next_run_at:
+                    return False
+                conn.execute(
+                    "UPDATE schedules SET next_run_at=? WHERE schedule_id=?",
+                    (next_run_at, schedule_id),
+                )
+                return True
+
+        return await self._call(op)
+
+    async def schedule_set_paused(
+        self, schedule_id: str, paused: bool, *, next_run_at: float | None = None
+    ) -> bool:
+        def op() -> bool:
+            with self._tx() as conn:
+                changed = conn.execute(
+                    "UPDATE schedules SET paused=?, next_run_at=COALESCE(?, next_run_at) "
+                    "WHERE schedule_id=?",
+                    (1 if paused else 0, next_run_at, schedule_id),
+                )
+                return changed.rowcount > 0
+
+        return await self._call(op)
+
     # --- lifecycle ------------------------------------------------------------------
 
     async def bind(
@@ -954,19 +1089,19 @@ class SQLiteStore:
         await self._call(self.ping)
 
     def close(self) -> None:
+        """Finish the calls in flight and close the connection. The store stays usable:
+        a later call reopens it (a stopping worker closes it while others may use it)."""
         with self._lock:
-            if self._executor is not None and self._pid == os.getpid():
-                self._executor.shutdown(wait=True)
-            self._executor = None
+            executor, self._executor = self._executor, None
+        if executor is not None and self._pid == os.getpid():
+            executor.shutdown(wait=True)  # outside the lock: the calls in flight take it
+        with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
 
     async def aclose(self) -> None:
-        executor = self._executor
-        if executor is not None:
-            await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
-        self.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"

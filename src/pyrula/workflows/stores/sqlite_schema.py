@@ -1,6 +1,13 @@
-"""The SQLite store's schema. Bump SCHEMA_VERSION with any change to it."""
+"""The SQLite store's schema. Bump SCHEMA_VERSION with any change to it.
 
-SCHEMA_VERSION = 1
+A change that only adds tables or indexes (``CREATE ... IF NOT EXISTS``) lists the
+versions it upgrades in place in ADDITIVE_FROM: opening such a file creates what is new
+and records the new version.
+"""
+
+SCHEMA_VERSION = 2
+#: Versions this schema upgrades in place (2 added the schedules table).
+ADDITIVE_FROM = frozenset({1})
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -62,6 +69,17 @@ SCHEMA = (
         names BLOB NOT NULL,
         expires REAL NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS schedules (
+        schedule_id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        definition TEXT NOT NULL,
+        paused INTEGER NOT NULL DEFAULT 0,
+        next_run_at REAL NOT NULL,
+        last_run_id TEXT,
+        last_run_at REAL
+    )""",
+    """CREATE INDEX IF NOT EXISTS schedules_due
+        ON schedules(name, next_run_at) WHERE paused = 0""",
     """CREATE TABLE IF NOT EXISTS flow_control (
         owner TEXT PRIMARY KEY,
         max_concurrent INTEGER,

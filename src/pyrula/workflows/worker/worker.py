@@ -32,6 +32,7 @@ from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S, LoopState, backoff
 from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.renewal import LockRenewer
+from pyrula.workflows.worker.schedules import ScheduleLoop
 
 logger = logging.getLogger("pyrula.workflows.worker")
 
@@ -123,6 +124,9 @@ class WorkflowWorker:
         self._cache = JournalCache(self.options.journal_cache_events)
         self._pool: StepPool | None = None
         self._renewer: LockRenewer | None = None
+        self._schedules = ScheduleLoop(
+            self.store, self.workflow_names, clock, self.metrics, self._log
+        )
 
     # --- public surface -------------------------------------------------------------
 
@@ -245,8 +249,9 @@ class WorkflowWorker:
             ("timer", self._timer_tick, o.timer_poll_interval_s),
             ("orphan", self._orphan_tick, o.orphan_scan_interval),
         ]
+        if hasattr(self.store, "schedules_due"):
+            loops.append(("schedule", self._schedule_tick, o.schedule_interval))
         optional = [
-            ("schedule", "schedule_tick", o.schedule_interval),
             ("reconcile", "reconcile_tick", o.reconcile_interval),
             ("projection", "projection_tick", o.projection_interval),
             ("shard_lease", "shard_lease_tick", o.shard_lease_interval),
@@ -335,6 +340,12 @@ class WorkflowWorker:
         if woken:
             self.metrics.inc("pyrula.workflows.timers.woken", woken)
         return 0.0 if woken >= self.options.timer_max_batch else None
+
+    async def _schedule_tick(self) -> float | None:
+        """Fire due schedules (not while draining or bound to another project)."""
+        if self._stop_requested or not self._binding_ok:
+            return None
+        return await self._schedules.tick()
 
     async def _register(self) -> None:
         """Tell the store which names this worker serves (live for 3 orphan scans)."""

@@ -22,6 +22,13 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{flow.<o>}:running       zset     flow-controlled owner's running runs -> expiry
     <ns>:{flow.<o>}:bucket        hash     its start-rate token bucket
     <ns>:meta                     hash     shards:<name> -> shard_count; binding.*; flow:<owner>
+    <ns>:{schedules}:s:<id>       hash     a schedule: def (JSON), name, paused, next, last_run,
+                                           last_run_at
+    <ns>:{schedules}:ids          zset     every schedule id (score 0: listed by id)
+    <ns>:{schedules}:due:<name>   zset     unpaused schedules of a workflow -> next_run_at
+
+Every schedule lives in the one slot of ``{schedules}``, so each schedule operation is one
+script call, in a cluster too.
 """
 
 from __future__ import annotations
@@ -86,6 +93,11 @@ class KeySpace:
 
     def flow(self, owner: str) -> str:
         return f"{self.ns}:{{flow.{owner_hash(owner)}}}"
+
+    @property
+    def schedules(self) -> str:
+        """The base key of every schedule (one slot)."""
+        return f"{self.ns}:{{schedules}}"
 
     @property
     def meta(self) -> str:

@@ -46,8 +46,11 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
+from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.common import (
     NO_OWNER,
+    schedule_from_store,
+    schedule_to_store,
     submitted_event,
     validate_flow_control,
 )
@@ -69,6 +72,11 @@ def _loads(data: Any) -> Any:
     if data is None or data == "":
         return None
     return orjson.loads(data)
+
+
+def _seconds(value: float) -> str:
+    """A schedule time for a script: whole seconds print as integers (exact in Lua)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def _events(raw: Sequence[Any], first_seq: int) -> list[Event]:
@@ -1210,6 +1218,84 @@ class ValkeyStore:
     async def aflow_control_delete(self, owner: str) -> bool:
         self._flow_cache = (-1e9, {})
         return bool(await self._cmd("hdel", self.keys.meta, f"flow:{owner}"))
+
+    # --- schedules ------------------------------------------------------------------
+
+    @staticmethod
+    def _schedule(row: Sequence[Any]) -> Schedule:
+        _, definition, paused, next_run_at, last_run_id, last_run_at = row
+        return schedule_from_store(
+            definition, paused=paused == "1", next_run_at=float(next_run_at),
+            last_run_id=str(last_run_id) or None,
+            last_run_at=float(last_run_at) if last_run_at != "" else None,
+        )
+
+    def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule:
+        return run_sync(self.aschedule_create(schedule, now=now))
+
+    def schedule_get(self, schedule_id: str) -> Schedule | None:
+        return run_sync(self.aschedule_get(schedule_id))
+
+    def schedule_list(self) -> list[Schedule]:
+        return run_sync(self.aschedule_list())
+
+    def schedule_delete(self, schedule_id: str) -> bool:
+        return run_sync(self.aschedule_delete(schedule_id))
+
+    async def aschedule_create(
+        self, schedule: Schedule, *, now: float | None = None
+    ) -> Schedule:
+        armed, definition = schedule_to_store(schedule, now)
+        row = await self._op(self.keys.schedules, "schedule_put", armed.schedule_id,
+                             armed.name, definition, _seconds(armed.next_run_at.timestamp()))
+        return self._schedule(row)
+
+    async def aschedule_get(self, schedule_id: str) -> Schedule | None:
+        rows = await self._op(self.keys.schedules, "schedule_get", schedule_id)
+        return self._schedule(rows[0]) if rows else None
+
+    async def aschedule_list(self) -> list[Schedule]:
+        rows = await self._op(self.keys.schedules, "schedule_get")
+        return [self._schedule(row) for row in rows]
+
+    async def aschedule_delete(self, schedule_id: str) -> bool:
+        return bool(int(await self._op(self.keys.schedules, "schedule_delete", schedule_id)))
+
+    async def schedules_due(
+        self, names: Sequence[str], *, now: float, limit: int
+    ) -> list[Schedule]:
+        if not names or limit <= 0:
+            return []
+        rows = await self._op(self.keys.schedules, "schedule_due", now, limit, *names)
+        due = sorted((self._schedule(row) for row in rows),
+                     key=lambda sc: (sc.next_run_at, sc.schedule_id))
+        return due[:limit]
+
+    async def schedule_advance(
+        self,
+        schedule_id: str,
+        *,
+        expected_next_run_at: float | None,
+        next_run_at: float | None,
+        run_id: str | None = None,
+        run_at: float | None = None,
+    ) -> bool:
+        moved = await self._op(
+            self.keys.schedules, "schedule_advance", schedule_id,
+            "" if expected_next_run_at is None else _seconds(expected_next_run_at),
+            "" if next_run_at is None else _seconds(next_run_at),
+            run_id or "", "" if run_id is None or run_at is None else repr(float(run_at)),
+        )
+        return bool(int(moved))
+
+    async def schedule_set_paused(
+        self, schedule_id: str, paused: bool, *, next_run_at: float | None = None
+    ) -> bool:
+        found = await self._op(
+            self.keys.schedules, "schedule_pause", schedule_id, "1" if paused else "0",
+            "" if next_run_at is None else _seconds(next_run_at),
+        )
+        return bool(int(found))
 
     # --- lifecycle ------------------------------------------------------------------
 
