@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from pyrula.errors import StaleToken, StoreUnavailable, WorkflowNotFound
+from pyrula.errors import StoreUnavailable
 
 logger = logging.getLogger("pyrula.fleet")
 
@@ -21,40 +21,34 @@ class Recovery:
     async def child_died(
         self, worker_id: str, held: dict[str, int], evidence: dict[str, Any]
     ) -> tuple[int, int]:
-        """Requeue ``held`` runs (run id -> token) and release the worker's shards.
-        Returns (requeued, quarantined). A run another attempt already owns is left
-        alone (its token is stale); a run we could not reach is left to orphan recovery."""
+        """Requeue every run the dead worker's lock still holds — found by the store, so a
+        run claimed in the instant before the kill is not missed — and release its shards.
+        ``held`` (what its last heartbeat reported) is only used for the log.
+        Returns (requeued, quarantined); a store that cannot be reached leaves the runs to
+        the orphan scan."""
         from pyrula.workflows.records import PoisonPolicy
 
         poison = PoisonPolicy(self.max_retries, self.retry_ttl_s)
-        requeued = quarantined = 0
-        for run_id, token in held.items():
-            detail = {"cause": "worker_crash", "worker": worker_id, "attempt": token,
-                      **evidence}
-            try:
-                outcome = await self.store.requeue(
-                    run_id, token, now=time.time(), reason="orphaned", crash=True,
-                    poison=poison, crash_detail=detail,
-                )
-            except (StaleToken, WorkflowNotFound):
-                continue
-            except StoreUnavailable as exc:
-                logger.warning("could not requeue run %s of dead child %s (%s); the orphan "
-                               "scan will", run_id, worker_id, exc)
-                continue
-            if outcome.quarantined:
-                quarantined += 1
-                logger.error(
-                    "run_quarantined: run %s crashed its worker more than %d times "
-                    "(last: %s)", run_id, self.max_retries, evidence.get("exit"),
-                    extra={"event": "run_quarantined", "run_id": run_id, **evidence},
-                )
-            else:
-                requeued += 1
+        try:
+            outcomes = await self.store.reclaim_worker(
+                worker_id, now=time.time(), poison=poison,
+                crash_detail={"cause": "worker_crash", **evidence},
+            )
+        except StoreUnavailable as exc:
+            logger.warning("could not requeue the runs of dead child %s (%s, it held %d); the "
+                           "orphan scan will", worker_id, exc, len(held))
+            outcomes = []
+        quarantined = [o for o in outcomes if o.quarantined]
+        for outcome in quarantined:
+            logger.error(
+                "run_quarantined: run %s crashed its worker more than %d times (last: %s)",
+                outcome.run_id, self.max_retries, evidence.get("exit"),
+                extra={"event": "run_quarantined", "run_id": outcome.run_id, **evidence},
+            )
         release = getattr(self.store, "release_shards", None)
         if release is not None:
             try:
                 await release(worker_id)
             except StoreUnavailable as exc:
                 logger.warning("could not release shards of %s (%s)", worker_id, exc)
-        return requeued, quarantined
+        return len(outcomes) - len(quarantined), len(quarantined)

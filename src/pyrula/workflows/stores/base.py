@@ -156,6 +156,18 @@ class WorkQueue(Protocol):
         """Queue up to ``limit`` parked runs whose wake time has passed (``run:woken``)."""
         ...
 
+    async def reclaim_worker(
+        self,
+        worker_id: str,
+        *,
+        now: float,
+        poison: PoisonPolicy,
+        crash_detail: Mapping[str, Any] | None = None,
+    ) -> list[RequeueOutcome]:
+        """Requeue every run whose lock ``worker_id`` holds (its process is known to be
+        dead), counting a crash against each, at once rather than after ``lock_ttl``."""
+        ...
+
     async def reclaim(
         self,
         names: Sequence[str] | None,

@@ -517,6 +517,23 @@ class MemoryStore:
             out.append(self._requeue(run, now, "orphaned", True, poison, detail))
         return out
 
+    async def reclaim_worker(
+        self,
+        worker_id: str,
+        *,
+        now: float,
+        poison: PoisonPolicy,
+        crash_detail: Mapping[str, Any] | None = None,
+    ) -> list[RequeueOutcome]:
+        with self._lock:
+            out = []
+            for run in list(self._runs.values()):
+                if run.status is RunStatus.RUNNING and run.lock_owner == worker_id:
+                    detail = {"cause": "worker_crash", "worker": worker_id,
+                              "attempt": run.attempt, **dict(crash_detail or {})}
+                    out.append(self._requeue(run, now, "orphaned", True, poison, detail))
+            return out
+
     def recover_pending_runs(self, name: str) -> int:
         import time
 

@@ -710,6 +710,33 @@ class SQLiteStore:
                 )
             return out
 
+    async def reclaim_worker(
+        self,
+        worker_id: str,
+        *,
+        now: float,
+        poison: PoisonPolicy,
+        crash_detail: Mapping[str, Any] | None = None,
+    ) -> list[RequeueOutcome]:
+        def op() -> list[RequeueOutcome]:
+            with self._tx() as conn:
+                rows = conn.execute(
+                    f"SELECT {_RUN_COLUMNS} FROM runs WHERE status='running' AND lock_owner=?",
+                    (worker_id,),
+                ).fetchall()
+                out = []
+                for row in rows:
+                    detail = {"cause": "worker_crash", "worker": worker_id,
+                              "attempt": row["attempt"], **dict(crash_detail or {})}
+                    out.append(self._requeue(conn, row, row["journal_len"], now, "orphaned",
+                                             True, poison, detail))
+                return out
+
+        outcomes = await self._call(op)
+        for outcome in outcomes:
+            self._notify_after(outcome.run_id)
+        return outcomes
+
     def recover_pending_runs(self, name: str) -> int:
         return len(self._reclaim([name], time.time(), 1 << 30, PoisonPolicy()))
 

@@ -881,6 +881,34 @@ class ValkeyStore:
         await self._sweep(chosen, now)  # the orphan scan's pace suits the safety net
         return outcomes
 
+    async def reclaim_worker(
+        self,
+        worker_id: str,
+        *,
+        now: float,
+        poison: PoisonPolicy,
+        crash_detail: Mapping[str, Any] | None = None,
+    ) -> list[RequeueOutcome]:
+        targets = [(n, s) for n in await self._names() for s in range(self.shard_count)]
+        detail = _dumps(dict(crash_detail or {}))
+        calls = [
+            (self.keys.base_of(n, s), ("reclaim_worker", worker_id, now, poison.max_retries,
+                                      poison.retry_ttl_s, detail, self.completed_ttl))
+            for n, s in targets
+        ]
+        outcomes: list[RequeueOutcome] = []
+        rung: dict[str, list[int]] = {}
+        for (name, shard), result in zip(targets, await self._batch(calls), strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            for run_id, quarantined in result:
+                outcomes.append(RequeueOutcome(str(run_id), bool(int(quarantined))))
+                if not int(quarantined):
+                    rung.setdefault(name, []).append(shard)
+        for name, shards in rung.items():
+            await self._ring(name, shards, now)
+        return outcomes
+
     def recover_pending_runs(self, name: str) -> int:
         async def recover() -> int:
             calls = [

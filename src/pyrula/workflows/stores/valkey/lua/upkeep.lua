@@ -84,3 +84,24 @@ ops.fail_stranded = function(k, a)
   end
   return failed
 end
+
+-- reclaim_worker: requeue every run of this shard whose lock a dead worker holds.
+-- ARGV: op, worker, now, max_retries, retry_ttl, detail_json, completed_ttl
+-- returns {{run_id, quarantined}...}
+ops.reclaim_worker = function(k, a)
+  local base, worker, now = k[1], a[2], a[3]
+  local out = {}
+  for _, id in ipairs(redis.call('ZRANGE', base .. ':locks', 0, -1)) do
+    local f = redis.call('HMGET', runk(base, id), 'status', 'lock_owner', 'attempt')
+    if f[1] == 'running' and f[2] == worker then
+      local d = cjson.decode(a[6])
+      if type(d) ~= 'table' then d = {} end
+      d.cause = d.cause or 'worker_crash'
+      d.worker = worker
+      d.attempt = tonumber(f[3])
+      out[#out + 1] = {id, requeue_run(base, id, now, 'orphaned', '1', a[4], a[5],
+        cjson.encode(d), a[7])}
+    end
+  end
+  return out
+end

@@ -1,0 +1,45 @@
+"""A dead worker's runs are requeued at once by its id, found by the store itself."""
+
+from __future__ import annotations
+
+from pyrula.workflows.records import PoisonPolicy, RunStatus
+from pyrula.workflows.stores.base import Store
+from tests.conformance.support import T0, info, journal, submit, take
+
+
+async def test_reclaim_worker_requeues_exactly_the_dead_workers_runs(store: Store) -> None:
+    dead = [await take(store, await submit(store, now=T0), worker="dead") for _ in range(3)]
+    alive = await take(store, await submit(store, now=T0), worker="alive")
+
+    outcomes = await store.reclaim_worker(
+        "dead", now=T0 + 1, poison=PoisonPolicy(),
+        crash_detail={"exit_signal": "SIGKILL", "rss_bytes": 123},
+    )
+
+    assert sorted(o.run_id for o in outcomes) == sorted(c.run_id for c in dead)
+    assert not any(o.quarantined for o in outcomes)
+    for claimed in dead:
+        assert (await info(store, claimed.run_id)).status == RunStatus.QUEUED
+        last = (await journal(store, claimed.run_id))[-1]
+        assert last["type"] == "run:requeued" and last["reason"] == "orphaned"
+    assert (await info(store, alive.run_id)).status == RunStatus.RUNNING
+    assert await store.reclaim_worker("dead", now=T0 + 2, poison=PoisonPolicy()) == []
+
+
+async def test_reclaim_worker_counts_a_crash_and_quarantines_with_the_evidence(
+    store: Store,
+) -> None:
+    run_id = await submit(store, now=T0)
+    for crash in range(2):
+        await take(store, run_id, now=T0 + crash, worker=f"w{crash}")
+        [outcome] = await store.reclaim_worker(
+            f"w{crash}", now=T0 + crash + 0.5, poison=PoisonPolicy(max_retries=1),
+            crash_detail={"exit_signal": "SIGKILL", "rss_bytes": 4096},
+        )
+    assert outcome.quarantined
+    ended = await info(store, run_id)
+    assert ended.status == RunStatus.FAILED
+    assert ended.error is not None and ended.error["code"] == "max_retries"
+    detail = ended.error["detail"]
+    assert detail["exit_signal"] == "SIGKILL" and detail["rss_bytes"] == 4096
+    assert detail["worker"] == "w1" and detail["cause"] == "worker_crash"
