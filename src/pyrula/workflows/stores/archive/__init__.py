@@ -1,0 +1,29 @@
+"""The Postgres archive: ArchivingStore (a live store whose finished runs are copied to
+Postgres) and PostgresArchive. asyncpg is imported on first use only."""
+
+from pyrula.workflows.stores.archive.postgres import (
+    ArchiveUnavailable,
+    MigrateResult,
+    PostgresArchive,
+    SchemaStatus,
+)
+from pyrula.workflows.stores.archive.schema import BASELINE, CURRENT_VERSION
+from pyrula.workflows.stores.archive.store import (
+    ArchivingStore,
+    ReconcileReport,
+    archived_if_configured,
+    make_archiving_postgres,
+)
+
+__all__ = [
+    "BASELINE",
+    "CURRENT_VERSION",
+    "ArchiveUnavailable",
+    "ArchivingStore",
+    "MigrateResult",
+    "PostgresArchive",
+    "ReconcileReport",
+    "SchemaStatus",
+    "archived_if_configured",
+    "make_archiving_postgres",
+]
