@@ -10,6 +10,7 @@ reconfigured. ``$PYRULA_TEST_POSTGRES_ADMIN_DSN`` overrides the default
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import uuid
 from typing import Any
@@ -37,7 +38,13 @@ class PostgresAdmin:
             finally:
                 await conn.close()
 
-        return asyncio.run(run())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(run())
+        # Called from a test's event loop: run on a thread of its own (a few ms of SQL).
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, run()).result()
 
     def reachable(self) -> str | None:
         """None if the server answers, else why not."""
