@@ -354,9 +354,9 @@ class PostgresArchive:
     ) -> int:
         """Archive finished runs (their RunInfo and whole journal) in one transaction.
 
-        Idempotent: archiving a run again replaces its row and journal with the values
-        given. Returns how many runs were written. Raises ValueError for a run that has
-        not ended.
+        Idempotent: archiving a run again rewrites its row and its events (by seq); a run's
+        journal is final once it has ended, so that is the same journal. Returns how many
+        runs were written. Raises ValueError for a run that has not ended.
         """
         by_id: dict[str, tuple[RunInfo, Sequence[Event]]] = {}
         for info, events in records:
@@ -378,10 +378,12 @@ class PostgresArchive:
                 ev_seqs.append(int(event.get("seq", position)))
                 ev_data.append(_dumps(event))
             counts.append(len(events))
-        async with self._conn() as conn, conn.transaction():
+        # One statement: one round trip, atomic, and the runs' rows exist when the events'
+        # foreign keys are checked (at the statement's end).
+        async with self._conn() as conn:
             await conn.execute(
                 self._sql(
-                    f"INSERT INTO {{schema}}.runs ({_RUN_COLUMNS}) "
+                    f"WITH archived AS (INSERT INTO {{schema}}.runs ({_RUN_COLUMNS}) "
                     "SELECT $1, r, n, s, a, o, p::json, res::json, err::json, intr::json, w, "
                     "wf::json, c, u, st, f, ik, si, su, ec FROM unnest("
                     "$2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[], "
@@ -399,7 +401,11 @@ class PostgresArchive:
                     "finished_at = EXCLUDED.finished_at, "
                     "idempotency_key = EXCLUDED.idempotency_key, "
                     "start_id = EXCLUDED.start_id, successor_id = EXCLUDED.successor_id, "
-                    "event_count = EXCLUDED.event_count, archived_at = now()"
+                    "event_count = EXCLUDED.event_count, archived_at = now() RETURNING 1) "
+                    "INSERT INTO {schema}.events (namespace, run_id, seq, data) "
+                    "SELECT $1, r, q, d::json FROM unnest($21::text[], $22::int[], "
+                    "$23::text[]) AS x(r, q, d) ON CONFLICT (namespace, run_id, seq) "
+                    "DO UPDATE SET data = EXCLUDED.data"
                 ),
                 namespace,
                 [i.run_id for i in infos],
@@ -421,24 +427,10 @@ class PostgresArchive:
                 [i.start_id for i in infos],
                 [i.successor_id for i in infos],
                 counts,
+                ev_runs,
+                ev_seqs,
+                ev_data,
             )
-            await conn.execute(
-                self._sql(
-                    "DELETE FROM {schema}.events e USING unnest($2::text[], $3::int[]) "
-                    "AS x(r, n) WHERE e.namespace = $1 AND e.run_id = x.r AND e.seq > x.n"
-                ),
-                namespace, [i.run_id for i in infos], counts,
-            )
-            if ev_runs:
-                await conn.execute(
-                    self._sql(
-                        "INSERT INTO {schema}.events (namespace, run_id, seq, data) "
-                        "SELECT $1, r, q, d::json FROM unnest($2::text[], $3::int[], "
-                        "$4::text[]) AS x(r, q, d) ON CONFLICT (namespace, run_id, seq) "
-                        "DO UPDATE SET data = EXCLUDED.data"
-                    ),
-                    namespace, ev_runs, ev_seqs, ev_data,
-                )
         return len(by_id)
 
     async def archive_run(self, namespace: str, info: RunInfo, events: Sequence[Event]) -> None:
