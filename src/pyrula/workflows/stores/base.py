@@ -296,5 +296,6 @@ class ArchiveSource(Protocol):
 
     async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
         """Let these ended runs' live copies expire within ``ttl`` seconds; never lengthens
-        a TTL, never touches a run still in flight (a no-op on stores without TTLs)."""
+        a TTL, never touches a run still in flight or one that continued as new (a chain's
+        earlier runs keep the store's own retention). A no-op on stores without TTLs."""
         ...

@@ -1044,7 +1044,8 @@ class ValkeyStore:
 
     async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
         """Let these ended runs' live copies (record, journal, done list) expire within
-        ``ttl`` seconds; a run still in flight, or with a shorter TTL, is left alone."""
+        ``ttl`` seconds; a run still in flight, one with a shorter TTL, and one that
+        continued as new (a chain's earlier runs keep ``completed_ttl``) are left alone."""
         by_shard: dict[str, list[str]] = {}
         for run_id in run_ids:
             base = self.keys.base_of_run(run_id)

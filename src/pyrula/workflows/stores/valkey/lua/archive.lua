@@ -1,7 +1,8 @@
 -- Archiving support (ArchivingStore over a ValkeyStore).
 
 -- expire_finished: let archived runs' live copies lapse sooner. Never lengthens a TTL and
--- never touches a run that has not ended. ARGV op, ttl, run_id... -> number shortened
+-- never touches a run that has not ended, nor one that continued as new (a chain's earlier
+-- runs keep completed_ttl). ARGV op, ttl, run_id... -> number shortened
 ops.expire_finished = function(k, a)
   local base, ttl = k[1], tonumber(a[2])
   local n = 0
@@ -9,7 +10,7 @@ ops.expire_finished = function(k, a)
     local id = a[i]
     local run = runk(base, id)
     local st = redis.call('HGET', run, 'status')
-    if st == 'completed' or st == 'failed' or st == 'cancelled' or st == 'continued' then
+    if st == 'completed' or st == 'failed' or st == 'cancelled' then
       for _, key in ipairs({run, jnlk(base, id), base .. ':done:' .. id}) do
         local left = redis.call('TTL', key)
         if left == -1 or left > ttl then redis.call('EXPIRE', key, ttl) end
