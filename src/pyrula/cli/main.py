@@ -68,7 +68,9 @@ def _worker_command(dev: bool) -> Any:
         opts = worker_options(options, **overrides)
         worker = WorkflowWorker(store=open_store(store, namespace), workflows=chosen,
                                 options=opts, cloud=cloud)
-        click.echo(f"pyrula worker {worker.worker_id} on {store_url(store)} serving "
+        archive = getattr(worker.store, "archive", None)
+        archived = f" (archived to {archive.where()})" if archive is not None else ""
+        click.echo(f"pyrula worker {worker.worker_id} on {store_url(store)}{archived} serving "
                    f"{', '.join(worker.workflow_names)}", err=True)
         on_start = (lambda: _watch_for_changes(worker)) if dev else None
         code = serve(worker, on_start)

@@ -273,8 +273,8 @@ class ArchivingStore:
             self._archive_failed(exc)
             return
         except Exception as exc:  # the live read failed: the reconcile loop will retry
-            logger.warning("archive_deferred: runs %s: %s", ", ".join(run_ids), exc,
-                           extra={"event": "archive_deferred"})
+            logger.warning("archive_deferred: %d runs (e.g. %s) left to the reconcile loop: %s",
+                           len(run_ids), run_ids[0], exc, extra={"event": "archive_deferred"})
             return
         self._archive_ok()
         try:
