@@ -31,6 +31,7 @@ from pyrula.workflows import (
 )
 from pyrula.workflows.events import EventType
 from pyrula.workflows.records import PoisonPolicy
+from pyrula.workflows.stores.archive import ArchiveError
 from tests.conformance.support import T0, TTL, WF, complete, ev, running, submit
 from tests.conftest import await_until
 from tests.postgres import PostgresAdmin
@@ -399,3 +400,26 @@ async def test_a_worker_keeps_running_runs_through_an_outage_and_archives_them_a
 
         await await_until(all_archived, timeout=60, interval=0.1, what="the archive drain")
         assert time.monotonic() - started < 60
+
+
+async def test_a_database_error_in_reconcile_is_logged_and_retried_not_fatal(
+    make: MAKE, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make()
+    run_id = await submit(store.live, now=T0)
+    await store.live.cancel(run_id, now=T0 + 1)
+    real = store.archive.archived
+
+    async def deadlocked(namespace: str, run_ids: Any) -> set[str]:
+        raise ArchiveError("Postgres archive: DeadlockDetectedError: deadlock detected",
+                           "40P01")
+
+    monkeypatch.setattr(store.archive, "archived", deadlocked)
+    with caplog.at_level(logging.ERROR, logger="pyrula.workflows.archive"):
+        delay = await store.reconcile_tick(worker_id="w", names=[WF], now=T0 + 100)
+    assert delay is not None and delay > 0
+    assert len(logged(caplog, "archive_reconcile_failed")) == 1
+
+    monkeypatch.setattr(store.archive, "archived", real)
+    assert await store.reconcile_tick(worker_id="w", names=[WF], now=T0 + 100) is None
+    assert await store.archive.get_run(run_id) is not None

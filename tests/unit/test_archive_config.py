@@ -10,13 +10,18 @@ from typing import Any
 import pytest
 
 from pyrula.workflows import (
+    ArchiveSchemaMismatch,
     ArchivingStore,
     ConfigurationError,
     MemoryStore,
     PostgresArchive,
     make_archiving_postgres,
 )
-from pyrula.workflows.stores.archive import archived_if_configured
+from pyrula.workflows.stores.archive import (
+    ArchiveError,
+    ArchiveUnavailable,
+    archived_if_configured,
+)
 from pyrula.workflows.stores.archive.postgres import _redact
 
 DSN = "postgresql://pyrula:secret@db.internal:5433/archive"
@@ -123,3 +128,30 @@ def test_without_asyncpg_the_first_use_names_the_extra(monkeypatch: pytest.Monke
     archive = PostgresArchive(dsn=DSN)
     with pytest.raises(ConfigurationError, match=r'pip install "pyrula\[workflows,postgres\]"'):
         asyncio.run(archive.check())
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        ("InternalClientError", ArchiveUnavailable),  # a connection the server ended, pooled
+        ("ConnectionDoesNotExistError", ArchiveUnavailable),
+        ("AdminShutdownError", ArchiveUnavailable),
+        ("UndefinedTableError", ArchiveSchemaMismatch),
+        ("DeadlockDetectedError", ArchiveError),
+    ],
+)
+def test_database_errors_are_translated_and_a_broken_connection_is_dropped(
+    error: str, expected: type[Exception]
+) -> None:
+    asyncpg = pytest.importorskip("asyncpg")
+
+    class Connection:
+        terminated = False
+
+        def terminate(self) -> None:
+            self.terminated = True
+
+    conn = Connection()
+    with pytest.raises(expected), PostgresArchive(dsn=DSN)._translated(conn):
+        raise getattr(asyncpg.exceptions, error)("boom")
+    assert conn.terminated == (expected is ArchiveUnavailable)

@@ -2,6 +2,7 @@
 Postgres) and PostgresArchive. asyncpg is imported on first use only."""
 
 from pyrula.workflows.stores.archive.postgres import (
+    ArchiveError,
     ArchiveUnavailable,
     MigrateResult,
     PostgresArchive,
@@ -18,6 +19,7 @@ from pyrula.workflows.stores.archive.store import (
 __all__ = [
     "BASELINE",
     "CURRENT_VERSION",
+    "ArchiveError",
     "ArchiveUnavailable",
     "ArchivingStore",
     "MigrateResult",

@@ -9,8 +9,9 @@ namespaces (staging, production) can share one database. Reads given no namespac
 in all of them (run ids are unique).
 
 Errors: an unreachable server, a refused or dropped connection or a timeout raise
-StoreUnavailable; a missing or foreign schema raises ArchiveSchemaMismatch (checked once
-per object before its first read or write).
+ArchiveUnavailable (a StoreUnavailable); a missing or foreign schema raises
+ArchiveSchemaMismatch (checked once per object before its first read or write); any other
+error of the database raises ArchiveError.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import orjson
 from pyrula.errors import (
     ArchiveSchemaMismatch,
     ConfigurationError,
+    PyrulaError,
     StoreUnavailable,
     WorkflowNotFound,
 )
@@ -73,6 +75,15 @@ def _dumps(value: Any) -> str:
 
 def _loads(data: str | None) -> Any:
     return None if data is None else orjson.loads(data)
+
+
+class ArchiveError(PyrulaError):
+    """The archive's database refused a statement for a reason other than an outage or a
+    schema mismatch (``sqlstate`` says which)."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 class ArchiveUnavailable(StoreUnavailable):
@@ -227,8 +238,10 @@ class PostgresArchive:
             raise self._unavailable(exc) from exc
 
     @contextlib.contextmanager
-    def _translated(self) -> Iterator[None]:
-        """Database errors as pyrula's: unavailable, or the schema changed under us."""
+    def _translated(self, conn: Any) -> Iterator[None]:
+        """Database errors of ``conn`` as pyrula's: the schema changed under us, the archive
+        is unavailable (the connection is then dropped, never handed out again), or another
+        error of the database (ArchiveError)."""
         asyncpg = _asyncpg()
         try:
             yield
@@ -240,16 +253,26 @@ class PostgresArchive:
                 f"process ({exc}); run `pyrula db check`"
             ) from exc
         except (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                asyncpg.exceptions.InternalClientError,
                 asyncpg.exceptions.OperatorInterventionError,
                 asyncpg.exceptions.InsufficientResourcesError) as exc:
+            # E.g. the server ended the connection while it sat in the pool (a restart,
+            # pg_terminate_backend): its protocol state is unusable.
+            with contextlib.suppress(Exception):
+                conn.terminate()
             raise self._unavailable(exc) from exc
+        except asyncpg.PostgresError as exc:
+            raise ArchiveError(
+                f"Postgres archive at {self.where()}: {type(exc).__name__}: {exc}",
+                getattr(exc, "sqlstate", None),
+            ) from exc
 
     @contextlib.asynccontextmanager
     async def _conn(self, *, checked: bool = True) -> AsyncIterator[Any]:
         """A pooled connection whose errors are translated (see the module docstring)."""
         pool, conn = await self._acquire(checked)
         try:
-            with self._translated():
+            with self._translated(conn):
                 yield conn
         finally:
             with contextlib.suppress(Exception):
@@ -578,7 +601,7 @@ class PostgresArchive:
         key = f"pyrula.archive.reconcile:{self.schema}:{namespace}"
         pool, conn = await self._acquire(True)
         try:
-            with self._translated():
+            with self._translated(conn):
                 got = bool(await conn.fetchval(
                     "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key
                 ))

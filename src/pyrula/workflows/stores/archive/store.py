@@ -50,7 +50,11 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
-from pyrula.workflows.stores.archive.postgres import ArchiveUnavailable, PostgresArchive
+from pyrula.workflows.stores.archive.postgres import (
+    ArchiveError,
+    ArchiveUnavailable,
+    PostgresArchive,
+)
 from pyrula.workflows.stores.base import ArchiveSource, Store
 
 logger = logging.getLogger("pyrula.workflows.archive")
@@ -246,8 +250,10 @@ class ArchivingStore:
         statement, one expiry per shard), so the cost per run falls as the load rises."""
         if not run_ids or time.monotonic() < self._down_until:
             return
-        loop = asyncio.get_running_loop()
         group = self._group()
+        if self._backoff and group.lock.locked():
+            return  # the archive failed lately and a batch is probing it: do not queue up
+        loop = asyncio.get_running_loop()
         mine = [loop.create_future() for _ in run_ids]
         group.pending.extend(zip(run_ids, mine, strict=True))
         async with group.lock:
@@ -305,6 +311,7 @@ class ArchivingStore:
         caught_up = False
         async with self.archive.leader(self.namespace) as leading:
             if not leading:
+                self._archive_ok()  # it answered: inline archiving may resume
                 return ReconcileReport(leader=False)
             cursor = await self.archive.cursor(self.namespace)
             for _ in range(max_batches):
@@ -344,12 +351,17 @@ class ArchivingStore:
     async def reconcile_tick(
         self, *, worker_id: str, names: Sequence[str], now: float, options: Any = None
     ) -> float | None:
-        """The worker's reconcile loop. A Postgres outage is logged once and retried with
-        backoff (it does not fail the loop: live work goes on); a schema mismatch is
-        raised; a live store outage is raised for the loop's own backoff."""
+        """The worker's reconcile loop. A Postgres outage (or another error of the archive's
+        database) is logged and retried with back-off; it does not fail the loop, since live
+        work goes on. A schema mismatch is raised (fatal), and so is a live store outage
+        (for the loop's own back-off)."""
         try:
             report = await self.reconcile(now=now)
         except ArchiveUnavailable as exc:
+            return self._archive_failed(exc)
+        except ArchiveError as exc:  # the database refused a statement: retried likewise
+            logger.error("archive_reconcile_failed: %s", exc,
+                         extra={"event": "archive_reconcile_failed", "worker_id": worker_id})
             return self._archive_failed(exc)
         if report.archived or report.lost or report.failed:
             logger.info(
