@@ -196,7 +196,7 @@ async def test_runs_that_end_together_are_archived_in_few_statements(
         claimed = [await running(store, now=T0) for _ in range(30)]
         finishing = [asyncio.create_task(complete(store, c.run_id, c.token, now=T0 + 1))
                      for c in claimed]
-        await await_until(lambda: len(calls) == 1 and len(store._group().pending) == 29,
+        await await_until(lambda: len(calls) == 1 and len(store.archiver._group().pending) == 29,
                           what="the other 29 runs to queue behind the first batch")
         gate.set()
         await asyncio.gather(*finishing)

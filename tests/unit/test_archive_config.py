@@ -22,7 +22,7 @@ from pyrula.workflows.stores.archive import (
     ArchiveUnavailable,
     archived_if_configured,
 )
-from pyrula.workflows.stores.archive.postgres import _redact
+from pyrula.workflows.stores.archive.pool import redact
 
 DSN = "postgresql://pyrula:secret@db.internal:5433/archive"
 
@@ -48,7 +48,7 @@ def test_a_refused_dsn_is_named_without_its_password() -> None:
     with pytest.raises(ConfigurationError) as refused:
         PostgresArchive(dsn="mysql://pyrula:secret@db/x")
     assert "secret" not in str(refused.value)
-    assert _redact(DSN) == "postgresql://pyrula:***@db.internal:5433/archive"
+    assert redact(DSN) == "postgresql://pyrula:***@db.internal:5433/archive"
 
 
 def test_the_dsn_comes_from_pyrula_postgres_dsn(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,6 +152,6 @@ def test_database_errors_are_translated_and_a_broken_connection_is_dropped(
             self.terminated = True
 
     conn = Connection()
-    with pytest.raises(expected), PostgresArchive(dsn=DSN)._translated(conn):
+    with pytest.raises(expected), PostgresArchive(dsn=DSN)._pools.translated(conn):
         raise getattr(asyncpg.exceptions, error)("boom")
     assert conn.terminated == (expected is ArchiveUnavailable)

@@ -1,43 +1,27 @@
 """PostgresArchive: finished runs and their journals, kept in Postgres (asyncpg).
 
-One connection pool per event loop (each loop and thread gets its own, as the Valkey store
-does), created lazily; a forked child never reuses its parent's sockets. asyncpg is
-imported on first use, so ``pyrula.workflows`` imports without it.
-
 Every row carries the ``namespace`` of the live store it came from, so several live
 namespaces (staging, production) can share one database. Reads given no namespace look
-in all of them (run ids are unique).
-
-Errors: an unreachable server, a refused or dropped connection or a timeout raise
-ArchiveUnavailable (a StoreUnavailable); a missing or foreign schema raises
-ArchiveSchemaMismatch (checked once per object before its first read or write); any other
-error of the database raises ArchiveError.
+in all of them (run ids are unique). Connections come from one pool per event loop
+(pool.py, which also says how errors are raised); the schema is checked once per object
+before its first read or write (ArchiveSchemaMismatch).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import os
-import threading
-import weakref
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 
-from pyrula.errors import (
-    ArchiveSchemaMismatch,
-    ConfigurationError,
-    PyrulaError,
-    StoreUnavailable,
-    WorkflowNotFound,
-)
+from pyrula.errors import ArchiveSchemaMismatch, ConfigurationError, WorkflowNotFound
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.stores.archive.pool import LoopPools, redact
 from pyrula.workflows.stores.archive.schema import (
     BASELINE,
     CURRENT_VERSION,
@@ -47,10 +31,7 @@ from pyrula.workflows.stores.archive.schema import (
     compat_after,
 )
 
-logger = logging.getLogger(__name__)
-
 DSN_SCHEMES = ("postgres", "postgresql")
-INSTALL_HINT = 'pip install "pyrula[workflows,postgres]"'
 
 _RUN_COLUMNS = (
     "namespace, run_id, name, status, attempt, owner, params, result, error, interrupt, "
@@ -59,36 +40,12 @@ _RUN_COLUMNS = (
 )
 
 
-def _asyncpg() -> Any:
-    try:
-        import asyncpg
-    except ImportError:
-        raise ConfigurationError(
-            f"the Postgres archive needs asyncpg, which is not installed: {INSTALL_HINT}"
-        ) from None
-    return asyncpg
-
-
 def _dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _loads(data: str | None) -> Any:
     return None if data is None else orjson.loads(data)
-
-
-class ArchiveError(PyrulaError):
-    """The archive's database refused a statement for a reason other than an outage or a
-    schema mismatch (``sqlstate`` says which)."""
-
-    def __init__(self, message: str, sqlstate: str | None = None) -> None:
-        super().__init__(message)
-        self.sqlstate = sqlstate
-
-
-class ArchiveUnavailable(StoreUnavailable):
-    """The Postgres archive could not be reached (a StoreUnavailable, so code that handles
-    store outages handles this one; the archiving store tells the two apart)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +99,7 @@ class PostgresArchive:
         if scheme not in DSN_SCHEMES:
             raise ConfigurationError(
                 f"PostgresArchive dsn must start with postgresql:// or postgres://, "
-                f"got {_redact(dsn)!r}"
+                f"got {redact(dsn)!r}"
             )
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or (
             max_connections < 2
@@ -156,127 +113,28 @@ class PostgresArchive:
                 raise ConfigurationError(f"{label} must be seconds > 0, got {value!r}")
         self.dsn = dsn
         self.schema = check_schema_name(schema)
-        self._max_connections = max_connections
-        self._connect_timeout = float(connect_timeout)
-        self._command_timeout = float(command_timeout)
-        self._lock = threading.Lock()
-        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._init_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._pid = os.getpid()
+        self._pools = LoopPools(dsn, schema=self.schema, max_size=max_connections,
+                                connect_timeout=float(connect_timeout),
+                                command_timeout=float(command_timeout))
         self._checked = False
 
     # --- connections ----------------------------------------------------------------
 
     def where(self) -> str:
-        parts = urlsplit(self.dsn)
-        database = parts.path.lstrip("/") or "postgres"
-        return f"{parts.hostname or 'localhost'}:{parts.port or 5432}/{database}"
-
-    def _unavailable(self, exc: BaseException) -> ArchiveUnavailable:
-        detail = str(exc) or type(exc).__name__
-        return ArchiveUnavailable(f"Postgres archive at {self.where()}: {detail}")
-
-    async def _pool(self) -> Any:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._pid != os.getpid():  # never reuse a parent's sockets after fork
-                self._pools = weakref.WeakKeyDictionary()
-                self._closers = weakref.WeakKeyDictionary()
-                self._init_locks = weakref.WeakKeyDictionary()
-                self._pid = os.getpid()
-            pool = self._pools.get(loop)
-            if pool is not None:
-                return pool
-            init_lock = self._init_locks.setdefault(loop, asyncio.Lock())
-        async with init_lock:
-            with self._lock:
-                pool = self._pools.get(loop)
-            if pool is not None:
-                return pool
-            asyncpg = _asyncpg()
-            try:
-                # min_size=0: nothing connects until the first query, so building the pool
-                # never fails and a server that comes back is simply used again.
-                pool = await asyncpg.create_pool(
-                    self.dsn, min_size=0, max_size=self._max_connections,
-                    timeout=self._connect_timeout, command_timeout=self._command_timeout,
-                )
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                raise self._unavailable(exc) from exc
-            # Close this loop's pool when the loop shuts down (asyncio.run() finalizes the
-            # loop's async generators before closing it, so this one's finally runs).
-            closer = self._closer(pool)
-            await closer.__anext__()
-            with self._lock:
-                self._pools[loop] = pool
-                self._closers[loop] = closer
-            return pool
-
-    async def _closer(self, pool: Any) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(pool.close(), 5.0)
-
-    async def _acquire(self, checked: bool) -> tuple[Any, Any]:
-        if checked and not self._checked:
-            await self.check()
-        pool = await self._pool()
-        try:
-            return pool, await pool.acquire()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # refused, unknown database, auth, timeout: unavailable
-            raise self._unavailable(exc) from exc
-
-    @contextlib.contextmanager
-    def _translated(self, conn: Any) -> Iterator[None]:
-        """Database errors of ``conn`` as pyrula's: the schema changed under us, the archive
-        is unavailable (the connection is then dropped, never handed out again), or another
-        error of the database (ArchiveError)."""
-        asyncpg = _asyncpg()
-        try:
-            yield
-        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError,
-                asyncpg.UndefinedColumnError) as exc:
-            self._checked = False
-            raise ArchiveSchemaMismatch(
-                f"the archive schema {self.schema!r} in {self.where()} changed under this "
-                f"process ({exc}); run `pyrula db check`"
-            ) from exc
-        except (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                asyncpg.exceptions.InternalClientError,
-                asyncpg.exceptions.OperatorInterventionError,
-                asyncpg.exceptions.InsufficientResourcesError) as exc:
-            # E.g. the server ended the connection while it sat in the pool (a restart,
-            # pg_terminate_backend): its protocol state is unusable.
-            with contextlib.suppress(Exception):
-                conn.terminate()
-            raise self._unavailable(exc) from exc
-        except asyncpg.PostgresError as exc:
-            raise ArchiveError(
-                f"Postgres archive at {self.where()}: {type(exc).__name__}: {exc}",
-                getattr(exc, "sqlstate", None),
-            ) from exc
+        """host:port/database, for messages."""
+        return self._pools.where()
 
     @contextlib.asynccontextmanager
     async def _conn(self, *, checked: bool = True) -> AsyncIterator[Any]:
-        """A pooled connection whose errors are translated (see the module docstring)."""
-        pool, conn = await self._acquire(checked)
+        """A pooled connection of this loop, the schema checked first (once per object)."""
+        if checked and not self._checked:
+            await self.check()
         try:
-            with self._translated(conn):
+            async with self._pools.connection() as conn:
                 yield conn
-        finally:
-            with contextlib.suppress(Exception):
-                await pool.release(conn)
+        except ArchiveSchemaMismatch:
+            self._checked = False  # check again before the next use
+            raise
 
     # --- schema ---------------------------------------------------------------------
 
@@ -599,9 +457,11 @@ class PostgresArchive:
         advisory lock: released on exit, or by the server if the connection dies). Errors
         of the body are not translated."""
         key = f"pyrula.archive.reconcile:{self.schema}:{namespace}"
-        pool, conn = await self._acquire(True)
+        if not self._checked:
+            await self.check()
+        pool, conn = await self._pools.acquire()
         try:
-            with self._translated(conn):
+            with self._pools.translated(conn):
                 got = bool(await conn.fetchval(
                     "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key
                 ))
@@ -625,47 +485,11 @@ class PostgresArchive:
 
     async def aclose(self) -> None:
         """Close this event loop's pool."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            pool = self._pools.pop(loop, None)
-            self._closers.pop(loop, None)
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(pool.close(), 5.0)
+        await self._pools.aclose()
 
     def close(self) -> None:
-        """Close the pools of every loop still running (a pool whose loop has ended is
-        dropped; its loop's shutdown closed it)."""
-        with self._lock:
-            pools = list(self._pools.items())
-            self._pools = weakref.WeakKeyDictionary()
-            self._closers = weakref.WeakKeyDictionary()
-        for loop, pool in pools:
-            if loop.is_closed() or not loop.is_running():
-                continue
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is loop:
-                continue  # cannot block on our own loop; aclose() is the async path
-            future = asyncio.run_coroutine_threadsafe(pool.close(), loop)
-            try:
-                future.result(timeout=5.0)
-            except Exception:  # closing is best effort
-                logger.debug("closing a Postgres pool failed", exc_info=True)
+        """Close the pools of every loop still running."""
+        self._pools.close()
 
     def __repr__(self) -> str:
         return f"PostgresArchive({self.where()!r}, schema={self.schema!r})"
-
-
-def _redact(dsn: str) -> str:
-    """The DSN without its password, for messages."""
-    try:
-        parts = urlsplit(dsn)
-    except ValueError:
-        return "<unparsable dsn>"
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return parts._replace(netloc=netloc).geturl()
