@@ -14,6 +14,16 @@ Real Valkey/Redis servers (see ``tests/servers.py``), one set per xdist worker p
 
 Tests using these fixtures are marked ``valkey`` (and ``cluster``) automatically, so
 ``-m "not valkey"`` / ``-m "not cluster"`` deselect them.
+
+The machine's PostgreSQL (see ``tests/postgres.py``; the tests skip without one), through
+databases of the suite's own only, each dropped when its fixture ends:
+
+- ``postgres_archive_dsn``: a migrated archive database shared by the session (per xdist
+  worker); scope what a test reads by its store's namespace.
+- ``fresh_postgres_dsn``: an empty database of the test's own.
+- ``postgres_admin``: creates, drops and closes (``allow_connections``) those databases.
+
+Tests using them are marked ``postgres``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from pyrula.workflows.stores.base import ArchiveSource, Store
 
 logger = logging.getLogger("pyrula.workflows.archive")
 
-#: Runs per archive transaction and events per archive transaction (whichever first).
+#: At most this many runs, or this many events, per archive statement (whichever first).
 CHUNK_RUNS = 100
 CHUNK_EVENTS = 5000
 #: Inline archiving is skipped for this long after a failure, doubling up to the cap

@@ -233,7 +233,7 @@ class PostgresArchive:
     async def upsert_runs(
         self, namespace: str, records: Iterable[tuple[RunInfo, Sequence[Event]]]
     ) -> int:
-        """Archive finished runs (their RunInfo and whole journal) in one transaction.
+        """Archive finished runs (their RunInfo and whole journal) in one atomic statement.
 
         Idempotent: archiving a run again rewrites its row and its events (by seq); a run's
         journal is final once it has ended, so that is the same journal. Returns how many
