@@ -14,6 +14,16 @@ Real Valkey/Redis servers (see ``tests/servers.py``), one set per xdist worker p
 
 Tests using these fixtures are marked ``valkey`` (and ``cluster``) automatically, so
 ``-m "not valkey"`` / ``-m "not cluster"`` deselect them.
+
+The machine's PostgreSQL (see ``tests/postgres.py``; the tests skip without one), through
+databases of the suite's own only, each dropped when its fixture ends:
+
+- ``postgres_archive_dsn``: a migrated archive database shared by the session (per xdist
+  worker); scope what a test reads by its store's namespace.
+- ``fresh_postgres_dsn``: an empty database of the test's own.
+- ``postgres_admin``: creates, drops and closes (``allow_connections``) those databases.
+
+Tests using them are marked ``postgres``.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from tests.postgres import PostgresAdmin
 from tests.servers import (
     Cluster,
     Server,
@@ -96,13 +107,15 @@ STORE_PARAMS = [
     "sqlite",
     pytest.param("valkey", marks=pytest.mark.valkey),
     pytest.param("valkey-cluster", marks=[pytest.mark.valkey, pytest.mark.cluster]),
+    pytest.param("archiving", marks=[pytest.mark.valkey, pytest.mark.postgres]),
 ]
 
 
 @pytest.fixture(params=STORE_PARAMS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """Every store, one test run each: memory, SQLite, Valkey standalone (one shard, so
-    ordering is exact) and a real Valkey cluster (four shards across its nodes)."""
+    ordering is exact), a real Valkey cluster (four shards across its nodes) and an
+    ArchivingStore (Valkey standalone, one shard, over the session's Postgres database)."""
     from pyrula.workflows import MemoryStore, SQLiteStore, ValkeyStore
 
     namespace = f"t{uuid.uuid4().hex[:16]}"
@@ -113,6 +126,13 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     elif request.param == "valkey":
         server = request.getfixturevalue("valkey_server")
         s = ValkeyStore(url=server.url, namespace=namespace, shard_count=1)
+    elif request.param == "archiving":
+        from pyrula.workflows import ArchivingStore, PostgresArchive
+
+        server = request.getfixturevalue("valkey_server")
+        dsn = request.getfixturevalue("postgres_archive_dsn")
+        s = ArchivingStore(live=ValkeyStore(url=server.url, namespace=namespace, shard_count=1),
+                           archive=PostgresArchive(dsn=dsn))
     else:
         cluster = request.getfixturevalue("valkey_cluster")
         s = ValkeyStore(url=cluster.url, namespace=namespace, shard_count=4)
@@ -129,6 +149,7 @@ VALKEY_FIXTURES = frozenset(
     {"valkey_server", "valkey_url", "fresh_valkey_server", "valkey_server_factory"}
 )
 CLUSTER_FIXTURES = frozenset({"valkey_cluster"})
+POSTGRES_FIXTURES = frozenset({"postgres_admin", "postgres_archive_dsn", "fresh_postgres_dsn"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -140,6 +161,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.valkey)
         elif names & VALKEY_FIXTURES:
             item.add_marker(pytest.mark.valkey)
+        if names & POSTGRES_FIXTURES:
+            item.add_marker(pytest.mark.postgres)
 
 
 def pytest_report_header() -> str:
@@ -216,3 +239,47 @@ def valkey_server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     finally:
         for server in servers:
             server.kill()
+
+
+# --------------------------------------------------------------------------------------------
+# The machine's PostgreSQL (tests/postgres.py): databases of the suite's own, never others
+
+
+@pytest.fixture(scope="session")
+def postgres_admin() -> PostgresAdmin:
+    admin = PostgresAdmin()
+    reason = admin.reachable()
+    if reason is not None:
+        pytest.skip(reason)
+    return admin
+
+
+@pytest.fixture(scope="session")
+def postgres_archive_dsn(postgres_admin: PostgresAdmin) -> Iterator[str]:
+    """A migrated archive database for the session (per xdist worker), dropped at its end.
+    Tests share it: scope what they read by their store's namespace."""
+    from pyrula.workflows import PostgresArchive
+
+    name = postgres_admin.create_database()
+    try:
+        dsn = postgres_admin.dsn(name)
+        archive = PostgresArchive(dsn=dsn)
+
+        async def migrate() -> None:
+            await archive.migrate()
+            await archive.aclose()
+
+        asyncio.run(migrate())
+        yield dsn
+    finally:
+        postgres_admin.drop_database(name)
+
+
+@pytest.fixture
+def fresh_postgres_dsn(postgres_admin: PostgresAdmin) -> Iterator[str]:
+    """An empty database of this test's own (no schema), dropped after the test."""
+    name = postgres_admin.create_database()
+    try:
+        yield postgres_admin.dsn(name)
+    finally:
+        postgres_admin.drop_database(name)

@@ -57,18 +57,22 @@ def store_url(url: str | None) -> str:
     return url or os.environ.get("PYRULA_STORE_URL", "").strip() or DEFAULT_STORE_URL
 
 
-def open_store(url: str | None, namespace: str | None = None) -> Any:
+def open_store(url: str | None, namespace: str | None = None, *, archive: bool = True) -> Any:
+    """The store a URL names; with PYRULA_POSTGRES_DSN set (and ``archive``), wrapped in
+    an ArchivingStore so finished runs go to, and are read back from, Postgres."""
     from pyrula.workflows.stores import store_from_url
+    from pyrula.workflows.stores.archive import archived_if_configured
 
     options: dict[str, Any] = {}
     if namespace:
         options["namespace"] = namespace
     try:
-        return store_from_url(store_url(url), **options)
+        store = store_from_url(store_url(url), **options)
     except TypeError:
         raise click.ClickException(
             f"--namespace applies to Valkey stores only, not {store_url(url)!r}"
         ) from None
+    return archived_if_configured(store) if archive else store
 
 
 def option_flags(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -68,7 +68,9 @@ def _worker_command(dev: bool) -> Any:
         opts = worker_options(options, **overrides)
         worker = WorkflowWorker(store=open_store(store, namespace), workflows=chosen,
                                 options=opts, cloud=cloud)
-        click.echo(f"pyrula worker {worker.worker_id} on {store_url(store)} serving "
+        archive = getattr(worker.store, "archive", None)
+        archived = f" (archived to {archive.where()})" if archive is not None else ""
+        click.echo(f"pyrula worker {worker.worker_id} on {store_url(store)}{archived} serving "
                    f"{', '.join(worker.workflow_names)}", err=True)
         on_start = (lambda: _watch_for_changes(worker)) if dev else None
         code = serve(worker, on_start)
@@ -225,6 +227,87 @@ def runs(name: str | None, status: str | None, owner: str | None, limit: int,
     for info in rows:
         click.echo(f"{info.run_id}  {info.name:<24} {info.status.value:<9} "
                    f"attempt={info.attempt} owner={info.owner or '-'}")
+
+
+# --- the Postgres archive ------------------------------------------------------------
+
+POSTGRES_DSN = click.option(
+    "--postgres-dsn", "postgres_dsn", default=None, envvar="PYRULA_POSTGRES_DSN", metavar="DSN",
+    help="the archive's Postgres (default $PYRULA_POSTGRES_DSN)",
+)
+ARCHIVE_SCHEMA = click.option("--schema", default="pyrula", show_default=True,
+                              help="the Postgres schema that holds the archive")
+
+
+def _archive(postgres_dsn: str | None, schema: str) -> Any:
+    from pyrula.workflows.stores.archive import PostgresArchive
+
+    if not postgres_dsn:
+        raise click.UsageError("name the archive: --postgres-dsn DSN or PYRULA_POSTGRES_DSN")
+    return PostgresArchive(dsn=postgres_dsn, schema=schema)
+
+
+def _on_archive(archive: Any, call: Any) -> Any:
+    """Run ``call(archive)`` on a fresh loop and close the pool it opened."""
+    import asyncio
+
+    async def run() -> Any:
+        try:
+            return await call(archive)
+        finally:
+            await archive.aclose()
+
+    return asyncio.run(run())
+
+
+@cli.group("db")
+def db() -> None:
+    """The Postgres archive's schema: migrate it, check it."""
+
+
+@db.command("migrate")
+@POSTGRES_DSN
+@ARCHIVE_SCHEMA
+def db_migrate(postgres_dsn: str | None, schema: str) -> None:
+    """Create the archive schema, or bring it to this build's version (idempotent)."""
+    archive = _archive(postgres_dsn, schema)
+    result = _on_archive(archive, lambda a: a.migrate())
+    click.echo(f"archive {archive.where()}: {result}")
+
+
+@db.command("check")
+@STORE
+@NAMESPACE
+@POSTGRES_DSN
+@ARCHIVE_SCHEMA
+def db_check(store: str | None, namespace: str | None, postgres_dsn: str | None,
+             schema: str) -> None:
+    """Check that the live store answers and that this build can use the archive schema
+    (exit 1 with the reason if not)."""
+    from pyrula.errors import ArchiveSchemaMismatch, StoreUnavailable
+
+    archive = _archive(postgres_dsn, schema)
+    live = open_store(store, namespace, archive=False)
+    failed = False
+    try:
+        live.ping()
+        click.echo(f"store ok: {live!r}")
+    except StoreUnavailable as exc:
+        click.echo(f"store unreachable: {exc}", err=True)
+        failed = True
+    finally:
+        live.close()
+    try:
+        status = _on_archive(archive, lambda a: a.check())
+        click.echo(f"archive ok: {archive.where()} {status}")
+    except ArchiveSchemaMismatch as exc:
+        click.echo(f"archive schema mismatch: {exc}", err=True)
+        failed = True
+    except StoreUnavailable as exc:
+        click.echo(f"archive unreachable: {exc}", err=True)
+        failed = True
+    if failed:
+        sys.exit(1)
 
 
 def main() -> None:

@@ -19,6 +19,11 @@ from pyrula.workflows.errors import (
 from pyrula.workflows.inline import InlineWorkflowRunner
 from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores import store_from_url
+from pyrula.workflows.stores.archive import (
+    ArchivingStore,
+    PostgresArchive,
+    make_archiving_postgres,
+)
 from pyrula.workflows.stores.memory import MemoryStore
 from pyrula.workflows.stores.sqlite import SQLiteStore
 from pyrula.workflows.stores.valkey import ValkeyStore
@@ -26,11 +31,13 @@ from pyrula.workflows.worker import WorkerOptions, WorkflowWorker
 
 __all__ = [
     "ArchiveSchemaMismatch",
+    "ArchivingStore",
     "ConfigurationError",
     "InlineWorkflowRunner",
     "MemoryStore",
     "NonDeterminismError",
     "PayloadTooLarge",
+    "PostgresArchive",
     "RunCancelled",
     "RunFailed",
     "RunHandle",
@@ -48,6 +55,7 @@ __all__ = [
     "WorkerOptions",
     "WorkflowNotFound",
     "WorkflowWorker",
+    "make_archiving_postgres",
     "step",
     "store_from_url",
     "workflow",

@@ -361,3 +361,21 @@ class Store(
     async def aclose(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class ArchiveSource(Protocol):
+    """What an ArchivingStore asks of its live store besides ``Store`` (memory, SQLite and
+    Valkey have it; a live store without it is archived only as its runs end)."""
+
+    async def ended_runs(
+        self, *, after: tuple[float, str] | None, until: float, limit: int
+    ) -> list[tuple[float, str]]:
+        """(finished_at, run_id) of ended runs with (finished_at, run_id) > ``after`` (None:
+        from the start) and finished_at <= ``until``, oldest first, at most ``limit``."""
+        ...
+
+    async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
+        """Let these ended runs' live copies expire within ``ttl`` seconds; never lengthens
+        a TTL, never touches a run still in flight or one that continued as new (a chain's
+        earlier runs keep the store's own retention). A no-op on stores without TTLs."""
+        ...

@@ -628,6 +628,26 @@ class MemoryStore:
             run = self._get(run_id)
             return run.info() if run.status.terminal else None
 
+    # --- archiving (ArchivingStore) --------------------------------------------------
+
+    async def ended_runs(
+        self, *, after: tuple[float, str] | None, until: float, limit: int
+    ) -> list[tuple[float, str]]:
+        """(finished_at, run_id) of ended runs after the cursor ``after`` and at or before
+        ``until``, oldest first, at most ``limit``."""
+        with self._lock:
+            ended = sorted(
+                (run.finished_at, run.run_id) for run in self._runs.values()
+                if run.status.terminal and run.finished_at is not None
+                and run.finished_at <= until
+                and (after is None or (run.finished_at, run.run_id) > after)
+            )
+        return ended[:limit]
+
+    async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
+        """A no-op: the memory store keeps finished runs for as long as it lives."""
+        return None
+
     # --- membership -----------------------------------------------------------------
 
     async def register_worker(

@@ -10,6 +10,7 @@ checked by the same conformance suite.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import sqlite3
 import threading
@@ -862,6 +863,31 @@ class SQLiteStore:
 
         # Other processes finish runs too; re-check at most every RESULT_POLL_MAX.
         return await self._waiters.wait(run_id, check, timeout, poll=self.RESULT_POLL_MAX)
+
+    # --- archiving (ArchivingStore) --------------------------------------------------
+
+    async def ended_runs(
+        self, *, after: tuple[float, str] | None, until: float, limit: int
+    ) -> list[tuple[float, str]]:
+        """(finished_at, run_id) of ended runs after the cursor ``after`` and at or before
+        ``until``, oldest first, at most ``limit``."""
+        low = (-math.inf, "") if after is None else (float(after[0]), str(after[1]))
+        sql = (
+            "SELECT finished_at, run_id FROM runs WHERE finished_at IS NOT NULL "
+            "AND status IN ('completed', 'failed', 'cancelled', 'continued') "
+            "AND (finished_at > ? OR (finished_at = ? AND run_id > ?)) AND finished_at <= ? "
+            "ORDER BY finished_at, run_id LIMIT ?"
+        )
+
+        def op(conn: sqlite3.Connection) -> list[tuple[float, str]]:
+            rows = conn.execute(sql, (low[0], low[0], low[1], until, limit)).fetchall()
+            return [(float(r[0]), str(r[1])) for r in rows]
+
+        return await self._call(lambda: self._read(op))
+
+    async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
+        """A no-op: the SQLite store keeps finished runs (it has no TTLs)."""
+        return None
 
     # --- membership -----------------------------------------------------------------
 

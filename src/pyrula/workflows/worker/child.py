@@ -61,6 +61,7 @@ def main(config: dict[str, Any], conn: Connection) -> None:
     try:
         from pyrula.config.worker import WorkerOptions
         from pyrula.workflows.stores import store_from_url
+        from pyrula.workflows.stores.archive import archived_if_configured
         from pyrula.workflows.worker.worker import WorkflowWorker
 
         for app in config.get("apps", []):
@@ -71,7 +72,7 @@ def main(config: dict[str, Any], conn: Connection) -> None:
             store_options["namespace"] = config["namespace"]
         if config.get("cluster") is not None:
             store_options["cluster"] = config["cluster"]
-        store = store_from_url(config["store_url"], **store_options)
+        store = archived_if_configured(store_from_url(config["store_url"], **store_options))
         options = WorkerOptions(**config.get("worker_options", {}), health_port=None)
 
         def report_claim(_: dict[str, int]) -> None:

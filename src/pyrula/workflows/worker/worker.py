@@ -45,14 +45,16 @@ class JournalCacheMismatch(RuntimeError):
 
 
 def _default_store() -> Store:
+    """PYRULA_STORE_URL's store, archived to Postgres if PYRULA_POSTGRES_DSN is set."""
     from pyrula.workflows.stores import store_from_url
+    from pyrula.workflows.stores.archive import archived_if_configured
 
     url = os.environ.get("PYRULA_STORE_URL", "").strip()
     if not url:
         raise ConfigurationError(
             "WorkflowWorker needs a store: pass store=... or set PYRULA_STORE_URL"
         )
-    return store_from_url(url)
+    return archived_if_configured(store_from_url(url))
 
 
 class WorkflowWorker:

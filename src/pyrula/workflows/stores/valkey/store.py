@@ -1063,6 +1063,99 @@ class ValkeyStore:
             # back emptied the list in between: the key came back without its TTL.)
             await self._cmd("blmove", done_key, done_key, max(wait, 0.01), "LEFT", "RIGHT")
 
+    # --- archiving (ArchivingStore) --------------------------------------------------
+
+    async def _pipelined(self, commands: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]
+                         ) -> list[Any]:
+        """Plain commands in one pipelined round trip (standalone) or concurrently
+        (cluster); results in order."""
+        if not commands:
+            return []
+        client = await self._client()
+        try:
+            self.stats["round_trips"] += 1
+            if self._is_cluster:
+                return list(await asyncio.gather(
+                    *(getattr(client, m)(*args, **kw) for m, args, kw in commands)
+                ))
+            pipe = client.pipeline(transaction=False)
+            for method, args, kwargs in commands:
+                getattr(pipe, method)(*args, **kwargs)
+            return list(await pipe.execute())
+        except (rex.MovedError, rex.AskError) as exc:
+            raise self._hidden_cluster(exc) from None
+        except _TRANSIENT as exc:
+            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+
+    async def ended_runs(
+        self, *, after: tuple[float, str] | None, until: float, limit: int
+    ) -> list[tuple[float, str]]:
+        """(finished_at, run_id) of ended runs after the cursor ``after`` and at or before
+        ``until``, oldest first, at most ``limit``: read from each shard's index of ended
+        runs (``expiry``), which holds them for ``completed_ttl``."""
+        keys = [f"{self.keys.base_of(n, s)}:expiry"
+                for n in await self._names() for s in range(self.shard_count)]
+        low: Any = "-inf" if after is None else after[0]
+        if limit <= 0 or not keys:
+            return []
+        found: list[tuple[float, str]] = []
+        pending = [(key, 0) for key in keys]
+        while pending:
+            pages = await self._pipelined([
+                ("zrangebyscore", (key, low, until), {"start": offset, "num": limit,
+                                                      "withscores": True})
+                for key, offset in pending
+            ])
+            again = []
+            for (key, offset), page in zip(pending, pages, strict=True):
+                fresh = [(float(score), str(member)) for member, score in page
+                         if after is None or (float(score), str(member)) > after]
+                found.extend(fresh)
+                # A full page wholly at or before the cursor (ties on its score): read on.
+                if not fresh and len(page) >= limit:
+                    again.append((key, offset + len(page)))
+            pending = again
+        found.sort()
+        return found[:limit]
+
+    async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
+        """Let these ended runs' live copies (record, journal, done list) expire within
+        ``ttl`` seconds; a run still in flight, one with a shorter TTL, and one that
+        continued as new (a chain's earlier runs keep ``completed_ttl``) are left alone."""
+        by_shard: dict[str, list[str]] = {}
+        for run_id in run_ids:
+            base = self.keys.base_of_run(run_id)
+            if base is not None:
+                by_shard.setdefault(base, []).append(run_id)
+        seconds = max(0, int(ttl))
+        results = await self._batch(
+            [(base, ("expire_finished", seconds, *ids)) for base, ids in by_shard.items()]
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def read_finished(
+        self, run_ids: Sequence[str]
+    ) -> dict[str, tuple[RunInfo, list[Event]]]:
+        """Each ended run's record and whole journal, in one round trip; runs that are gone
+        or have not ended are left out."""
+        wanted = [r for r in run_ids if self.keys.base_of_run(r) is not None]
+        commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        for run_id in wanted:
+            commands.append(("hgetall", (self.keys.run(run_id),), {}))
+            commands.append(("lrange", (self.keys.journal(run_id), 0, -1), {}))
+        replies = await self._pipelined(commands)
+        out: dict[str, tuple[RunInfo, list[Event]]] = {}
+        for i, run_id in enumerate(wanted):
+            fields, raw = replies[2 * i], replies[2 * i + 1]
+            if not fields or not raw:
+                continue
+            info = self._info(run_id, fields)
+            if info.status.terminal:
+                out[run_id] = (info, _events(raw, 1))
+        return out
+
     # --- shards ---------------------------------------------------------------------
 
     def shards_held(self, worker_id: str) -> dict[str, int]:

@@ -1,0 +1,304 @@
+"""The archiving mechanism behind ArchivingStore: runs archived as they end (group commit),
+and the reconcile pass that archives whatever that missed.
+
+Nothing finished is left unarchived: the live store's own index of ended runs (on Valkey,
+each shard's ``expiry`` zset; it holds an ended run for ``completed_ttl``) read from a
+cursor kept in the archive is the to-archive queue. ``reconcile`` (run by every worker
+every ``reconcile_interval``; one worker at a time per namespace, under a Postgres advisory
+lock) walks it from the cursor: runs ended more than ``reconcile_grace`` seconds ago that
+the archive lacks are archived, and the cursor moves on only past runs that are. So a run
+whose archiving failed (Postgres down) or never happened (its worker died right after the
+terminal write, or a plain ValkeyStore client cancelled it) is archived by the next pass
+after Postgres answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from pyrula.errors import ArchiveSchemaMismatch, WorkflowNotFound
+from pyrula.workflows.events import Event
+from pyrula.workflows.records import RunInfo
+from pyrula.workflows.stores.archive.pool import ArchiveError, ArchiveUnavailable
+from pyrula.workflows.stores.archive.postgres import PostgresArchive
+from pyrula.workflows.stores.base import ArchiveSource, Store
+
+logger = logging.getLogger("pyrula.workflows.archive")
+
+#: At most this many runs, or this many events, per archive statement (whichever first).
+CHUNK_RUNS = 100
+CHUNK_EVENTS = 5000
+#: Inline archiving is skipped for this long after a failure, doubling up to the cap
+#: (the reconcile loop archives what was skipped).
+BACKOFF_MIN_S = 1.0
+BACKOFF_MAX_S = 30.0
+
+
+@dataclass(slots=True)
+class _Group:
+    """One event loop's inline archiving: the runs waiting, and the lock of the batch in
+    flight."""
+
+    lock: asyncio.Lock
+    pending: list[tuple[str, asyncio.Future[None]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    """What one ``reconcile()`` did: ``leader`` False means another process held the
+    namespace's reconcile lock and nothing was done."""
+
+    leader: bool
+    scanned: int = 0
+    archived: int = 0
+    lost: int = 0
+    failed: int = 0
+    caught_up: bool = True
+    cursor: tuple[float, str] | None = None
+
+
+class Archiver:
+    """Copies the finished runs of ``live`` (one namespace) to ``archive``; see the module
+    docstring. Safe to share between event loops and threads."""
+
+    def __init__(self, live: Store, archive: PostgresArchive, *, namespace: str,
+                 live_ttl_after_archive: float, reconcile_grace: float,
+                 reconcile_batch: int) -> None:
+        self.live = live
+        self.archive = archive
+        self.namespace = namespace
+        self.live_ttl_after_archive = live_ttl_after_archive
+        self.reconcile_grace = reconcile_grace
+        self.reconcile_batch = reconcile_batch
+        self._down_until = 0.0
+        self._backoff = 0.0
+        self._outage: str | None = None
+        self._no_source_logged = False
+        self._groups_lock = threading.Lock()
+        self._groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Group] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def failed(self, exc: BaseException) -> float:
+        """Note an archive outage: log it once, back inline archiving off; the delay."""
+        self._backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff * 2))
+        self._down_until = time.monotonic() + self._backoff
+        if self._outage is None:
+            self._outage = str(exc)
+            logger.warning(
+                "archive_unavailable: %s; finished runs stay in the live store and are "
+                "archived by the reconcile loop once it answers", exc,
+                extra={"event": "archive_unavailable", "namespace": self.namespace},
+            )
+        return self._backoff
+
+    def ok(self) -> None:
+        """Note that the archive answered: inline archiving resumes at once."""
+        self._backoff = 0.0
+        self._down_until = 0.0
+        if self._outage is not None:
+            self._outage = None
+            logger.info("archive_recovered: the Postgres archive answers again",
+                        extra={"event": "archive_recovered", "namespace": self.namespace})
+
+    async def _read_live(self, run_ids: Sequence[str]) -> dict[str, tuple[RunInfo, list[Event]]]:
+        """The ended runs among ``run_ids`` with their whole journals (others left out)."""
+        reader = getattr(self.live, "read_finished", None)
+        if reader is not None:
+            return cast(dict[str, tuple[RunInfo, list[Event]]], await reader(run_ids))
+        out: dict[str, tuple[RunInfo, list[Event]]] = {}
+        for run_id in run_ids:
+            info = await self.live.get_run(run_id)
+            if info is None or not info.status.terminal:
+                continue
+            try:
+                out[run_id] = (info, await self.live.read_events(run_id))
+            except WorkflowNotFound:
+                continue
+        return out
+
+    async def _expire(self, run_ids: Sequence[str]) -> None:
+        expire = getattr(self.live, "expire_finished", None)
+        if expire is not None and run_ids:
+            await expire(run_ids, self.live_ttl_after_archive)
+
+    async def _upsert(self, records: Mapping[str, tuple[RunInfo, list[Event]]]) -> list[str]:
+        """Archive ``records`` in chunks; a run the archive refuses for a reason other than
+        an outage is logged (``archive_failed``) and left out. Returns the archived ids."""
+        chunks: list[list[tuple[RunInfo, list[Event]]]] = [[]]
+        events = 0
+        for info, journal in records.values():
+            chunk = chunks[-1]
+            if chunk and (len(chunk) >= CHUNK_RUNS or events + len(journal) > CHUNK_EVENTS):
+                chunks.append([])
+                events = 0
+            chunks[-1].append((info, journal))
+            events += len(journal)
+        done: list[str] = []
+        for chunk in chunks:
+            if await self._write(chunk):
+                done.extend(info.run_id for info, _ in chunk)
+            elif len(chunk) > 1:  # find the run the archive refuses: one at a time
+                for record in chunk:
+                    if await self._write([record]):
+                        done.append(record[0].run_id)
+        return done
+
+    async def _write(self, chunk: Sequence[tuple[RunInfo, list[Event]]]) -> bool:
+        """Upsert one chunk; False if the archive refused it (logged for a single run)."""
+        if not chunk:
+            return True
+        try:
+            await self.archive.upsert_runs(self.namespace, chunk)
+            return True
+        except (ArchiveUnavailable, ArchiveSchemaMismatch):
+            raise
+        except Exception:
+            if len(chunk) == 1:
+                run_id = chunk[0][0].run_id
+                logger.exception("archive_failed: the archive refused run %s; it is skipped",
+                                 run_id, extra={"event": "archive_failed", "run_id": run_id})
+            return False
+
+    def _group(self) -> _Group:
+        loop = asyncio.get_running_loop()
+        with self._groups_lock:
+            group = self._groups.get(loop)
+            if group is None:
+                group = self._groups[loop] = _Group(asyncio.Lock(), [])
+            return group
+
+    async def archive_now(self, run_ids: Sequence[str]) -> None:
+        """Archive runs this process just ended, best effort: what fails here (Postgres
+        down) is archived later by ``reconcile_tick``. Never raises but CancelledError.
+
+        Group commit: while one caller archives a batch, the runs that end meanwhile queue
+        up, and the next caller archives all of them at once (one live read, one Postgres
+        statement, one expiry per shard), so the cost per run falls as the load rises."""
+        if not run_ids or time.monotonic() < self._down_until:
+            return
+        group = self._group()
+        if self._backoff and group.lock.locked():
+            return  # the archive failed lately and a batch is probing it: do not queue up
+        loop = asyncio.get_running_loop()
+        mine = [loop.create_future() for _ in run_ids]
+        group.pending.extend(zip(run_ids, mine, strict=True))
+        async with group.lock:
+            while not all(f.done() for f in mine):
+                batch, group.pending = group.pending[:CHUNK_RUNS], group.pending[CHUNK_RUNS:]
+                try:
+                    if time.monotonic() >= self._down_until:
+                        await self._archive_batch([run_id for run_id, _ in batch])
+                finally:
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_result(None)
+
+    async def _archive_batch(self, run_ids: Sequence[str]) -> None:
+        try:
+            records = await self._read_live(run_ids)
+            if not records:
+                return
+            archived = await self._upsert(records)
+        except asyncio.CancelledError:
+            raise
+        except (ArchiveUnavailable, ArchiveSchemaMismatch) as exc:
+            self.failed(exc)
+            return
+        except Exception as exc:  # the live read failed: the reconcile loop will retry
+            logger.warning("archive_deferred: %d runs (e.g. %s) left to the reconcile loop: %s",
+                           len(run_ids), run_ids[0], exc, extra={"event": "archive_deferred"})
+            return
+        self.ok()
+        try:
+            await self._expire(archived)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the live copy keeps completed_ttl; reconcile expires it later
+            logger.debug("expire_finished failed", exc_info=True)
+
+    async def reconcile(self, *, now: float | None = None, max_batches: int = 20
+                        ) -> ReconcileReport:
+        """Archive every run that ended up to ``now - reconcile_grace`` and is not archived
+        yet, from the cursor on (at most ``max_batches`` batches). Raises ArchiveUnavailable
+        if Postgres does not answer (the cursor stays where it was)."""
+        if getattr(self.live, "ended_runs", None) is None:
+            if not self._no_source_logged:
+                self._no_source_logged = True
+                logger.warning(
+                    "archive_reconcile_unsupported: %r cannot list its ended runs; only runs "
+                    "archived as they end are archived", self.live,
+                    extra={"event": "archive_reconcile_unsupported"},
+                )
+            return ReconcileReport(leader=False)
+        source = cast(ArchiveSource, self.live)
+        now = time.time() if now is None else now
+        until = now - self.reconcile_grace
+        scanned = archived = lost = failed = 0
+        caught_up = False
+        async with self.archive.leader(self.namespace) as leading:
+            if not leading:
+                self.ok()  # it answered: inline archiving may resume
+                return ReconcileReport(leader=False)
+            cursor = await self.archive.cursor(self.namespace)
+            for _ in range(max_batches):
+                batch = await source.ended_runs(after=cursor, until=until,
+                                                limit=self.reconcile_batch)
+                if not batch:
+                    caught_up = True
+                    break
+                ids = [run_id for _, run_id in batch]
+                scanned += len(ids)
+                have = await self.archive.archived(self.namespace, ids)
+                missing = [run_id for run_id in ids if run_id not in have]
+                if missing:
+                    records = await self._read_live(missing)
+                    gone = [run_id for run_id in missing if run_id not in records]
+                    if gone:
+                        lost += len(gone)
+                        logger.error(
+                            "archive_lost: %d ended runs expired from the live store before "
+                            "they were archived (e.g. %s); raise completed_ttl if Postgres "
+                            "outages last longer", len(gone), gone[0],
+                            extra={"event": "archive_lost", "namespace": self.namespace},
+                        )
+                    done = await self._upsert(records)
+                    archived += len(done)
+                    failed += len(records) - len(done)
+                # Also the runs archived before: their process may have died before this.
+                await self._expire(ids)
+                cursor = batch[-1]
+                await self.archive.set_cursor(self.namespace, cursor)
+                if len(batch) < self.reconcile_batch:
+                    caught_up = True
+                    break
+        self.ok()
+        return ReconcileReport(True, scanned, archived, lost, failed, caught_up, cursor)
+
+    async def tick(self, *, worker_id: str, now: float) -> float | None:
+        """The worker's reconcile loop. A Postgres outage (or another error of the archive's
+        database) is logged and retried with back-off; it does not fail the loop, since live
+        work goes on. A schema mismatch is raised (fatal), and so is a live store outage
+        (for the loop's own back-off)."""
+        try:
+            report = await self.reconcile(now=now)
+        except ArchiveUnavailable as exc:
+            return self.failed(exc)
+        except ArchiveError as exc:  # the database refused a statement: retried likewise
+            logger.error("archive_reconcile_failed: %s", exc,
+                         extra={"event": "archive_reconcile_failed", "worker_id": worker_id})
+            return self.failed(exc)
+        if report.archived or report.lost or report.failed:
+            logger.info(
+                "archive_reconciled: %d runs archived, %d lost, %d refused", report.archived,
+                report.lost, report.failed,
+                extra={"event": "archive_reconciled", "worker_id": worker_id},
+            )
+        return None if report.caught_up else 0.0

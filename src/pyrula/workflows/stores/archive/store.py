@@ -1,0 +1,418 @@
+"""ArchivingStore: a live store (Valkey) whose finished runs are copied to Postgres.
+
+Every Store call goes to the live store. When a call ends a run (``finish``, a
+quarantining or cancelling ``requeue``/``reclaim``, ``cancel``, ``fail_stranded``), the
+same process archives the run right after (archiver.py): it reads the run and its whole
+journal from the live store, upserts them into the archive, then shortens the live copy's
+TTL to ``live_ttl_after_archive``. Reads fall back to the archive once the live copy is
+gone. ``reconcile_tick`` archives whatever was missed (a Postgres outage, a process that
+died right after a terminal write).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pyrula.errors import ConfigurationError, RunNotActive, WorkflowNotFound
+from pyrula.workflows.events import Event
+from pyrula.workflows.records import (
+    AppendResult,
+    ClaimedRun,
+    FinishResult,
+    FlowControl,
+    ParkResult,
+    PoisonPolicy,
+    RenewResult,
+    RequeueOutcome,
+    RunHandle,
+    RunInfo,
+    RunStatus,
+)
+from pyrula.workflows.stores.archive.archiver import Archiver, ReconcileReport
+from pyrula.workflows.stores.archive.pool import ArchiveUnavailable
+from pyrula.workflows.stores.archive.postgres import PostgresArchive
+from pyrula.workflows.stores.base import Store
+
+
+class ArchivingStore:
+    """``ArchivingStore(live=ValkeyStore(...), archive=PostgresArchive(dsn=...),
+    live_ttl_after_archive=300)``.
+
+    Implements the whole Store protocol by delegating to ``live``; attributes it does not
+    define (shard leases, the doorbell, ``shard_count``...) are the live store's.
+    ``reconcile_grace`` is how long after a run's end reconciliation leaves it to the
+    process that ended it (it must exceed the clock skew between hosts);
+    ``reconcile_batch`` how many ended runs it reads from the live store at a time.
+    """
+
+    def __init__(
+        self,
+        live: Store,
+        archive: PostgresArchive,
+        live_ttl_after_archive: float = 300,
+        *,
+        namespace: str | None = None,
+        reconcile_grace: float = 30.0,
+        reconcile_batch: int = 500,
+    ) -> None:
+        if live is None or isinstance(live, ArchivingStore):
+            raise ConfigurationError("ArchivingStore needs a live store (e.g. a ValkeyStore)")
+        if not isinstance(archive, PostgresArchive):
+            raise ConfigurationError(
+                f"ArchivingStore archive must be a PostgresArchive, got {type(archive).__name__}"
+            )
+        for label, value in (("live_ttl_after_archive", live_ttl_after_archive),
+                             ("reconcile_grace", reconcile_grace)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                0 <= value < float("inf")
+            ):
+                raise ConfigurationError(f"{label} must be seconds >= 0, got {value!r}")
+        if isinstance(reconcile_batch, bool) or not isinstance(reconcile_batch, int) or (
+            reconcile_batch < 1
+        ):
+            raise ConfigurationError(
+                f"reconcile_batch must be an int >= 1, got {reconcile_batch!r}"
+            )
+        self.live = live
+        self.archive = archive
+        self.live_ttl_after_archive = float(live_ttl_after_archive)
+        self.reconcile_grace = float(reconcile_grace)
+        self.reconcile_batch = reconcile_batch
+        self.namespace = str(namespace or getattr(live, "namespace", None) or "default")
+        self.archiver = Archiver(
+            live, archive, namespace=self.namespace,
+            live_ttl_after_archive=self.live_ttl_after_archive,
+            reconcile_grace=self.reconcile_grace, reconcile_batch=reconcile_batch,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes this class lacks: the live store's extras.
+        if name in ("live", "archive", "archiver") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.live, name)
+
+    # --- archiving (archiver.py) ------------------------------------------------------
+
+    async def reconcile(self, *, now: float | None = None, max_batches: int = 20
+                        ) -> ReconcileReport:
+        """Archive every run that ended up to ``now - reconcile_grace`` and is not archived
+        yet, from the archive's cursor on (at most ``max_batches`` batches of
+        ``reconcile_batch``). Raises ArchiveUnavailable if Postgres does not answer."""
+        return await self.archiver.reconcile(now=now, max_batches=max_batches)
+
+    async def reconcile_tick(
+        self, *, worker_id: str, names: Sequence[str], now: float, options: Any = None
+    ) -> float | None:
+        """The worker's reconcile loop (see Archiver.tick): an archive outage is retried
+        with back-off without failing the loop; a schema mismatch is raised."""
+        return await self.archiver.tick(worker_id=worker_id, now=now)
+
+    async def prepare(self, names: Sequence[str]) -> None:
+        """The worker's startup checks: the live store's, then the archive schema
+        (ArchiveSchemaMismatch). An archive that does not answer yet is checked on its
+        first use instead: a Postgres outage does not keep workers from starting."""
+        prepare = getattr(self.live, "prepare", None)
+        if prepare is not None:
+            await prepare(names)
+        try:
+            await self.archive.check()
+        except ArchiveUnavailable as exc:
+            self.archiver.failed(exc)
+
+    # --- submit and the attempt's writes ----------------------------------------------
+
+    async def submit(
+        self,
+        name: str,
+        params: Any,
+        *,
+        now: float,
+        owner: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[RunHandle, bool]:
+        return await self.live.submit(name, params, now=now, owner=owner,
+                                      idempotency_key=idempotency_key)
+
+    async def append(
+        self, run_id: str, token: int, events: Sequence[Event], *, now: float, lock_ttl: float
+    ) -> AppendResult:
+        return await self.live.append(run_id, token, events, now=now, lock_ttl=lock_ttl)
+
+    async def park(
+        self,
+        run_id: str,
+        token: int,
+        events: Sequence[Event],
+        *,
+        now: float,
+        wake_at: float | None,
+        signals: Sequence[str],
+        known_seq: int,
+        interrupt: Any = None,
+    ) -> ParkResult:
+        return await self.live.park(run_id, token, events, now=now, wake_at=wake_at,
+                                    signals=signals, known_seq=known_seq, interrupt=interrupt)
+
+    async def finish(
+        self,
+        run_id: str,
+        token: int,
+        events: Sequence[Event],
+        *,
+        now: float,
+        status: RunStatus,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+        successor_params: Any = None,
+    ) -> FinishResult:
+        finished = await self.live.finish(run_id, token, events, now=now, status=status,
+                                          result=result, error=error,
+                                          successor_params=successor_params)
+        await self.archiver.archive_now([run_id])
+        return finished
+
+    async def requeue(
+        self,
+        run_id: str,
+        token: int,
+        *,
+        now: float,
+        reason: str,
+        events: Sequence[Event] = (),
+        crash: bool = False,
+        poison: PoisonPolicy | None = None,
+        crash_detail: Mapping[str, Any] | None = None,
+    ) -> RequeueOutcome:
+        outcome = await self.live.requeue(run_id, token, now=now, reason=reason, events=events,
+                                          crash=crash, poison=poison, crash_detail=crash_detail)
+        # Quarantined, or cancelled while running: the run ended (a requeued one is skipped).
+        await self.archiver.archive_now([run_id])
+        return outcome
+
+    # --- work queue -----------------------------------------------------------------
+
+    async def claim(
+        self,
+        worker_id: str,
+        names: Sequence[str],
+        *,
+        limit: int,
+        now: float,
+        lock_ttl: float,
+    ) -> list[ClaimedRun]:
+        return await self.live.claim(worker_id, names, limit=limit, now=now, lock_ttl=lock_ttl)
+
+    async def claim_run(
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
+    ) -> ClaimedRun | None:
+        return await self.live.claim_run(run_id, worker_id, now=now, lock_ttl=lock_ttl)
+
+    async def renew(
+        self, worker_id: str, held: Mapping[str, int], *, now: float, lock_ttl: float
+    ) -> RenewResult:
+        return await self.live.renew(worker_id, held, now=now, lock_ttl=lock_ttl)
+
+    async def wake_due(self, *, now: float, limit: int) -> int:
+        return await self.live.wake_due(now=now, limit=limit)
+
+    async def reclaim(
+        self,
+        names: Sequence[str] | None,
+        *,
+        now: float,
+        limit: int,
+        poison: PoisonPolicy,
+    ) -> list[RequeueOutcome]:
+        outcomes = await self.live.reclaim(names, now=now, limit=limit, poison=poison)
+        await self.archiver.archive_now([o.run_id for o in outcomes])
+        return outcomes
+
+    async def reclaim_worker(
+        self,
+        worker_id: str,
+        *,
+        now: float,
+        poison: PoisonPolicy,
+        crash_detail: Mapping[str, Any] | None = None,
+    ) -> list[RequeueOutcome]:
+        outcomes = await self.live.reclaim_worker(
+            worker_id, now=now, poison=poison, crash_detail=crash_detail
+        )
+        await self.archiver.archive_now([o.run_id for o in outcomes])
+        return outcomes
+
+    def recover_pending_runs(self, name: str) -> int:
+        # Runs this quarantines are archived by the next reconcile tick.
+        return self.live.recover_pending_runs(name)
+
+    # --- run control ----------------------------------------------------------------
+
+    async def _archived_or_raise(self, run_id: str, exc: WorkflowNotFound) -> RunInfo:
+        info = await self.archive.get_run(run_id, self.namespace)
+        if info is None:
+            raise exc
+        return info
+
+    async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
+        try:
+            await self.live.signal(run_id, name, payload, now=now)
+        except WorkflowNotFound as exc:
+            info = await self._archived_or_raise(run_id, exc)
+            raise RunNotActive(
+                f"run {run_id} has already ended ({info.status.value})"
+            ) from None
+
+    async def cancel(self, run_id: str, *, now: float) -> bool:
+        try:
+            cancelled = await self.live.cancel(run_id, now=now)
+        except WorkflowNotFound as exc:
+            await self._archived_or_raise(run_id, exc)
+            return False
+        if cancelled:
+            await self.archiver.archive_now([run_id])  # skipped if it was running (only requested)
+        return cancelled
+
+    async def wake_run(self, run_id: str, *, now: float) -> bool:
+        try:
+            return await self.live.wake_run(run_id, now=now)
+        except WorkflowNotFound as exc:
+            await self._archived_or_raise(run_id, exc)
+            return False
+
+    # --- reads ----------------------------------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        info = await self.live.get_run(run_id)
+        if info is not None:
+            return info
+        return await self.archive.get_run(run_id, self.namespace)
+
+    async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        try:
+            return await self.live.read_events(run_id, after_seq)
+        except WorkflowNotFound:
+            return await self.archive.read_events(run_id, after_seq, self.namespace)
+
+    async def list_runs(
+        self,
+        *,
+        name: str | None = None,
+        status: RunStatus | None = None,
+        owner: str | None = None,
+        limit: int = 100,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunInfo]:
+        """Both stores' runs, merged newest first (a run in both is shown once, live)."""
+        live = await self.live.list_runs(name=name, status=status, owner=owner, limit=limit,
+                                         before=before)
+        if status is not None and not RunStatus(status).terminal:
+            return live  # only finished runs are archived
+        archived = await self.archive.list_runs(namespace=self.namespace, name=name,
+                                                status=status, owner=owner, limit=limit,
+                                                before=before)
+        merged = {info.run_id: info for info in archived}
+        merged.update((info.run_id, info) for info in live)
+        rows = sorted(merged.values(), key=lambda i: (i.created_at, i.run_id), reverse=True)
+        return rows[:limit]
+
+    async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
+        try:
+            return await self.live.wait_result(run_id, timeout)
+        except WorkflowNotFound as exc:
+            return await self._archived_or_raise(run_id, exc)
+
+    # --- membership -----------------------------------------------------------------
+
+    async def register_worker(
+        self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
+    ) -> None:
+        await self.live.register_worker(worker_id, names, now=now, ttl=ttl)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        await self.live.unregister_worker(worker_id)
+
+    async def stranded(self, *, now: float) -> list[str]:
+        return await self.live.stranded(now=now)
+
+    async def fail_stranded(
+        self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
+    ) -> list[str]:
+        failed = await self.live.fail_stranded(name, older_than=older_than, now=now,
+                                               limit=limit, error=error)
+        await self.archiver.archive_now(failed)
+        return failed
+
+    # --- flow control ---------------------------------------------------------------
+
+    def flow_control_set(
+        self,
+        owner: str,
+        max_concurrent: int | None = None,
+        max_starts_per_second: float | None = None,
+    ) -> None:
+        self.live.flow_control_set(owner, max_concurrent, max_starts_per_second)
+
+    def flow_control_get(self, owner: str) -> FlowControl | None:
+        return self.live.flow_control_get(owner)
+
+    def flow_control_delete(self, owner: str) -> bool:
+        return self.live.flow_control_delete(owner)
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def bind(
+        self, project: str | None, environment: str | None
+    ) -> tuple[str | None, str | None]:
+        return await self.live.bind(project, environment)
+
+    async def aping(self) -> None:
+        """The live store's ping: an archive outage does not make a worker unready."""
+        await self.live.aping()
+
+    def ping(self) -> None:
+        self.live.ping()
+
+    async def aclose(self) -> None:
+        try:
+            await self.live.aclose()
+        finally:
+            await self.archive.aclose()
+
+    def close(self) -> None:
+        try:
+            self.live.close()
+        finally:
+            self.archive.close()
+
+    def __repr__(self) -> str:
+        return f"ArchivingStore(live={self.live!r}, archive={self.archive!r})"
+
+
+def make_archiving_postgres(
+    dsn: str | None = None,
+    valkey_url: str | None = None,
+    *,
+    live_ttl_after_archive: float = 300,
+    schema: str = "pyrula",
+    **valkey_options: Any,
+) -> ArchivingStore:
+    """A ValkeyStore archived to Postgres: ``dsn`` defaults to ``$PYRULA_POSTGRES_DSN``,
+    ``valkey_url`` to ``$PYRULA_STORE_URL`` (then ``redis://localhost:6379``);
+    ``valkey_options`` go to ValkeyStore (namespace, shard_count, completed_ttl, ...)."""
+    from pyrula.workflows.stores.valkey import ValkeyStore
+
+    url = valkey_url or os.environ.get("PYRULA_STORE_URL", "").strip() or "redis://localhost:6379"
+    archive = PostgresArchive(dsn=dsn, schema=schema)
+    return ArchivingStore(live=ValkeyStore(url=url, **valkey_options), archive=archive,
+                          live_ttl_after_archive=live_ttl_after_archive)
+
+
+def archived_if_configured(store: Store, dsn: str | None = None) -> Store:
+    """``store`` wrapped in an ArchivingStore when a DSN is given or PYRULA_POSTGRES_DSN is
+    set (the CLI and fleet children open their store through this); else ``store``."""
+    dsn = dsn or os.environ.get("PYRULA_POSTGRES_DSN", "").strip() or None
+    if dsn is None or isinstance(store, ArchivingStore):
+        return store
+    return ArchivingStore(live=store, archive=PostgresArchive(dsn=dsn))
