@@ -35,6 +35,11 @@ def _commands(client: redis.Redis) -> int:
                and k not in ("cmdstat_info", "cmdstat_config|resetstat"))
 
 
+def _server_cpu(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return round(float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), 3)
+
+
 def _start_workers(url: str, ns: str, count: int, concurrency: int) -> list[subprocess.Popen[str]]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
     return [
@@ -46,8 +51,8 @@ def _start_workers(url: str, ns: str, count: int, concurrency: int) -> list[subp
     ]
 
 
-def _stop_workers(procs: list[subprocess.Popen[str]]) -> dict[str, int]:
-    totals = {"round_trips": 0, "runs": 0}
+def _stop_workers(procs: list[subprocess.Popen[str]]) -> dict[str, float]:
+    totals: dict[str, float] = {"round_trips": 0, "runs": 0, "cpu_s": 0.0}
     for proc in procs:
         proc.terminate()
     for proc in procs:
@@ -58,6 +63,7 @@ def _stop_workers(procs: list[subprocess.Popen[str]]) -> dict[str, int]:
         stats = json.loads(lines[-1])
         totals["round_trips"] += stats["round_trips"]
         totals["runs"] += stats["runs"]
+        totals["cpu_s"] += stats.get("cpu_s", 0.0)
     return totals
 
 
@@ -101,6 +107,7 @@ async def throughput(url: str, steps: int, workers: int, runs: int,
     finally:
         worker_stats = _stop_workers(procs)
     commands = _commands(direct) - before
+    server_cpu = _server_cpu(direct)
     read_trips = store.stats["round_trips"]
     await store.aclose()
     return {
@@ -114,6 +121,8 @@ async def throughput(url: str, steps: int, workers: int, runs: int,
         "worker_round_trips_per_run": round(worker_stats["round_trips"] / runs, 2),
         "submit_round_trips_per_run": round(submit_trips / runs, 2),
         "read_round_trips_per_run": round(read_trips / runs, 2),
+        "worker_cpu_s_per_1000_runs": round(worker_stats["cpu_s"] / runs * 1000, 3),
+        "valkey_cpu_s_total": server_cpu,
         "worker_processes_startup_included": True,
     }
 

@@ -8,6 +8,8 @@ import json
 import signal
 import sys
 
+import psutil
+
 import benchmarks.workflows  # noqa: F401  (registers the bench workflows)
 from pyrula.workflows import ValkeyStore, WorkerOptions, WorkflowWorker
 
@@ -22,8 +24,9 @@ async def main(url: str, namespace: str, concurrency: int) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, worker.stop)
     await worker.run()
-    print(json.dumps({"round_trips": store.stats["round_trips"], "runs": worker.runs_done}),
-          flush=True)
+    cpu = psutil.Process().cpu_times()
+    print(json.dumps({"round_trips": store.stats["round_trips"], "runs": worker.runs_done,
+                      "cpu_s": round(cpu.user + cpu.system, 3)}), flush=True)
     await store.aclose()
 
 
