@@ -123,6 +123,7 @@ class WorkflowWorker:
         self._heartbeat = time.monotonic()
         self._claim_progress = time.monotonic()
         self._stranded_logged: set[str] = set()
+        self._backlog = False
         self._cache = JournalCache(self.options.journal_cache_events)
         self._pool: StepPool | None = None
         self._renewer: LockRenewer | None = None
@@ -312,6 +313,12 @@ class WorkflowWorker:
             assert self._stopping is not None
             await _first(self._capacity.wait(), self._stopping.wait())
             return 0.0
+        low_water = max(1, self.options.max_concurrent_runs // 4)
+        if self._backlog and free < low_water:
+            # Under a backlog, claim in batches: one claim per quarter of the slots freed
+            # (or after a short moment), not one store round trip per finished run.
+            await self._await_capacity(low_water, self.options.claim_poll_interval / 4)
+            free = self.options.max_concurrent_runs - len(self._attempts)
         claimed = await self.store.claim(
             self.worker_id, self.workflow_names, limit=free, now=self._clock.now(),
             lock_ttl=self.options.lock_ttl,
@@ -324,7 +331,8 @@ class WorkflowWorker:
             # supervisor) then knows every run to requeue should it die from here on.
             self._on_claimed(self.held_runs())
         # A full batch means there is more: claim again at once.
-        if claimed and len(claimed) >= free:
+        self._backlog = bool(claimed) and len(claimed) >= free
+        if self._backlog:
             return 0.0
         wait_for_work = getattr(self.store, "wait_for_work", None)
         if wait_for_work is not None:
@@ -336,6 +344,20 @@ class WorkflowWorker:
             )
             return 0.0
         return None
+
+    async def _await_capacity(self, free: int, timeout: float) -> None:
+        """Until ``free`` slots are free, the worker stops, or ``timeout`` passes."""
+        assert self._stopping is not None
+        deadline = time.monotonic() + timeout
+        while self.options.max_concurrent_runs - len(self._attempts) < free:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stopping.is_set():
+                return
+            self._capacity.clear()
+            try:
+                await asyncio.wait_for(self._capacity.wait(), left)
+            except TimeoutError:
+                return
 
     async def _timer_tick(self) -> float | None:
         woken = await self.store.wake_due(now=self._clock.now(), limit=self.options.timer_max_batch)
