@@ -15,6 +15,7 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:expiry         zset     ended run -> finished_at (index pruning)
     <ns>:{<h>.<s>}:idem:<key>     string   idempotency key -> run id
     <ns>:{<h>.<s>}:done:<id>      list     a token pushed when the run ends (result waiters)
+    <ns>:{<h>.<s>}:chain:<start>  string   a continue_as_new chain's latest run (tail record)
     <ns>:{<h>.ready}:ready        zset     shard -> last time it was rung (doorbell)
     <ns>:{bell}                   list     a token per ring: wakes one idle worker at once
     <ns>:{<h>.leases}:leases      hash     shard -> "worker|expiry"

@@ -1076,7 +1076,13 @@ class ValkeyStore:
         while True:
             info = await self.get_run(run_id)
             if info is None:
-                raise WorkflowNotFound(f"no run with id {run_id!r}")
+                # An earlier run of a continue_as_new chain may have expired while the chain
+                # goes on: its start id's tail record names the chain's latest run.
+                tail = await self._cmd("get", f"{self.keys.base_of_run(run_id)}:chain:{run_id}")
+                if tail is None or tail == run_id:
+                    raise WorkflowNotFound(f"no run with id {run_id!r}")
+                run_id, done_key = str(tail), self.keys.done(str(tail))
+                continue
             if info.status.terminal:
                 return info
             wait = 5.0

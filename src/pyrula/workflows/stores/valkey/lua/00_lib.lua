@@ -11,10 +11,11 @@ local function jnlk(base, id) return base .. ':jnl:' .. id end
 
 local function stale(run, token)
   -- Fencing: the write is accepted only from the run's current attempt while it runs.
-  local st = redis.call('HMGET', run, 'status', 'attempt', 'cancel')
+  -- Returns nil, cancel requested, the run's start id (its continue_as_new chain).
+  local st = redis.call('HMGET', run, 'status', 'attempt', 'cancel', 'start_id')
   if not st[1] then return 'NOTFOUND' end
   if st[1] ~= 'running' or st[2] ~= token then return 'STALE ' .. tostring(st[2]) end
-  return nil, st[3] == '1'
+  return nil, st[3] == '1', st[4]
 end
 
 local function push_events(base, id, a, from)

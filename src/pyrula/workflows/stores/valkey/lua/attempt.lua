@@ -46,13 +46,22 @@ end
 -- finish: ARGV op, run_id, token, now, status, result_json, error_json|'', completed_ttl,
 --         successor_id|'', successor_submitted_event|'', successor_params|'', event...
 -- (the last event is the terminal one; with a successor its JSON already names it)
+-- Also keeps the chain's tail record (:chain:<start id>).
 -- returns last_seq
 ops.finish = function(k, a)
   local base, id, token, now, status = k[1], a[2], a[3], a[4], a[5]
   local result, errj, ttl, succ, succ_ev, succ_params = a[6], a[7], a[8], a[9], a[10], a[11]
   local run = runk(base, id)
-  local err = stale(run, token)
+  local err, _, start_id = stale(run, token)
   if err then return redis.error_reply(err) end
+  -- An open continue_as_new chain keeps one tail record: start id -> its latest run, kept
+  -- while the chain runs and expiring completed_ttl after its last run ends.
+  local chain = base .. ':chain:' .. tostring(start_id)
+  if succ ~= '' then
+    redis.call('SET', chain, succ)
+  elseif start_id and start_id ~= id and tonumber(ttl) > 0 then
+    redis.call('EXPIRE', chain, ttl)
+  end
   if succ ~= '' then
     local f = redis.call('HMGET', run, 'name', 'owner', 'start_id')
     redis.call('HSET', runk(base, succ), 'name', f[1], 'owner', f[2], 'params', succ_params,
