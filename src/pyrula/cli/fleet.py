@@ -156,7 +156,17 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
     store = store_from_url(options.store_url, **store_options)
     supervisor = Supervisor(options, spawner, store)
     probes = probe_server(supervisor, options.health_host, options.health_port)
-    host, port = await probes.start()
+    try:
+        host, port = await probes.start()
+    except OSError as exc:
+        close = getattr(store, "aclose", None)
+        if close is not None:
+            await close()
+        raise ConfigurationError(
+            f"cannot serve the fleet's health probes on {options.health_host}:"
+            f"{options.health_port}: {exc.strerror or exc} (choose another --health-port, "
+            "or 0 for a free one)"
+        ) from None
     click.echo(f"pyrula-fleet: {options.children} children on {options.store_url}; "
                f"health on http://{host}:{port} (/livez /readyz /status /metrics)", err=True)
     try:
