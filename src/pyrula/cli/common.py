@@ -34,8 +34,10 @@ def import_target(target: str) -> Any:
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.ClickException(f"cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # the app's own code failed at import: say what and where
+        raise click.ClickException(
+            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if not attr:
         return module
     try:

@@ -60,7 +60,17 @@ def _worker_command(dev: bool) -> Any:
 
         if not workflows and not apps:
             raise click.UsageError("name what to serve: --workflow MODULE:FN or --app MODULE")
-        chosen = load_workflows(apps, workflows)
+        try:
+            chosen = load_workflows(apps, workflows)
+        except click.ClickException as exc:
+            if not dev:
+                raise
+            # A code change broke the import: say so, and restart on the next change
+            # instead of leaving the developer without a worker.
+            click.echo(f"{exc.format_message()}\nwaiting for a change to the code...",
+                       err=True)
+            _wait_for_any_change()
+            _restart()
         overrides: dict[str, Any] = {}
         if dev:
             overrides = {"shutdown_grace": 3.0, "cancel_timeout": 2.0,
@@ -76,7 +86,7 @@ def _worker_command(dev: bool) -> Any:
         code = serve(worker, on_start)
         if dev and getattr(worker, "reload_requested", False):
             click.echo("code changed: restarting", err=True)
-            os.execv(sys.executable, [sys.executable, "-m", "pyrula.cli", *sys.argv[1:]])
+            _restart()
         sys.exit(code)
 
     return command
@@ -90,6 +100,34 @@ cli.command(
     help="A worker for development: fast drain (--shutdown-grace 3 --cancel-timeout 2), "
     "loop-blocked stand-downs not counted, restart on code change.",
 )(_worker_command(dev=True))
+
+
+def _restart() -> None:
+    os.execv(sys.executable, [sys.executable, "-m", "pyrula.cli", *sys.argv[1:]])
+
+
+def _tree_files(root: str, limit: int = 5000) -> dict[str, float]:
+    """Modification times of the .py files under ``root`` (virtualenvs and caches skipped)."""
+    found: dict[str, float] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in (
+            "__pycache__", "node_modules", "venv", "site-packages")]
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                try:
+                    found[path] = os.stat(path).st_mtime
+                except OSError:
+                    continue
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def _wait_for_any_change(interval: float = 0.5) -> None:
+    before = _tree_files(os.getcwd())
+    while _tree_files(os.getcwd()) == before:
+        time.sleep(interval)
 
 
 def _source_files() -> dict[str, float]:
