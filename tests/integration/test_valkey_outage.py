@@ -93,8 +93,11 @@ async def test_killing_the_server_under_a_worker_loses_no_run(
             assert [e["attempt"] for e in journal if e["type"] == "run:started"] == [1, 2]
             assert LEDGER.count("vk.hold", tag) == 2
         else:
-            assert reasons == [] and kinds.count("run:started") == 1
-            assert LEDGER.count("vk.hold", tag) == 1
+            # A queued run is normally claimed after the restart; one claimed in the very
+            # moment of the kill meets the outage too, and is requeued the same way.
+            assert reasons in ([], ["store_unavailable"]), kinds
+            assert kinds.count("run:started") == 1 + len(reasons)
+            assert 1 <= LEDGER.count("vk.hold", tag) <= kinds.count("run:started")
 
     # Each loop that failed logged it once for the outage, and then recovered.
     failed = logs.events("loop_failed")
