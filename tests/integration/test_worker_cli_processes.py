@@ -155,7 +155,8 @@ def test_max_concurrent_runs_from_the_environment_caps_the_runs_at_once(
     remaining = set(tags)
     while remaining:
         expect = min(2, len(remaining))
-        active = wait_until(partial(_active, workers, expect), what=f"{expect} active runs")
+        active = wait_until(partial(_active, workers, expect), timeout=30,
+                            what=f"{expect} active runs")
         # A claim takes every run it may at once, so a worker that ignored the limit
         # would have the other queued runs running by now.
         running = [r for r in runs.values()

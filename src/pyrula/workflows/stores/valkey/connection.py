@@ -163,6 +163,8 @@ class ValkeyConnection:
         self._is_cluster: bool | None = cluster
         self._pid = os.getpid()
         self._known_names: set[str] = set()
+        # Dry shards a claim found, to take out of the doorbell off the claim's path.
+        self._deferred_unring: list[tuple[dict[str, list[tuple[int, float]]], float]] = []
         #: Network round trips and script calls made through this object (benchmarks).
         self.stats: dict[str, int] = {"round_trips": 0}
         # Shard leases held through this store object: worker -> name -> shards.

@@ -147,6 +147,7 @@ class ValkeyStore(ValkeyAdmin):
 
     async def wait_for_work(self, names: Sequence[str], timeout: float) -> bool:
         """Block until something rings the doorbell (or ``timeout``); True if it rang."""
+        await self._flush_unring()
         popped = await self._cmd("blpop", [self.keys.bell], timeout=max(timeout, 0.01))
         return bool(popped)
 
@@ -277,6 +278,7 @@ class ValkeyStore(ValkeyAdmin):
     ) -> list[ClaimedRun]:
         if not names or limit <= 0:
             return []
+        await self._flush_unring()
         client = await self._client()
         try:
             if self._is_cluster:
@@ -383,8 +385,15 @@ class ValkeyStore(ValkeyAdmin):
                 await claim_on(more, [1] * len(more))
         finally:
             await self._flow_settle(reserved, claimed, now + lock_ttl)
-        await self._unring(empty, now)
+        # Taking dry shards out of the doorbell costs two round trips: done after the
+        # claimed runs have started (the worker's next wait_for_work, or the next claim).
+        self._deferred_unring.append((empty, now))
         return claimed
+
+    async def _flush_unring(self) -> None:
+        deferred, self._deferred_unring = self._deferred_unring, []
+        for empty, now in deferred:
+            await self._unring(empty, now)
 
     async def _unring(self, empty: dict[str, list[tuple[int, float]]], now: float) -> None:
         """Take shards found empty out of the doorbell, then look again: a run enqueued
