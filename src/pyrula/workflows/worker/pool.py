@@ -37,7 +37,6 @@ class StepPool(Executor):
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._busy = 0
-        self._idle = 0
         self._saturated = False
         self._shutdown = False
         self._worker_id = worker_id
@@ -63,7 +62,10 @@ class StepPool(Executor):
                 )
             self._busy += 1
             self.all_idle.clear()
-            if self._idle == 0 and len(self._threads) < self.size:
+            # One thread per call in flight, up to the size: counting idle threads instead
+            # would let two calls submitted together both count one idle thread, and the
+            # second wait behind the first (a deadlock if the first waits on the second).
+            if self._busy > len(self._threads) and len(self._threads) < self.size:
                 thread = threading.Thread(
                     target=self._work, name=f"pyrula-step-{len(self._threads)}", daemon=True
                 )
@@ -74,11 +76,7 @@ class StepPool(Executor):
 
     def _work(self) -> None:
         while True:
-            with self._lock:
-                self._idle += 1
             item = self._queue.get()
-            with self._lock:
-                self._idle -= 1
             if item is None:
                 return
             future, fn, args, kwargs = item
