@@ -89,13 +89,16 @@ async def test_killing_the_server_under_a_worker_loses_no_run(
         if tag in in_flight:
             # Its step ran, but its result met the outage: requeued, and run again (the
             # documented window: a step whose completion is not in the journal).
-            assert reasons == ["store_unavailable"], kinds
-            assert [e["attempt"] for e in journal if e["type"] == "run:started"] == [1, 2]
-            assert LEDGER.count("vk.hold", tag) == 2
+            # (Under load a run claimed again while the server is still coming back can
+            # meet the outage once more: each time it is requeued the same way.)
+            assert reasons and set(reasons) == {"store_unavailable"}, kinds
+            attempts = [e["attempt"] for e in journal if e["type"] == "run:started"]
+            assert attempts == list(range(1, len(reasons) + 2))
+            assert 2 <= LEDGER.count("vk.hold", tag) <= len(attempts)
         else:
             # A queued run is normally claimed after the restart; one claimed in the very
             # moment of the kill meets the outage too, and is requeued the same way.
-            assert reasons in ([], ["store_unavailable"]), kinds
+            assert set(reasons) <= {"store_unavailable"}, kinds
             assert kinds.count("run:started") == 1 + len(reasons)
             assert 1 <= LEDGER.count("vk.hold", tag) <= kinds.count("run:started")
 
