@@ -17,11 +17,12 @@ from pyrula import logs
 from pyrula.config.fleet import (
     FleetOptions,
     parse_memory,
+    parse_seconds,
     resolve_children,
     resolve_health_port,
     resolve_store_url,
 )
-from pyrula.config.parse import parse_float, parse_int
+from pyrula.config.parse import parse_int
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
 
@@ -105,12 +106,12 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
             max_runs_per_child=(None if max_runs_per_child in (None, "") else
                                 parse_int("--max-runs-per-child", max_runs_per_child, minimum=1)),
             max_memory_per_child=parse_memory(max_memory_per_child),
-            child_timeout=_seconds("--child-timeout", child_timeout, 30.0),
-            stall_timeout=_seconds("--stall-timeout", stall_timeout, 60.0),
+            child_timeout=parse_seconds("--child-timeout", child_timeout, 30.0),
+            stall_timeout=parse_seconds("--stall-timeout", stall_timeout, 60.0),
             max_boot_failures=(5 if max_boot_failures in (None, "") else
                                parse_int("--max-boot-failures", max_boot_failures, minimum=1)),
-            shutdown_grace=_seconds("--shutdown-grace", shutdown_grace, 30.0, strict=False),
-            cancel_timeout=_seconds("--cancel-timeout", cancel_timeout, 5.0, strict=False),
+            shutdown_grace=parse_seconds("--shutdown-grace", shutdown_grace, 30.0, strict=False),
+            cancel_timeout=parse_seconds("--cancel-timeout", cancel_timeout, 5.0, strict=False),
             log_format=log_format,
             log_level=log_level,
             worker_options=given,
@@ -120,12 +121,6 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
         click.echo(f"configuration error: {exc}", err=True)
         sys.exit(2)
     sys.exit(code)
-
-
-def _seconds(option: str, raw: Any, default: float, strict: bool = True) -> float:
-    if raw is None or raw == "":
-        return default
-    return parse_float(option, raw, minimum=0.0, strict=strict)
 
 
 def run_fleet(options: FleetOptions) -> int:

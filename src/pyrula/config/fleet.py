@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,11 +86,9 @@ def parse_memory(raw: Any) -> int | None:
     return parse_bytes("--max-memory-per-child", raw, minimum=1024 * 1024)
 
 
-def parse_seconds(option: str, raw: Any, default: float) -> float:
+def parse_seconds(option: str, raw: Any, default: float, strict: bool = True) -> float:
+    """Seconds from a flag or variable (empty: ``default``); > 0, or >= 0 if not strict."""
     if raw is None or raw == "":
         return default
-    return parse_float(option, raw, minimum=0.0, strict=True)
+    return parse_float(option, raw, minimum=0.0, strict=strict)
 
-
-def cpu_count() -> int:
-    return os.cpu_count() or 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pyrula.health_http import ProbeServer
@@ -11,7 +12,7 @@ from pyrula.supervisor.supervisor import Supervisor
 def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
     async def livez() -> tuple[int, Any]:
         # Answered by the supervisor's own loop: if it stops turning, the probe times out.
-        return 200, {"status": "ok", "pid": _pid()}
+        return 200, {"status": "ok", "pid": os.getpid()}
 
     async def readyz() -> tuple[int, Any]:
         if supervisor.draining:
@@ -32,12 +33,6 @@ def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
         {"/livez": livez, "/readyz": readyz, "/status": status, "/metrics": metrics},
         host, port,
     )
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
 
 
 def render_metrics(status: dict[str, Any], supervisor: Supervisor) -> str:

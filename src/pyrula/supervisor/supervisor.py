@@ -65,7 +65,6 @@ class Supervisor:
         self._stopped = asyncio.Event()
         self._recoveries: set[asyncio.Task[None]] = set()
         self._drain_deadline: float | None = None
-        self.killed_children = 0
         # Children asked to drain that no longer belong to a slot (recycled, scaled down).
         self._leaving: set[Child] = set()
 
@@ -321,7 +320,6 @@ class Supervisor:
             logger.error("child_unresponsive: slot %d pid %d sent no heartbeat for %.1f s; "
                          "killing it", child.slot, child.pid, silent,
                          extra={"event": "child_unresponsive", "slot": child.slot})
-            self.killed_children += 1
             child.kill()
             return
         beat = child.beat

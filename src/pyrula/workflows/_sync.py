@@ -41,6 +41,3 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         raise RuntimeError("a synchronous pyrula call was made from pyrula's own facade loop")
     return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
-
-def facade_loop_id() -> int | None:
-    return id(_loop) if _loop is not None else None

@@ -23,6 +23,7 @@ from pyrula.workflows.events import Event
 from pyrula.workflows.records import ClaimedRun
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.memory import MemoryStore
+from pyrula.workflows.worker.pool import default_pool_size
 
 
 class InlineWorkflowRunner:
@@ -66,7 +67,7 @@ class InlineWorkflowRunner:
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
-                max_workers=min(32, (os.cpu_count() or 1) + 4),
+                max_workers=default_pool_size(),
                 thread_name_prefix="pyrula-inline-step",
             )
         return self._executor

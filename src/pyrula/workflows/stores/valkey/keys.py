@@ -83,7 +83,10 @@ class KeySpace:
         return f"{base}:done:{run_id}"
 
     def ready(self, name: str) -> str:
-        return f"{self.ns}:{{{name_hash(name)}.ready}}:ready"
+        return self.ready_of_hash(name_hash(name))
+
+    def ready_of_hash(self, name_h: str) -> str:
+        return f"{self.ns}:{{{name_h}.ready}}:ready"
 
     @property
     def bell(self) -> str:

@@ -114,6 +114,9 @@ class ValkeyStore(ValkeyAdmin):
 
     async def _ring(self, name: str, shards: Sequence[int], now: float) -> None:
         """The doorbell: mark shards that may have queued runs and wake an idle worker."""
+        await self._ring_key(self.keys.ready(name), shards, now)
+
+    async def _ring_key(self, ready: str, shards: Sequence[int], now: float) -> None:
         if not shards:
             return
         client = await self._client()
@@ -121,12 +124,12 @@ class ValkeyStore(ValkeyAdmin):
             if self._is_cluster:
                 self.stats["round_trips"] += 2
                 await asyncio.gather(
-                    client.zadd(self.keys.ready(name), self._rung(shards, now), gt=True),
+                    client.zadd(ready, self._rung(shards, now), gt=True),
                     self._push_bell(client),
                 )
             else:
                 pipe = client.pipeline(transaction=False)
-                pipe.zadd(self.keys.ready(name), self._rung(shards, now), gt=True)
+                pipe.zadd(ready, self._rung(shards, now), gt=True)
                 pipe.lpush(self.keys.bell, "1")
                 pipe.ltrim(self.keys.bell, 0, 63)
                 self.stats["round_trips"] += 1
@@ -255,9 +258,9 @@ class ValkeyStore(ValkeyAdmin):
         return RequeueOutcome(run_id, bool(int(quarantined)))
 
     async def _ring_run(self, run_id: str, now: float) -> None:
-        info = await self._cmd("hget", self.keys.run(run_id), "name")
-        if info:
-            await self._ring(str(info), [int(run_id[12:16], 16)], now)
+        # The run id carries its name's hash and its shard: no need to read the run.
+        await self._ring_key(self.keys.ready_of_hash(run_id[:12]), [int(run_id[12:16], 16)],
+                             now)
 
     # --- work queue -----------------------------------------------------------------
 
