@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from pyrula.workflows import (
     workflow,
 )
 from pyrula.workflows.stores.valkey.functions import SHA, upgrade_scripts
+from pyrula.workflows.stores.valkey.router import Router
 from tests.integration.valkey_support import (
     LEDGER,
     all_ended,
@@ -117,30 +119,25 @@ async def _renew_two(store: ValkeyStore) -> None:
     await store.renew("w", held, now=time.time(), lock_ttl=10)
 
 
-class _FlushAfterFirstCall:
-    """A pipeline that sends a SCRIPT FLUSH right after its first EVALSHA, so the server
-    runs the first call and refuses the rest with NOSCRIPT (as a flush from another client
-    that lands between the commands of one pipeline does)."""
+def _flush_after_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next batch of script calls carries a SCRIPT FLUSH right after its first EVALSHA,
+    so the server runs the first call and refuses the rest with NOSCRIPT (as a flush from
+    another client that lands between the commands of one pipeline does)."""
+    plain = Router.execute
+    armed = True
 
-    def __init__(self, pipe: Any) -> None:
-        self._pipe = pipe
-        self._calls = 0
+    async def execute(self: Router, commands: Sequence[Any], keys: Sequence[str | None],
+                      *, idempotent: bool = False) -> list[Any]:
+        nonlocal armed
+        if armed and len(commands) > 1 and commands[0][0] == "EVALSHA":
+            armed = False
+            replies = await plain(self, [commands[0], ("SCRIPT", "FLUSH"), *commands[1:]],
+                                  [keys[0], None, *keys[1:]], idempotent=idempotent)
+            del replies[1]  # the flush's own answer
+            return replies
+        return await plain(self, commands, keys, idempotent=idempotent)
 
-    def evalsha(self, *args: Any) -> Any:
-        self._pipe.evalsha(*args)
-        self._calls += 1
-        if self._calls == 1:
-            self._pipe.script_flush()
-        return self
-
-    async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        results = list(await self._pipe.execute(raise_on_error=raise_on_error))
-        if self._calls:
-            del results[1]  # the flush's own answer
-        return results
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pipe, name)
+    monkeypatch.setattr(Router, "execute", execute)
 
 
 async def test_a_flush_inside_one_pipeline_re_sends_only_the_refused_calls(
@@ -154,12 +151,9 @@ async def test_a_flush_inside_one_pipeline_re_sends_only_the_refused_calls(
         now = time.time()
         runs = [(await store.submit(NAME, {}, now=now, idempotency_key=key))[0].run_id
                 for key in keys_on_shards([0, 1], 2)]
-        client = await store._client()
-        plain = client.pipeline
-        monkeypatch.setattr(client, "pipeline",
-                            lambda *a, **k: _FlushAfterFirstCall(plain(*a, **k)))
+        _flush_after_first_call(monkeypatch)
         claimed = await store.claim("w", [NAME], limit=2, now=now, lock_ttl=30)
-        monkeypatch.setattr(client, "pipeline", plain)
+        monkeypatch.undo()
         assert sorted(c.run_id for c in claimed) == sorted(runs)
         assert [c.token for c in claimed] == [1, 1]
         for run_id in runs:

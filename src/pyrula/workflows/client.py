@@ -7,10 +7,10 @@ workflows; a run of a name no worker serves waits in its queue.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
 
-from pyrula.workflows._sync import run_sync
+from pyrula.workflows._sync import drive, run_sync
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.definition import workflow_name
 from pyrula.workflows.engine import DEFAULT_MAX_PAYLOAD_BYTES
@@ -24,6 +24,8 @@ from pyrula.workflows.errors import (
 from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, dumps
 from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores.base import Store
+
+T = TypeVar("T")
 
 
 def _env_payload_limit() -> int:
@@ -183,11 +185,22 @@ class WorkflowClient:
 
 
 class SyncWorkflowClient:
-    """``WorkflowClient`` for code that is not async: each call blocks until done."""
+    """``WorkflowClient`` for code that is not async: each call blocks until done.
+
+    Each call runs the async client's own code. On a store with blocking connections
+    (``sync_driven``, the Valkey store) it runs right on the calling thread; on the others
+    it runs on a background event loop while the calling thread waits.
+    """
 
     def __init__(self, store: Store, **kwargs: Any) -> None:
         self._client = WorkflowClient(store, **kwargs)
         self.store = store
+        # A class attribute, so a wrapper that forwards attributes to another store (the
+        # archiving store) does not inherit the answer of what it wraps.
+        self._direct = bool(getattr(type(store), "sync_driven", False))
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return drive(coro) if self._direct else run_sync(coro)
 
     def submit(
         self,
@@ -197,30 +210,30 @@ class SyncWorkflowClient:
         owner: str | None = None,
         idempotency_key: str | None = None,
     ) -> RunHandle:
-        return run_sync(
+        return self._run(
             self._client.submit(workflow, params, owner=owner, idempotency_key=idempotency_key)
         )
 
     def get(self, run_id: str) -> RunInfo:
-        return run_sync(self._client.get(run_id))
+        return self._run(self._client.get(run_id))
 
     def result(self, run_id: str, timeout: float | None = None) -> Any:
-        return run_sync(self._client.result(run_id, timeout))
+        return self._run(self._client.result(run_id, timeout))
 
     def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
-        return run_sync(self._client.events(run_id, after_seq))
+        return self._run(self._client.events(run_id, after_seq))
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        run_sync(self._client.signal(run_id, name, payload))
+        self._run(self._client.signal(run_id, name, payload))
 
     def resume(self, run_id: str, value: Any = None) -> None:
-        run_sync(self._client.resume(run_id, value))
+        self._run(self._client.resume(run_id, value))
 
     def cancel(self, run_id: str) -> bool:
-        return run_sync(self._client.cancel(run_id))
+        return self._run(self._client.cancel(run_id))
 
     def wake(self, run_id: str) -> bool:
-        return run_sync(self._client.wake(run_id))
+        return self._run(self._client.wake(run_id))
 
     def list_runs(
         self,
@@ -238,4 +251,4 @@ class SyncWorkflowClient:
                 )
             ]
 
-        return iter(run_sync(collect()))
+        return iter(self._run(collect()))

@@ -3,7 +3,6 @@ schedules, and what an ArchivingStore reads of ended runs."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -11,12 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from redis import exceptions as rex
 
-from pyrula.errors import (
-    StoreUnavailable,
-)
-from pyrula.workflows._sync import run_sync
+from pyrula.workflows._sync import drive
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import (
     ClaimedRun,
@@ -31,11 +26,12 @@ from pyrula.workflows.stores.common import (
     validate_flow_control,
 )
 from pyrula.workflows.stores.valkey.connection import (
-    _TRANSIENT,
     ValkeyConnection,
     _dumps,
     _events,
     _seconds,
+    as_hash,
+    as_scored,
 )
 
 logger = logging.getLogger(__name__)
@@ -45,28 +41,6 @@ logger = logging.getLogger(__name__)
 class ValkeyAdmin(ValkeyConnection):
 
     # --- archiving (ArchivingStore) --------------------------------------------------
-
-    async def _pipelined(self, commands: Sequence[tuple[str, tuple[Any, ...], dict[str, Any]]]
-                         ) -> list[Any]:
-        """Plain commands in one pipelined round trip (standalone) or concurrently
-        (cluster); results in order."""
-        if not commands:
-            return []
-        client = await self._client()
-        try:
-            self.stats["round_trips"] += 1
-            if self._is_cluster:
-                return list(await asyncio.gather(
-                    *(getattr(client, m)(*args, **kw) for m, args, kw in commands)
-                ))
-            pipe = client.pipeline(transaction=False)
-            for method, args, kwargs in commands:
-                getattr(pipe, method)(*args, **kwargs)
-            return list(await pipe.execute())
-        except (rex.MovedError, rex.AskError) as exc:
-            raise self._hidden_cluster(exc) from None
-        except _TRANSIENT as exc:
-            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
 
     async def ended_runs(
         self, *, after: tuple[float, str] | None, until: float, limit: int
@@ -82,13 +56,15 @@ class ValkeyAdmin(ValkeyConnection):
         found: list[tuple[float, str]] = []
         pending = [(key, 0) for key in keys]
         while pending:
-            pages = await self._pipelined([
-                ("zrangebyscore", (key, low, until), {"start": offset, "num": limit,
-                                                      "withscores": True})
+            pages = await self._pipeline([
+                (key, ("ZRANGEBYSCORE", key, low, until, "WITHSCORES", "LIMIT", offset, limit))
                 for key, offset in pending
-            ])
+            ], idempotent=True)
             again = []
-            for (key, offset), page in zip(pending, pages, strict=True):
+            for (key, offset), reply in zip(pending, pages, strict=True):
+                if isinstance(reply, BaseException):
+                    raise reply
+                page = as_scored(reply)
                 fresh = [(float(score), str(member)) for member, score in page
                          if after is None or (float(score), str(member)) > after]
                 found.extend(fresh)
@@ -122,14 +98,18 @@ class ValkeyAdmin(ValkeyConnection):
         """Each ended run's record and whole journal, in one round trip; runs that are gone
         or have not ended are left out."""
         wanted = [r for r in run_ids if self.keys.base_of_run(r) is not None]
-        commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        commands: list[tuple[str | None, tuple[Any, ...]]] = []
         for run_id in wanted:
-            commands.append(("hgetall", (self.keys.run(run_id),), {}))
-            commands.append(("lrange", (self.keys.journal(run_id), 0, -1), {}))
-        replies = await self._pipelined(commands)
+            run, journal = self.keys.run(run_id), self.keys.journal(run_id)
+            commands.append((run, ("HGETALL", run)))
+            commands.append((journal, ("LRANGE", journal, 0, -1)))
+        replies = await self._pipeline(commands, idempotent=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
         out: dict[str, tuple[RunInfo, list[Event]]] = {}
         for i, run_id in enumerate(wanted):
-            fields, raw = replies[2 * i], replies[2 * i + 1]
+            fields, raw = as_hash(replies[2 * i]), replies[2 * i + 1]
             if not fields or not raw:
                 continue
             info = self._info(run_id, fields)
@@ -142,14 +122,17 @@ class ValkeyAdmin(ValkeyConnection):
     async def register_worker(
         self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
     ) -> None:
-        await self._cmd("hset", f"{self.keys.ns}:workers", worker_id,
-                        _dumps({"names": list(names), "expires": now + ttl}))
+        key = f"{self.keys.ns}:workers"
+        await self._call(key, "HSET", key, worker_id,
+                         _dumps({"names": list(names), "expires": now + ttl}))
 
     async def unregister_worker(self, worker_id: str) -> None:
-        await self._cmd("hdel", f"{self.keys.ns}:workers", worker_id)
+        key = f"{self.keys.ns}:workers"
+        await self._call(key, "HDEL", key, worker_id)
 
     async def stranded(self, *, now: float) -> list[str]:
-        workers = await self._cmd("hgetall", f"{self.keys.ns}:workers")
+        key = f"{self.keys.ns}:workers"
+        workers = as_hash(await self._read(key, "HGETALL", key))
         served: set[str] = set()
         gone = []
         for worker_id, raw in workers.items():
@@ -159,10 +142,11 @@ class ValkeyAdmin(ValkeyConnection):
             else:
                 gone.append(worker_id)
         if gone:
-            await self._cmd("hdel", f"{self.keys.ns}:workers", *gone)
+            await self._call(key, "HDEL", key, *gone)
         found = []
         for name in await self._names():
-            if name not in served and await self._cmd("zcard", self.keys.ready(name)):
+            ready = self.keys.ready(name)
+            if name not in served and await self._read(ready, "ZCARD", ready):
                 found.append(name)
         return found
 
@@ -185,7 +169,7 @@ class ValkeyAdmin(ValkeyConnection):
         stamp, config = self._flow_cache
         if time.monotonic() - stamp < 1.0:
             return config
-        fields = await self._cmd("hgetall", self.keys.meta)
+        fields = as_hash(await self._read(self.keys.meta, "HGETALL", self.keys.meta))
         config = {}
         for field, raw in fields.items():
             if field.startswith("flow:"):
@@ -252,13 +236,13 @@ class ValkeyAdmin(ValkeyConnection):
         max_concurrent: int | None = None,
         max_starts_per_second: float | None = None,
     ) -> None:
-        run_sync(self.aflow_control_set(owner, max_concurrent, max_starts_per_second))
+        drive(self.aflow_control_set(owner, max_concurrent, max_starts_per_second))
 
     def flow_control_get(self, owner: str) -> FlowControl | None:
-        return run_sync(self.aflow_control_get(owner))
+        return drive(self.aflow_control_get(owner))
 
     def flow_control_delete(self, owner: str) -> bool:
-        return run_sync(self.aflow_control_delete(owner))
+        return drive(self.aflow_control_delete(owner))
 
     async def aflow_control_set(
         self,
@@ -267,13 +251,14 @@ class ValkeyAdmin(ValkeyConnection):
         max_starts_per_second: float | None = None,
     ) -> None:
         validate_flow_control(owner, max_concurrent, max_starts_per_second)
-        await self._cmd("hset", self.keys.meta, f"flow:{owner}",
-                        _dumps([max_concurrent, max_starts_per_second]))
-        await self._cmd("delete", f"{self.keys.flow(owner)}:bucket")
+        meta, bucket = self.keys.meta, f"{self.keys.flow(owner)}:bucket"
+        await self._call(meta, "HSET", meta, f"flow:{owner}",
+                         _dumps([max_concurrent, max_starts_per_second]))
+        await self._call(bucket, "DEL", bucket)
         self._flow_cache = (-1e9, {})
 
     async def aflow_control_get(self, owner: str) -> FlowControl | None:
-        raw = await self._cmd("hget", self.keys.meta, f"flow:{owner}")
+        raw = await self._read(self.keys.meta, "HGET", self.keys.meta, f"flow:{owner}")
         if raw is None:
             return None
         max_concurrent, rate = orjson.loads(raw)
@@ -281,7 +266,7 @@ class ValkeyAdmin(ValkeyConnection):
 
     async def aflow_control_delete(self, owner: str) -> bool:
         self._flow_cache = (-1e9, {})
-        return bool(await self._cmd("hdel", self.keys.meta, f"flow:{owner}"))
+        return bool(await self._call(self.keys.meta, "HDEL", self.keys.meta, f"flow:{owner}"))
 
     # --- schedules ------------------------------------------------------------------
 
@@ -295,16 +280,16 @@ class ValkeyAdmin(ValkeyConnection):
         )
 
     def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule:
-        return run_sync(self.aschedule_create(schedule, now=now))
+        return drive(self.aschedule_create(schedule, now=now))
 
     def schedule_get(self, schedule_id: str) -> Schedule | None:
-        return run_sync(self.aschedule_get(schedule_id))
+        return drive(self.aschedule_get(schedule_id))
 
     def schedule_list(self) -> list[Schedule]:
-        return run_sync(self.aschedule_list())
+        return drive(self.aschedule_list())
 
     def schedule_delete(self, schedule_id: str) -> bool:
-        return run_sync(self.aschedule_delete(schedule_id))
+        return drive(self.aschedule_delete(schedule_id))
 
     async def aschedule_create(
         self, schedule: Schedule, *, now: float | None = None

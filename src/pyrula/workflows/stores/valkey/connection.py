@@ -5,7 +5,6 @@ across shards, and the checks a worker runs before it starts."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -15,9 +14,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-import redis.asyncio as aioredis
-from redis import exceptions as rex
-from redis.asyncio.cluster import RedisCluster
 
 from pyrula.errors import (
     ConfigurationError,
@@ -25,45 +21,20 @@ from pyrula.errors import (
     StoreUnavailable,
     WorkflowNotFound,
 )
-from pyrula.workflows._sync import run_sync
+from pyrula.workflows._sync import SYNC_DRIVE, drive
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import FlowControl, RunInfo, RunStatus
 from pyrula.workflows.stores.valkey.functions import SCRIPT, SHA
 from pyrula.workflows.stores.valkey.keys import KeySpace
+from pyrula.workflows.stores.valkey.resp import AsyncIO, Command, ReplyError, SyncIO, parse_url
+from pyrula.workflows.stores.valkey.router import ClusterMode, Router
 
 logger = logging.getLogger(__name__)
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 EVICTION_CHECKS = ("error", "warn", "off")
-_TRANSIENT = (rex.ConnectionError, rex.TimeoutError, ConnectionError, TimeoutError, OSError)
-
-
-
-class _WaitingPool(aioredis.ConnectionPool):
-    """A connection pool whose callers wait for a free connection when all are in use.
-
-    redis-py's BlockingConnectionPool does the same with a Condition on every checkout,
-    which costs a worker ~15 % of its CPU under load; an uncontended semaphore costs
-    next to nothing.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._slots = asyncio.Semaphore(self.max_connections)
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        await self._slots.acquire()
-        try:
-            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-        except BaseException:
-            self._slots.release()
-            raise
-
-    async def release(self, connection: Any) -> None:
-        try:
-            await super().release(connection)
-        finally:
-            self._slots.release()
+#: Error replies that mean the server is busy or changing, not that the call is wrong.
+_BUSY = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM")
 
 
 def _dumps(value: Any) -> str:
@@ -105,7 +76,11 @@ def _url(url: str) -> tuple[str, bool]:
 
 
 class ValkeyConnection:
-    """What every part of ValkeyStore shares: options, clients, the script call."""
+    """What every part of ValkeyStore shares: options, connections, the script call."""
+
+    #: Every operation runs on the calling thread's blocking connections when driven by
+    #: ``pyrula.workflows._sync.drive`` (synchronous callers need no event loop).
+    sync_driven = True
 
     def __init__(
         self,
@@ -150,17 +125,20 @@ class ValkeyConnection:
         self.keys = KeySpace(ns)
         self._socket_timeout = socket_timeout
         self._max_connections = max_connections
+        try:
+            self._seed, self._link_options = parse_url(self.url, socket_timeout)
+        except ValueError as exc:
+            raise ConfigurationError(f"ValkeyStore url {url!r}: {exc}") from None
+        self._mode = ClusterMode(cluster)
         self._lock = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+        self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Router] = (
             weakref.WeakKeyDictionary()
         )
         self._closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
             weakref.WeakKeyDictionary()
         )
-        self._init_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._is_cluster: bool | None = cluster
+        self._thread_routers: weakref.WeakSet[Router] = weakref.WeakSet()
+        self._local = threading.local()
         self._pid = os.getpid()
         self._known_names: set[str] = set()
         # Dry shards a claim found, to take out of the doorbell off the claim's path.
@@ -177,120 +155,136 @@ class ValkeyConnection:
 
     # --- connections ----------------------------------------------------------------
 
-    async def _client(self) -> Any:
-        """This event loop's client (each loop and thread gets its own connections)."""
+    def _router(self) -> Router:
+        """The router of this event loop, or of this thread for a synchronous call."""
+        if SYNC_DRIVE.get():
+            return self._thread_router()
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._pid != os.getpid():  # never reuse a parent's sockets after fork
-                self._clients = weakref.WeakKeyDictionary()
-                self._init_locks = weakref.WeakKeyDictionary()
-                self._pid = os.getpid()
-            client = self._clients.get(loop)
-            if client is not None:
-                return client
-            init_lock = self._init_locks.setdefault(loop, asyncio.Lock())
-        async with init_lock:  # one task builds it; the others wait for it
-            with self._lock:
-                client = self._clients.get(loop)
-            if client is not None:
-                return client
-            if self._is_cluster is None:
-                self._is_cluster = await self._detect_cluster()
-            opts: dict[str, Any] = {"decode_responses": True,
-                                    "socket_timeout": self._socket_timeout,
-                                    "socket_connect_timeout": self._socket_timeout}
-            if self._is_cluster:
-                client = RedisCluster.from_url(self.url, **opts)
-                try:
-                    await client.initialize()
-                except _TRANSIENT as exc:
-                    await client.aclose()
-                    raise StoreUnavailable(f"Valkey cluster at {self._where()}: {exc}") from exc
-            else:
-                # A burst of concurrent calls waits for a connection instead of failing
-                # with "Too many connections".
-                pool = _WaitingPool.from_url(
-                    self.url, max_connections=self._max_connections, **opts
-                )
-                client = aioredis.Redis.from_pool(pool)  # closing the client closes the pool
-            # Close this loop's client when the loop shuts down: asyncio.run() finalizes
-            # the loop's async generators before closing it, so this one's finally runs.
-            closer = self._closer(client)
-            await closer.__anext__()
-            with self._lock:
-                self._closers[loop] = closer
-                self._clients[loop] = client
-            return client
-
-    async def _closer(self, client: Any) -> AsyncIterator[None]:
+                self._forget_all()
+            router = self._routers.get(loop)
+            if router is not None:
+                return router
+            router = Router(AsyncIO(), self._seed, self._link_options, self._mode,
+                            max_blocking=self._max_connections)
+            self._routers[loop] = router
+        # Close this loop's connections when the loop shuts down: asyncio.run() finalizes
+        # the loop's async generators before closing it, so this one's finally runs. It is
+        # started here, without awaiting, so that finding the router stays synchronous.
+        closer = _closer(router)
+        first: Any = closer.__anext__()
         try:
-            yield
-        finally:
-            with contextlib.suppress(Exception):
-                await client.aclose()
+            first.send(None)
+        except StopIteration:
+            pass
+        with self._lock:
+            self._closers[loop] = closer
+        return router
 
-    async def _detect_cluster(self) -> bool:
-        """Read INFO once: does the server report a cluster?"""
-        probe = aioredis.Redis.from_url(
-            self.url, decode_responses=True, socket_timeout=self._socket_timeout,
-            socket_connect_timeout=self._socket_timeout,
-        )
-        try:
-            last: Exception | None = None
-            for attempt in range(3):
-                try:
-                    info = await probe.info("cluster")
-                    return bool(int(info.get("cluster_enabled", 0)))
-                except rex.NoPermissionError:
-                    return False  # INFO denied: read as standalone (cluster=True overrides)
-                except (*_TRANSIENT, rex.ResponseError) as exc:
-                    last = exc
-                    await asyncio.sleep(0.2 * (attempt + 1))
-            raise StoreUnavailable(f"Valkey at {self._where()} does not answer INFO: {last}")
-        finally:
-            await probe.aclose()
+    def _thread_router(self) -> Router:
+        local = self._local
+        router: Router | None = getattr(local, "router", None)
+        if router is None or getattr(local, "pid", None) != os.getpid() or router.closed:
+            router = Router(SyncIO(), self._seed, self._link_options, self._mode)
+            local.router, local.pid = router, os.getpid()
+            with self._lock:
+                self._thread_routers.add(router)
+        return router
+
+    def _forget_all(self) -> None:
+        """After a fork: the parent's connections belong to the parent."""
+        self._routers = weakref.WeakKeyDictionary()
+        self._closers = weakref.WeakKeyDictionary()
+        self._thread_routers = weakref.WeakSet()
+        self._local = threading.local()
+        self._pid = os.getpid()
+
+    @property
+    def _is_cluster(self) -> bool | None:
+        return self._mode.cluster
 
     def _where(self) -> str:
-        parts = urlsplit(self.url)
-        return f"{parts.hostname}:{parts.port or 6379}"
+        return str(self._seed)
 
     async def load_script(self) -> None:
-        client = await self._client()
-        try:
-            await client.script_load(SCRIPT)
-        except _TRANSIENT as exc:
-            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+        """Load this build's script (on every primary of a cluster)."""
+        for where, reply in await self._router().each_primary(("SCRIPT", "LOAD", SCRIPT)):
+            if isinstance(reply, ReplyError):
+                raise StoreUnavailable(f"Valkey at {where} refused SCRIPT LOAD: {reply}")
+
+    async def _call(self, key: str | None, *command: Any, idempotent: bool = False) -> Any:
+        """One plain command; an error reply is raised as the store's error."""
+        self.stats["round_trips"] += 1
+        reply = await self._router().call(key, *command, idempotent=idempotent)
+        if isinstance(reply, ReplyError):
+            raise self._plain_error(reply)
+        return reply
+
+    async def _read(self, key: str | None, *command: Any) -> Any:
+        return await self._call(key, *command, idempotent=True)
+
+    async def _pipeline(self, commands: Sequence[tuple[str | None, Command]],
+                        *, idempotent: bool = False) -> list[Any]:
+        """Plain commands in one round trip (grouped by node on a cluster); replies in
+        order, error replies in place as the store's errors."""
+        if not commands:
+            return []
+        self.stats["round_trips"] += 1
+        replies = await self._router().execute([c for _, c in commands],
+                                               [k for k, _ in commands],
+                                               idempotent=idempotent)
+        return [self._plain_error(r) if isinstance(r, ReplyError) else r for r in replies]
+
+    async def _blocking(self, key: str, commands: Sequence[Command], block: float) -> list[Any]:
+        self.stats["round_trips"] += 1
+        replies = await self._router().blocking(key, commands, block)
+        return [self._plain_error(r) if isinstance(r, ReplyError) else r for r in replies]
 
     async def _op(self, base: str, *args: Any) -> Any:
         """EVALSHA one operation on one shard; reload the script once on NOSCRIPT."""
-        client = await self._client()
-        for attempt in (1, 2):
-            try:
-                self.stats["round_trips"] += 1
-                return await client.evalsha(SHA, 1, base, *args)
-            except rex.NoScriptError as exc:
-                if attempt == 2:  # flushed again at once: a transient state, not a loop
-                    raise StoreUnavailable(
-                        f"Valkey at {self._where()}: NOSCRIPT after reloading ({exc})"
-                    ) from exc
-                await self.load_script()
-            except (rex.MovedError, rex.AskError) as exc:
-                raise self._hidden_cluster(exc) from None
-            except rex.ResponseError as exc:
-                raise self._translate(exc, args) from None
-            except _TRANSIENT as exc:
-                raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
-        raise AssertionError("unreachable")
+        result = (await self._eval([(base, args)]))[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
-    async def _cmd(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        client = await self._client()
-        try:
+    async def _batch(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        """Several operations on several shards in one round trip (grouped by node on a
+        cluster). Errors are returned in place, not raised."""
+        if not calls:
+            return []
+        return await self._eval(calls)
+
+    async def _eval(self, calls: Sequence[tuple[str, tuple[Any, ...]]],
+                    extra: Sequence[tuple[str | None, Command]] = ()) -> list[Any]:
+        """EVALSHA each call, then the plain ``extra`` commands, in one round trip; the
+        script is reloaded once if the server lost it. Results in order (``extra``'s
+        last), errors in place."""
+        commands: list[Command] = [("EVALSHA", SHA, 1, base, *args) for base, args in calls]
+        keys: list[str | None] = [base for base, _ in calls]
+        commands.extend(c for _, c in extra)
+        keys.extend(k for k, _ in extra)
+        router = self._router()
+        self.stats["round_trips"] += 1
+        results = await router.execute(commands, keys)
+        # A flush can land between the calls of one batch: re-send only the calls refused
+        # with NOSCRIPT (they did not run); the others must not run twice.
+        refused = [i for i in range(len(calls)) if _noscript(results[i])]
+        if refused:
+            await self.load_script()
             self.stats["round_trips"] += 1
-            return await getattr(client, method)(*args, **kwargs)
-        except (rex.MovedError, rex.AskError) as exc:
-            raise self._hidden_cluster(exc) from None
-        except _TRANSIENT as exc:
-            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+            again = await router.execute([commands[i] for i in refused],
+                                         [keys[i] for i in refused])
+            for i, result in zip(refused, again, strict=True):
+                results[i] = result
+        out: list[Any] = []
+        for i, result in enumerate(results):
+            if isinstance(result, ReplyError):
+                out.append(self._translate(result, calls[i][1]) if i < len(calls)
+                           else self._plain_error(result))
+            else:
+                out.append(result)
+        return out
 
     def _hidden_cluster(self, exc: Exception) -> ConfigurationError:
         return ConfigurationError(
@@ -298,10 +292,17 @@ class ValkeyConnection:
             "does not report itself as one; pass cluster=True (CLI: --cluster)"
         )
 
-    def _translate(self, exc: rex.ResponseError, args: Sequence[Any]) -> Exception:
-        if isinstance(exc, rex.MovedError | rex.AskError):  # its text lacks the MOVED
-            return self._hidden_cluster(exc)
-        message = str(exc)
+    def _plain_error(self, reply: ReplyError) -> Exception:
+        if reply.code in ("MOVED", "ASK", "CROSSSLOT"):
+            return self._hidden_cluster(reply)
+        if reply.code == "NOPERM":
+            return ConfigurationError(
+                f"Valkey at {self._where()} refused a command to this store's user: {reply}"
+            )
+        return StoreUnavailable(f"Valkey at {self._where()}: {reply}")
+
+    def _translate(self, reply: ReplyError, args: Sequence[Any]) -> Exception:
+        message = str(reply)
         run_id = str(args[1]) if len(args) > 1 else "?"
         if message.startswith("STALE"):
             current = message.split(" ", 1)[1] if " " in message else None
@@ -309,44 +310,15 @@ class ValkeyConnection:
                               int(current) if current and current.isdigit() else None)
         if message.startswith("NOTFOUND"):
             return WorkflowNotFound(f"no run with id {run_id!r}")
-        if "MOVED" in message or "CROSSSLOT" in message:
-            return self._hidden_cluster(exc)
+        if reply.code in ("MOVED", "ASK", "CROSSSLOT") or "CROSSSLOT" in message:
+            return self._hidden_cluster(reply)
+        if reply.code == "NOSCRIPT":
+            return StoreUnavailable(
+                f"Valkey at {self._where()}: NOSCRIPT after reloading ({message})"
+            )
+        if reply.code in _BUSY:
+            return StoreUnavailable(f"Valkey at {self._where()}: {message}")
         return StoreUnavailable(f"Valkey script error: {message}")
-
-    async def _batch(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        """Several operations on several shards in one pipelined round trip (standalone) or
-        concurrently (cluster). Errors are returned in place, not raised."""
-        if not calls:
-            return []
-        client = await self._client()
-        if self._is_cluster:
-            return list(await asyncio.gather(
-                *(self._op(base, *args) for base, args in calls), return_exceptions=True
-            ))
-        results: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        for attempt in (1, 2):
-            pipe = client.pipeline(transaction=False)
-            for i in pending:
-                base, args = calls[i]
-                pipe.evalsha(SHA, 1, base, *args)
-            try:
-                self.stats["round_trips"] += 1
-                answers = await pipe.execute(raise_on_error=False)
-            except _TRANSIENT as exc:
-                raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
-            for i, answer in zip(pending, answers, strict=True):
-                results[i] = answer
-            # A flush can land between the calls of one pipeline: re-send only the calls
-            # refused with NOSCRIPT (they did not run); the others must not run twice.
-            pending = [i for i in pending if isinstance(results[i], rex.NoScriptError)]
-            if not pending or attempt == 2:
-                break
-            await self.load_script()
-        return [
-            self._translate(r, args) if isinstance(r, rex.ResponseError) else r
-            for r, (_, args) in zip(results, calls, strict=True)
-        ]
 
     def _info(self, run_id: str, f: Mapping[str, str]) -> RunInfo:
         def num(key: str) -> float | None:
@@ -380,27 +352,22 @@ class ValkeyConnection:
     async def prepare(self, names: Sequence[str]) -> None:
         """What a worker checks before any loop starts: cluster mode, eviction policy,
         the recorded shard count of each name; then loads the script."""
-        client = await self._client()
-        await self._check_eviction(client)
+        await self._check_eviction()
         for name in names:
             await self._register_name(name)
         await self.load_script()
 
-    async def _check_eviction(self, client: Any) -> None:
+    async def _check_eviction(self) -> None:
         if self.eviction_policy_check == "off":
             return
-        try:
-            if self._is_cluster:
-                infos = await client.info("memory", target_nodes=RedisCluster.PRIMARIES)
-                memory = next(iter(infos.values())) if isinstance(infos, dict) and all(
-                    isinstance(v, dict) for v in infos.values()) else infos
-            else:
-                memory = await client.info("memory")
-        except rex.NoPermissionError:
-            logger.warning("cannot read INFO memory to check the eviction policy")
-            return
-        except _TRANSIENT as exc:
-            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+        replies = await self._router().each_primary(("INFO", "memory"))
+        where, reply = replies[0]
+        if isinstance(reply, ReplyError):
+            if reply.code == "NOPERM":
+                logger.warning("cannot read INFO memory to check the eviction policy")
+                return
+            raise StoreUnavailable(f"Valkey at {where}: {reply}")
+        memory = parse_info(str(reply))
         policy = str(memory.get("maxmemory_policy", "noeviction"))
         maxmemory = int(memory.get("maxmemory", 0) or 0)
         if policy.startswith("allkeys-") and maxmemory > 0:
@@ -423,9 +390,14 @@ class ValkeyConnection:
         if name in self._known_names:
             return
         field = f"shards:{name}"
-        await self._cmd("hsetnx", self.keys.meta, field, self.shard_count)
-        recorded = int(await self._cmd("hget", self.keys.meta, field))
-        if recorded != self.shard_count:
+        meta = self.keys.meta
+        _, recorded = await self._pipeline([
+            (meta, ("HSETNX", meta, field, self.shard_count)),
+            (meta, ("HGET", meta, field)),
+        ])
+        if isinstance(recorded, BaseException):
+            raise recorded
+        if int(recorded) != self.shard_count:
             raise ConfigurationError(
                 f"workflow {name!r} was recorded with shard_count={recorded} in namespace "
                 f"{self.namespace!r}, this store has shard_count={self.shard_count}; use the "
@@ -434,7 +406,7 @@ class ValkeyConnection:
         self._known_names.add(name)
 
     async def _names(self) -> list[str]:
-        fields = await self._cmd("hkeys", self.keys.meta)
+        fields = await self._read(self.keys.meta, "HKEYS", self.keys.meta)
         return sorted(f[len("shards:"):] for f in fields if f.startswith("shards:"))
 
     # --- lifecycle ------------------------------------------------------------------
@@ -443,48 +415,90 @@ class ValkeyConnection:
         self, project: str | None, environment: str | None
     ) -> tuple[str | None, str | None]:
         recorded: list[str | None] = []
+        meta = self.keys.meta
         for key, value in (("project", project), ("environment", environment)):
             if value is not None:
-                await self._cmd("hsetnx", self.keys.meta, f"binding.{key}", value)
-            found = await self._cmd("hget", self.keys.meta, f"binding.{key}")
+                await self._call(meta, "HSETNX", meta, f"binding.{key}", value)
+            found = await self._read(meta, "HGET", meta, f"binding.{key}")
             recorded.append(None if found is None else str(found))
         return recorded[0], recorded[1]
 
     async def aping(self) -> None:
-        await self._cmd("ping")
+        await self._read(None, "PING")
 
     def ping(self) -> None:
-        run_sync(self.aping())
+        drive(self.aping())
 
     async def aclose(self) -> None:
+        """Close this event loop's connections."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            client = self._clients.pop(loop, None)
-        if client is not None:
-            await client.aclose()
+            router = self._routers.pop(loop, None)
+            closer = self._closers.pop(loop, None)
+        if router is not None:
+            router.close()
+        if closer is not None:
+            await closer.aclose()
 
     def close(self) -> None:
-        """Close the clients of every loop still running (the facade loop included);
-        a client whose loop has already ended is dropped."""
+        """Close the connections of every loop and thread; each loop's own are closed on
+        that loop (a loop that has ended took its connections with it)."""
         with self._lock:
-            clients = list(self._clients.items())
-            self._clients = weakref.WeakKeyDictionary()
-        for loop, client in clients:
-            if loop.is_closed() or not loop.is_running():
+            routers = list(self._routers.items())
+            threads = list(self._thread_routers)
+            self._routers = weakref.WeakKeyDictionary()
+            self._thread_routers = weakref.WeakSet()
+        for router in threads:
+            router.close()
+        for loop, router in routers:
+            if loop.is_closed():
                 continue
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:
                 running = None
-            if running is loop:
-                continue  # cannot block on our own loop; aclose() is the async path
-            future = asyncio.run_coroutine_threadsafe(client.aclose(), loop)
-            try:
-                future.result(timeout=5.0)
-            except Exception:  # closing is best effort
-                logger.debug("closing a Valkey client failed", exc_info=True)
+            if running is loop or not loop.is_running():
+                router.close()
+            else:
+                loop.call_soon_threadsafe(router.close)
 
     def __repr__(self) -> str:
         return (f"ValkeyStore({self._where()!r}, namespace={self.namespace!r}, "
                 f"shard_count={self.shard_count})")
 
+
+async def _closer(router: Router) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        router.close()
+
+
+def _noscript(result: Any) -> bool:
+    return isinstance(result, ReplyError) and result.code == "NOSCRIPT"
+
+
+def parse_info(text: str) -> dict[str, str]:
+    """``INFO`` text as a dict of its ``field:value`` lines."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            field, _, value = line.partition(":")
+            out[field] = value.strip()
+    return out
+
+
+def as_hash(reply: Sequence[Any] | None) -> dict[str, str]:
+    """A flat ``HGETALL`` reply as a dict."""
+    if not reply:
+        return {}
+    it = iter(reply)
+    return dict(zip(it, it, strict=True))
+
+
+def as_scored(reply: Sequence[Any] | None) -> list[tuple[str, float]]:
+    """A flat ``... WITHSCORES`` reply as (member, score) pairs."""
+    if not reply:
+        return []
+    it = iter(reply)
+    return [(str(member), float(score)) for member, score in zip(it, it, strict=True)]

@@ -8,14 +8,11 @@ side lives in connection.py, membership, flow control and schedules in admin.py.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from redis import exceptions as rex
 
 from pyrula.errors import (
     ConfigurationError,
@@ -23,7 +20,7 @@ from pyrula.errors import (
     StoreUnavailable,
     WorkflowNotFound,
 )
-from pyrula.workflows._sync import run_sync
+from pyrula.workflows._sync import drive
 from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, make_event
 from pyrula.workflows.records import (
     AppendResult,
@@ -43,12 +40,12 @@ from pyrula.workflows.stores.common import (
 )
 from pyrula.workflows.stores.valkey.admin import ValkeyAdmin
 from pyrula.workflows.stores.valkey.connection import (
-    _TRANSIENT,
     _dumps,
     _events,
     _loads,
+    as_hash,
+    as_scored,
 )
-from pyrula.workflows.stores.valkey.functions import SHA
 from pyrula.workflows.stores.valkey.keys import name_hash
 
 logger = logging.getLogger(__name__)
@@ -82,33 +79,15 @@ class ValkeyStore(ValkeyAdmin):
         event = submitted_event(now, name, params, owner, idempotency_key)
         args = ("submit", run_id, name, owner or NO_OWNER, _dumps(params), now,
                 idempotency_key or "", _dumps(event), "")
-        if self._is_cluster:
-            result = await self._op(base, *args)
-            if int(result[1]):
-                await self._ring(name, [shard], now)
-        else:
-            # One round trip: the script and the doorbell in one pipeline.
-            client = await self._client()
-            result = None
-            for attempt in (1, 2):
-                pipe = client.pipeline(transaction=False)
-                pipe.evalsha(SHA, 1, base, *args)
-                pipe.zadd(self.keys.ready(name), self._rung([shard], now), gt=True)
-                pipe.lpush(self.keys.bell, "1")
-                pipe.ltrim(self.keys.bell, 0, 63)
-                try:
-                    self.stats["round_trips"] += 1
-                    replies = await pipe.execute(raise_on_error=False)
-                except _TRANSIENT as exc:
-                    raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
-                if isinstance(replies[0], rex.NoScriptError) and attempt == 1:
-                    await self.load_script()
-                    continue
-                if isinstance(replies[0], rex.ResponseError):
-                    raise self._translate(replies[0], args)
-                result = replies[0]
-                break
-            assert result is not None
+        # One round trip: the script, and the doorbell beside it.
+        ready, bell = self.keys.ready(name), self.keys.bell
+        result, *_ = await self._eval([(base, args)], extra=[
+            (ready, ("ZADD", ready, "GT", *self._rung([shard], now))),
+            (bell, ("LPUSH", bell, "1")),
+            (bell, ("LTRIM", bell, 0, 63)),
+        ])
+        if isinstance(result, BaseException):
+            raise result
         created = bool(int(result[1]))
         return RunHandle(name, str(result[0])), created
 
@@ -119,39 +98,32 @@ class ValkeyStore(ValkeyAdmin):
     async def _ring_key(self, ready: str, shards: Sequence[int], now: float) -> None:
         if not shards:
             return
-        client = await self._client()
-        try:
-            if self._is_cluster:
-                self.stats["round_trips"] += 2
-                await asyncio.gather(
-                    client.zadd(ready, self._rung(shards, now), gt=True),
-                    self._push_bell(client),
-                )
-            else:
-                pipe = client.pipeline(transaction=False)
-                pipe.zadd(ready, self._rung(shards, now), gt=True)
-                pipe.lpush(self.keys.bell, "1")
-                pipe.ltrim(self.keys.bell, 0, 63)
-                self.stats["round_trips"] += 1
-                await pipe.execute()
-        except _TRANSIENT as exc:
-            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+        bell = self.keys.bell
+        for reply in await self._pipeline([
+            (ready, ("ZADD", ready, "GT", *self._rung(shards, now))),
+            (bell, ("LPUSH", bell, "1")),
+            (bell, ("LTRIM", bell, 0, 63)),
+        ]):
+            if isinstance(reply, BaseException):
+                raise reply
 
     @staticmethod
-    def _rung(shards: Sequence[int], now: float) -> dict[str, int]:
+    def _rung(shards: Sequence[int], now: float) -> list[Any]:
+        """ZADD arguments: each shard scored with the time it was rung (ms)."""
         ms = int(now * 1000)
-        return {str(s): ms for s in shards}
-
-    async def _push_bell(self, client: Any) -> None:
-        pipe = client.pipeline(transaction=False)
-        pipe.lpush(self.keys.bell, "1")
-        pipe.ltrim(self.keys.bell, 0, 63)
-        await pipe.execute()
+        out: list[Any] = []
+        for shard in shards:
+            out.extend((ms, shard))
+        return out
 
     async def wait_for_work(self, names: Sequence[str], timeout: float) -> bool:
         """Block until something rings the doorbell (or ``timeout``); True if it rang."""
         await self._flush_unring()
-        popped = await self._cmd("blpop", [self.keys.bell], timeout=max(timeout, 0.01))
+        wait = max(timeout, 0.01)
+        popped = (await self._blocking(self.keys.bell, [("BLPOP", self.keys.bell, wait)],
+                                       wait))[0]
+        if isinstance(popped, BaseException):
+            raise popped
         return bool(popped)
 
     # --- attempt writes -------------------------------------------------------------
@@ -282,21 +254,15 @@ class ValkeyStore(ValkeyAdmin):
         if not names or limit <= 0:
             return []
         await self._flush_unring()
-        client = await self._client()
-        try:
-            if self._is_cluster:
-                rings = await asyncio.gather(
-                    *(client.zrange(self.keys.ready(n), 0, -1, withscores=True) for n in names)
-                )
-            else:
-                pipe = client.pipeline(transaction=False)
-                for n in names:
-                    pipe.zrange(self.keys.ready(n), 0, -1, withscores=True)
-                rings = await pipe.execute()
-        except (rex.MovedError, rex.AskError) as exc:
-            raise self._hidden_cluster(exc) from None
-        except _TRANSIENT as exc:
-            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+        replies = await self._pipeline(
+            [(self.keys.ready(n), ("ZRANGE", self.keys.ready(n), 0, -1, "WITHSCORES"))
+             for n in names], idempotent=True,
+        )
+        rings = []
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+            rings.append(as_scored(reply))
         candidates: list[tuple[int, str, int, float]] = []  # (priority, name, shard, rung)
         for name, rung in zip(names, rings, strict=True):
             held = self._held_shards(name)
@@ -404,7 +370,7 @@ class ValkeyStore(ValkeyAdmin):
         enqueued after it, and its own ring comes after our removal."""
         for name, shards in empty.items():
             members = [str(s) for s, _ in shards]
-            await self._cmd("zrem", self.keys.ready(name), *members)
+            await self._call(self.keys.ready(name), "ZREM", self.keys.ready(name), *members)
             looks = await self._batch(
                 [(self.keys.base_of(name, s), ("pending",)) for s, _ in shards]
             )
@@ -475,20 +441,12 @@ class ValkeyStore(ValkeyAdmin):
         """(name, shard, how many to take) for shards with entries of ``suffix`` due by
         ``now``, allotted in shard order so the total stays within ``limit``."""
         shards = [(n, s) for n in names for s in self._shards_to_scan(n)]
-        client = await self._client()
         keys = [f"{self.keys.base_of(n, s)}:{suffix}" for n, s in shards]
-        try:
-            if self._is_cluster:
-                counts = await asyncio.gather(*(client.zcount(k, "-inf", now) for k in keys))
-            else:
-                pipe = client.pipeline(transaction=False)
-                for key in keys:
-                    pipe.zcount(key, "-inf", now)
-                counts = await pipe.execute()
-        except (rex.MovedError, rex.AskError) as exc:
-            raise self._hidden_cluster(exc) from None
-        except _TRANSIENT as exc:
-            raise StoreUnavailable(f"Valkey at {self._where()}: {exc}") from exc
+        counts = await self._pipeline([(k, ("ZCOUNT", k, "-inf", now)) for k in keys],
+                                      idempotent=True)
+        for count in counts:
+            if isinstance(count, BaseException):
+                raise count
         plan: list[tuple[str, int, int]] = []
         left = limit
         for (name, shard), count in zip(shards, counts, strict=True):
@@ -587,7 +545,7 @@ class ValkeyStore(ValkeyAdmin):
             await self._ring(name, list(range(self.shard_count)), time.time())
             return total
 
-        return run_sync(recover())
+        return drive(recover())
 
     # --- run control ----------------------------------------------------------------
 
@@ -625,14 +583,16 @@ class ValkeyStore(ValkeyAdmin):
     async def get_run(self, run_id: str) -> RunInfo | None:
         if self.keys.base_of_run(run_id) is None:
             return None
-        fields = await self._cmd("hgetall", self.keys.run(run_id))
+        key = self.keys.run(run_id)
+        fields = as_hash(await self._read(key, "HGETALL", key))
         return self._info(run_id, fields) if fields else None
 
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         if self.keys.base_of_run(run_id) is None:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
-        raw = await self._cmd("lrange", self.keys.journal(run_id), after_seq, -1)
-        if not raw and not await self._cmd("exists", self.keys.run(run_id)):
+        journal, run = self.keys.journal(run_id), self.keys.run(run_id)
+        raw = await self._read(journal, "LRANGE", journal, after_seq, -1)
+        if not raw and not await self._read(run, "EXISTS", run):
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         return _events(raw, after_seq + 1)
 
@@ -654,8 +614,11 @@ class ValkeyStore(ValkeyAdmin):
         for base in bases:
             offset = 0
             while True:
-                ids = await self._cmd("zrevrangebyscore", f"{base}:index", top, "-inf",
-                                      start=offset, num=chunk, withscores=True)
+                index = f"{base}:index"
+                ids = as_scored(await self._read(
+                    index, "ZREVRANGEBYSCORE", index, top, "-inf", "WITHSCORES",
+                    "LIMIT", offset, chunk,
+                ))
                 if not ids:
                     break
                 offset += len(ids)
@@ -680,15 +643,15 @@ class ValkeyStore(ValkeyAdmin):
     async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
         if self.keys.base_of_run(run_id) is None:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         done_key = self.keys.done(run_id)
         while True:
             info = await self.get_run(run_id)
             if info is None:
                 # An earlier run of a continue_as_new chain may have expired while the chain
                 # goes on: its start id's tail record names the chain's latest run.
-                tail = await self._cmd("get", f"{self.keys.base_of_run(run_id)}:chain:{run_id}")
+                chain = f"{self.keys.base_of_run(run_id)}:chain:{run_id}"
+                tail = await self._read(chain, "GET", chain)
                 if tail is None or tail == run_id:
                     raise WorkflowNotFound(f"no run with id {run_id!r}")
                 run_id, done_key = str(tail), self.keys.done(str(tail))
@@ -697,13 +660,17 @@ class ValkeyStore(ValkeyAdmin):
                 return info
             wait = 5.0
             if deadline is not None:
-                wait = min(wait, deadline - loop.time())
+                wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:
                     raise TimeoutError(f"run {run_id} did not end within {timeout} s")
             # Woken by the store, no polling: a blocking rotation of the run's "done" list,
             # which leaves its token (and its TTL) for other waiters. (A pop and a push
             # back emptied the list in between: the key came back without its TTL.)
-            await self._cmd("blmove", done_key, done_key, max(wait, 0.01), "LEFT", "RIGHT")
+            wait = max(wait, 0.01)
+            moved = (await self._blocking(
+                done_key, [("BLMOVE", done_key, done_key, "LEFT", "RIGHT", wait)], wait))[0]
+            if isinstance(moved, BaseException):
+                raise moved
 
     # --- shards ---------------------------------------------------------------------
 

@@ -1,0 +1,452 @@
+"""The wire under the Valkey store: RESP connections packed and parsed by hiredis.
+
+A :class:`Link` is one connection to one server. Requests are pipelined: a caller writes
+its packed commands and waits for as many replies, and replies come back in the order the
+requests were written, so one connection per server carries every concurrent caller of an
+event loop. (redis-py builds, checks out and parses a connection per command, which costs
+a worker about three times the CPU of the hiredis calls themselves.)
+
+Two kinds of link share one interface, ``await link.request(packed, count)``:
+
+- :class:`AsyncLink`, an ``asyncio.Protocol`` for code on an event loop;
+- :class:`SyncLink`, a blocking socket. Its ``request`` is a coroutine that never suspends,
+  so the same ``async def`` store operation runs to completion on a plain thread when it is
+  driven by ``send(None)`` (see ``pyrula.workflows._sync.drive``): one implementation of
+  each operation, with no event loop and no thread hop behind a synchronous call.
+
+Error replies are returned as :class:`ReplyError` values in place, never raised here; a
+connection that fails raises :class:`ConnectFailed` (nothing was sent) or
+:class:`LinkLost` (the request may or may not have run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import hiredis
+
+T = TypeVar("T")
+
+#: Bytes read from a socket at a time.
+_CHUNK = 1 << 16
+
+
+class ReplyError(Exception):
+    """An error reply from the server; ``str()`` is its text (``MOVED 3999 host:6379``)."""
+
+    @property
+    def code(self) -> str:
+        text = str(self)
+        return text.split(" ", 1)[0] if text else ""
+
+
+class ConnectFailed(ConnectionError):
+    """No connection could be made: nothing was sent, so a retry cannot run anything twice."""
+
+
+class LinkLost(ConnectionError):
+    """The connection failed after a request was written: it may or may not have run."""
+
+
+Command = Sequence[str | bytes | int | float]
+
+
+def pack(commands: Sequence[Command]) -> bytes:
+    """The RESP bytes of ``commands``, to be written in one go."""
+    pack_command: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
+    if len(commands) == 1:
+        return pack_command(tuple(commands[0]))
+    return b"".join(pack_command(tuple(c)) for c in commands)
+
+
+def _reader() -> hiredis.Reader:
+    return hiredis.Reader(replyError=ReplyError, encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class LinkOptions:
+    """How to open and talk to every server of one store."""
+
+    username: str | None = None
+    password: str | None = None
+    db: int = 0
+    tls: ssl.SSLContext | None = None
+    check_hostname: bool = True
+    timeout: float = 10.0
+
+    def handshake(self) -> list[Command]:
+        """Commands every new connection sends first."""
+        commands: list[Command] = []
+        if self.password is not None:
+            commands.append(("AUTH", self.username, self.password) if self.username
+                            else ("AUTH", self.password))
+        if self.db:
+            commands.append(("SELECT", self.db))
+        return commands
+
+
+def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
+    """``redis[s]://[user[:password]@]host[:port][/db][?ssl_cert_reqs=..&ssl_ca_certs=..]``."""
+    parts = urlsplit(url)
+    tls = parts.scheme in ("rediss", "valkeys")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    db_text = (parts.path or "/").lstrip("/") or query.get("db", "0")
+    if not db_text.isdigit():
+        raise ValueError(f"database {db_text!r} in the URL is not a number")
+    context = _tls_context(query) if tls else None
+    password = unquote(parts.password) if parts.password is not None else None
+    username = unquote(parts.username) if parts.username else None
+    if password is None and username is not None:  # redis://:secret@ reads as a password
+        password, username = username, None
+    options = LinkOptions(
+        username=username or None, password=password, db=int(db_text), tls=context,
+        check_hostname=query.get("ssl_check_hostname", "true").lower() not in ("false", "0"),
+        timeout=timeout,
+    )
+    return Endpoint(parts.hostname or "localhost", parts.port or 6379), options
+
+
+def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
+    reqs = query.get("ssl_cert_reqs", "required").lower()
+    if reqs in ("none", "cert_none"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif reqs in ("optional", "cert_optional"):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_OPTIONAL
+    elif query.get("ssl_check_hostname", "true").lower() in ("false", "0"):
+        context.check_hostname = False
+    if "ssl_certfile" in query:
+        context.load_cert_chain(query["ssl_certfile"], query.get("ssl_keyfile"))
+    return context
+
+
+class Link(Protocol):
+    @property
+    def alive(self) -> bool: ...
+
+    async def request(self, packed: bytes, count: int, timeout: float | None = None
+                      ) -> list[Any]: ...
+
+    def close(self) -> None: ...
+
+
+# --- asyncio ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[list[Any]]
+    count: int
+    deadline: float
+    replies: list[Any] = field(default_factory=list)
+
+
+class AsyncLink(asyncio.Protocol):
+    """One pipelined connection on one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, where: Endpoint, timeout: float) -> None:
+        self._loop = loop
+        self._where = where
+        self._timeout = timeout
+        self._reader = _reader()
+        self._pending: deque[_Pending] = deque()
+        self._transport: asyncio.Transport | None = None
+        self._lost: BaseException | None = None
+        self._watch: asyncio.TimerHandle | None = None
+
+    @classmethod
+    async def open(cls, where: Endpoint, options: LinkOptions) -> AsyncLink:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(options.timeout):
+                _, link = await loop.create_connection(
+                    lambda: cls(loop, where, options.timeout), where.host, where.port,
+                    ssl=options.tls,
+                    server_hostname=(where.host if options.tls and options.check_hostname
+                                     else ("" if options.tls else None)),
+                )
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            raise ConnectFailed(f"cannot connect to {where}: {exc or type(exc).__name__}"
+                                ) from exc
+        await _handshake(link, options, where)
+        return link
+
+    # protocol callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        try:
+            reader.feed(data)
+            pending = self._pending
+            while True:
+                reply = reader.gets()
+                if reply is False:
+                    return
+                if not pending:
+                    raise hiredis.ProtocolError("a reply came with no request waiting")
+                head = pending[0]
+                head.replies.append(reply)
+                if len(head.replies) == head.count:
+                    pending.popleft()
+                    if not head.future.done():
+                        head.future.set_result(head.replies)
+        except hiredis.ProtocolError as exc:
+            self._fail(LinkLost(f"{self._where} sent what is not RESP: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(LinkLost(f"connection to {self._where} lost"
+                            + (f": {exc}" if exc else " (closed by the server)")))
+
+    # requests
+
+    @property
+    def alive(self) -> bool:
+        return self._lost is None and self._transport is not None
+
+    async def request(self, packed: bytes, count: int, timeout: float | None = None
+                      ) -> list[Any]:
+        if self._lost is not None or self._transport is None:
+            raise LinkLost(str(self._lost or f"connection to {self._where} is closed"))
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        wait = self._timeout if timeout is None else timeout
+        self._pending.append(_Pending(future, count, time.monotonic() + wait))
+        self._transport.write(packed)
+        if self._watch is None:
+            self._arm()
+        return await future
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self._fail(LinkLost(f"connection to {self._where} closed"))
+
+    # failure and timeouts
+
+    def _fail(self, error: BaseException) -> None:
+        if self._lost is None:
+            self._lost = error
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        while self._pending:
+            waiter = self._pending.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(LinkLost(str(self._lost)))
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.abort()
+
+    def _arm(self) -> None:
+        # One timer a connection, checked every quarter timeout, rather than a timer per
+        # request: the oldest request waiting past its deadline ends the connection.
+        self._watch = self._loop.call_later(max(self._timeout / 4, 0.05), self._check)
+
+    def _check(self) -> None:
+        self._watch = None
+        if not self._pending:
+            return
+        if self._pending[0].deadline < time.monotonic():
+            self._fail(LinkLost(f"{self._where} did not answer within the timeout"))
+            return
+        self._arm()
+
+
+async def _handshake(link: Link, options: LinkOptions, where: Endpoint) -> None:
+    hello = options.handshake()
+    if not hello:
+        return
+    try:
+        replies = await link.request(pack(hello), len(hello))
+    except LinkLost as exc:
+        raise ConnectFailed(str(exc)) from exc
+    for reply in replies:
+        if isinstance(reply, ReplyError):
+            link.close()
+            raise reply
+
+
+# --- blocking sockets ---------------------------------------------------------------
+
+
+class SyncLink:
+    """One blocking connection, for a synchronous caller on one thread."""
+
+    def __init__(self, sock: socket.socket, where: Endpoint, timeout: float) -> None:
+        self._sock: socket.socket | None = sock
+        self._where = where
+        self._timeout = timeout
+        self._reader = _reader()
+
+    @classmethod
+    def open_now(cls, where: Endpoint, options: LinkOptions) -> SyncLink:
+        try:
+            sock = socket.create_connection((where.host, where.port), timeout=options.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if options.tls is not None:
+                sock = options.tls.wrap_socket(
+                    sock, server_hostname=where.host if options.check_hostname else None
+                )
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectFailed(f"cannot connect to {where}: {exc or type(exc).__name__}"
+                                ) from exc
+        return cls(sock, where, options.timeout)
+
+    @classmethod
+    async def open(cls, where: Endpoint, options: LinkOptions) -> SyncLink:
+        link = cls.open_now(where, options)
+        await _handshake(link, options, where)
+        return link
+
+    @property
+    def alive(self) -> bool:
+        return self._sock is not None
+
+    async def request(self, packed: bytes, count: int, timeout: float | None = None
+                      ) -> list[Any]:
+        return self.request_now(packed, count, timeout)
+
+    def request_now(self, packed: bytes, count: int, timeout: float | None = None
+                    ) -> list[Any]:
+        sock = self._sock
+        if sock is None:
+            raise LinkLost(f"connection to {self._where} is closed")
+        reader = self._reader
+        replies: list[Any] = []
+        try:
+            sock.settimeout(self._timeout if timeout is None else timeout)
+            sock.sendall(packed)
+            while len(replies) < count:
+                reply = reader.gets()
+                if reply is False:
+                    data = sock.recv(_CHUNK)
+                    if not data:
+                        raise LinkLost(f"connection to {self._where} closed by the server")
+                    reader.feed(data)
+                    continue
+                replies.append(reply)
+        except LinkLost:
+            self.close()
+            raise
+        except (OSError, hiredis.ProtocolError) as exc:
+            self.close()
+            raise LinkLost(f"connection to {self._where} failed: {exc or type(exc).__name__}"
+                           ) from exc
+        return replies
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def __del__(self) -> None:
+        # A thread's link goes with the thread (its thread-local router is dropped then).
+        self.close()
+
+
+# --- the I/O a router runs on -------------------------------------------------------
+
+
+class LinkIO(Protocol):
+    """What a router needs of its surroundings: open links, sleep, run calls together."""
+
+    blocking_shares: bool
+    """True if a blocking command may use the shared link (a synchronous caller)."""
+
+    async def open(self, where: Endpoint, options: LinkOptions) -> Link: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    async def gather(self, calls: Sequence[Awaitable[T]]) -> list[T]: ...
+
+    async def once(self, key: Any, make: Callable[[], Awaitable[T]]) -> T: ...
+
+
+class AsyncIO:
+    """Links on the running event loop; concurrent callers share one connect."""
+
+    blocking_shares = False
+
+    def __init__(self) -> None:
+        self._opening: dict[Any, asyncio.Future[Any]] = {}
+
+    async def open(self, where: Endpoint, options: LinkOptions) -> Link:
+        return await AsyncLink.open(where, options)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def gather(self, calls: Sequence[Awaitable[T]]) -> list[T]:
+        if len(calls) == 1:
+            return [await calls[0]]
+        return list(await asyncio.gather(*calls))
+
+    async def once(self, key: Any, make: Callable[[], Awaitable[T]]) -> T:
+        running = self._opening.get(key)
+        if running is not None:
+            result: T = await asyncio.shield(running)
+            return result
+        future: asyncio.Future[Any] = asyncio.ensure_future(make())
+        self._opening[key] = future
+        try:
+            return await asyncio.shield(future)
+        finally:
+            if future.done():
+                self._opening.pop(key, None)
+                if not future.cancelled():
+                    future.exception()  # retrieved here: the waiters above re-raise it
+            else:
+                future.add_done_callback(lambda done: self._forget(key, done))
+
+    def _forget(self, key: Any, done: asyncio.Future[Any]) -> None:
+        self._opening.pop(key, None)
+        if not done.cancelled():
+            done.exception()  # nobody waits any more: the error is not worth a warning
+
+
+class SyncIO:
+    """Blocking links for one thread; nothing here ever suspends."""
+
+    blocking_shares = True
+
+    async def open(self, where: Endpoint, options: LinkOptions) -> Link:
+        return await SyncLink.open(where, options)
+
+    async def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)  # noqa: ASYNC251 - a synchronous caller's thread, no loop
+
+    async def gather(self, calls: Sequence[Awaitable[T]]) -> list[T]:
+        return [await call for call in calls]
+
+    async def once(self, key: Any, make: Callable[[], Awaitable[T]]) -> T:
+        return await make()
