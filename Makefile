@@ -28,6 +28,7 @@ test: install lint typecheck
 
 bench: install
 	$(PY) -m benchmarks
+	PYTHONPATH=src:. $(PY) -m benchmarks.peers
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
