@@ -286,6 +286,9 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
             with open(json_path, "w") as out:
                 json.dump(figures, out, indent=2)
     if not figures["verification"]["ok"]:
+        if figures.get("fleet_log_tail"):
+            click.echo(f"pyrula-fleet bench: the fleet's last output:\n{figures['fleet_log_tail']}",
+                       err=True)
         sys.exit(1)
 
 

@@ -213,9 +213,8 @@ class Load:
         for index, record in enumerate(self.records):
             if self.abandoned.is_set():
                 break
-            delay = begin + index / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # Behind schedule, sleep(0) still lets the submits already started go on.
+            await asyncio.sleep(max(0.0, begin + index / rate - time.perf_counter()))
             task = asyncio.create_task(submit_one(record))
             submits.add(task)
             task.add_done_callback(submits.discard)

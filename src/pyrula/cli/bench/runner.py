@@ -27,7 +27,12 @@ from pyrula.cli.bench.measure import (
     workers_of,
 )
 from pyrula.config.fleet import resolve_store_url
-from pyrula.workflows import ConfigurationError, WorkflowClient, store_from_url
+from pyrula.workflows import (
+    ConfigurationError,
+    StoreUnavailable,
+    WorkflowClient,
+    store_from_url,
+)
 from pyrula.workflows.stores import Store
 
 
@@ -178,7 +183,10 @@ class _Bench:
                     final_status = await fleet.status()
                 except BenchError:
                     final_status = None
-            counts = await workers_of(load)
+            try:
+                counts = await workers_of(load)
+            except StoreUnavailable:
+                counts = {}  # the report goes on without the shares
         finally:
             stop.set()
             for task in tasks:
@@ -187,8 +195,11 @@ class _Bench:
             if isinstance(fleet, OwnFleet):
                 await fleet.stop()
 
-        return self._figures(load, children, started, ended, submit_seconds, commands_before,
-                             commands_after, final_status, counts, killer)
+        figures = self._figures(load, children, started, ended, submit_seconds,
+                                commands_before, commands_after, final_status, counts, killer)
+        if not figures["verification"]["ok"] and isinstance(fleet, OwnFleet):
+            figures["fleet_log_tail"] = fleet.log_tail(40)  # its temporary directory goes
+        return figures
 
     def _figures(self, load: Load, children: int, started: float, ended: float,
                  submit_seconds: float, commands_before: int | None,
