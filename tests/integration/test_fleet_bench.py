@@ -236,7 +236,7 @@ def test_attach_to_a_fleet_getting_runs_wrong_exits_1_naming_them(tmp_path: Path
     fleet = fleets.start("-n", "1", app="saboteur")
     fleet.wait_ready(1)
     proc, figures = bench(tmp_path, "--attach", fleet.url, "--store", "sqlite:///store.db",
-                          "--runs", "10", "--steps", "1", "--lost-after", "1")
+                          "--runs", "10", "--steps", "1", "--lost-after", "3")
     assert proc.returncode == 1, proc.stderr
     assert figures is not None
     verification = figures["verification"]
