@@ -200,24 +200,96 @@ def status(url: str | None, as_json: bool) -> None:
                    f"{rss:>9}  {child['worker_id']} {json.dumps(child['shards'])}")
 
 
-@cli.command("bench")
-@click.option("-n", "children", default=2, show_default=True, help="worker processes")
-@click.option("--runs", default=10000, show_default=True)
-@click.option("--steps", default=3, show_default=True, help="steps per run")
-@click.option("--store", default=None, metavar="URL",
-              help="store URL (default: a fresh SQLite file in a temporary directory)")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
-              help="also write the figures here")
-def bench(children: int, runs: int, steps: int, store: str | None,
-          json_path: str | None) -> None:
-    """Submit RUNS runs of STEPS steps, start a fleet of N, time until every result is in."""
-    from pyrula.cli.bench import run_bench
+BENCH_EPILOG = """\b
+Modes (pick at most one; without either, all --runs are queued first and then the fleet
+is started, its start-up included in the time):
+  --rate R         submit R runs/s (open loop) to a ready fleet
+  --concurrency C  keep C runs in flight: submit the next when one ends
+Prints a live progress line on stderr, then a report: runs/s, submit -> result latency,
+run duration, each child's share, shard balance, store commands per run (Valkey), kills.
+Every run's result is checked (x + steps): exit 1 on a lost, failed or wrong run, 2 on a
+usage error. See docs/deployment.md, "Load-testing a fleet with pyrula-fleet bench".
+"""
 
-    figures = run_bench(children, runs, steps, store)
-    click.echo(json.dumps(figures, indent=2))
-    if json_path:
-        with open(json_path, "w") as out:
-            json.dump(figures, out, indent=2)
+
+@cli.command("bench", epilog=BENCH_EPILOG)
+@click.option("-n", "children", default=2, show_default=True, type=int, metavar="N",
+              help="worker processes of the fleet the bench starts (ignored with --attach)")
+@click.option("--runs", default=10000, show_default=True, type=int, help="runs to submit")
+@click.option("--steps", default=3, show_default=True, type=int,
+              help="journaled x + 1 steps per run")
+@click.option("--store", default=None, metavar="URL",
+              help="store URL (default: a fresh SQLite file in a temporary directory; with "
+              "--attach: $PYRULA_STORE_URL, else sqlite:///pyrula.db, like the fleet)")
+@click.option("--namespace", default=None, metavar="NS",
+              help="Valkey key namespace (default: a fresh one for the bench's own fleet; "
+              "with --attach: $PYRULA_VALKEY_NAMESPACE, else default, like the fleet)")
+@click.option("--step-kind", type=click.Choice(["async", "sync"]), default="async",
+              show_default=True,
+              help="async def steps (on the worker's loop) or def steps (its thread pool)")
+@click.option("--payload-bytes", default=0, show_default=True, type=int, metavar="N",
+              help="params carry a string of N bytes")
+@click.option("--rate", default=None, type=float, metavar="R",
+              help="submit R runs per second, evenly spread, while the fleet runs")
+@click.option("--concurrency", default=None, type=int, metavar="C",
+              help="keep C runs in flight: submit a new one when one ends")
+@click.option("--attach", default=None, metavar="URL",
+              help="load the running fleet whose health port is URL (e.g. "
+              "http://127.0.0.1:8081) instead of starting one; it must serve "
+              "pyrula.examples.bench on the same store")
+@click.option("--kill-every", default=None, type=float, metavar="SECONDS",
+              help="SIGKILL a random ready child every SECONDS while the load runs (with "
+              "--attach: the fleet must run on this host)")
+@click.option("--lost-after", default=30.0, show_default=True, type=float, metavar="SECONDS",
+              help="runs still open when no run has ended for this long are lost")
+@click.option("--json", "json_path", default=None, metavar="PATH",
+              help="also write every figure here as JSON ('-': print the JSON instead of "
+              "the report)")
+@click.pass_context
+def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str | None,
+          namespace: str | None, step_kind: str, payload_bytes: int, rate: float | None,
+          concurrency: int | None, attach: str | None, kill_every: float | None,
+          lost_after: float, json_path: str | None) -> None:
+    """Load a fleet with RUNS runs of STEPS steps and measure it.
+
+    Starts a fleet of N children on the store (or attaches to a running one), submits the
+    runs, waits for every result, and reports what a fleet is sized by.
+    """
+    from pyrula.cli.bench import BenchConfig, BenchError, render, run_bench
+
+    try:
+        config = BenchConfig(
+            children=children, runs=runs, steps=steps, store_url=store, namespace=namespace,
+            step_kind=step_kind, payload_bytes=payload_bytes, rate=rate,
+            concurrency=concurrency, attach=attach, kill_every=kill_every,
+            lost_after=lost_after,
+        )
+    except BenchError as exc:
+        raise click.UsageError(str(exc)) from None
+    if json_path not in (None, "-"):
+        directory = os.path.dirname(os.path.abspath(json_path))
+        if not os.path.isdir(directory) or os.path.isdir(json_path):
+            raise click.UsageError(f"--json {json_path!r}: no such directory, or a directory")
+    if attach and ctx.get_parameter_source("children") is click.core.ParameterSource.COMMANDLINE:
+        click.echo("pyrula-fleet bench: -n is ignored with --attach (the fleet has its own "
+                   "children)", err=True)
+    try:
+        figures = run_bench(config)
+    except BenchError as exc:
+        click.echo(f"pyrula-fleet bench: error: {exc}", err=True)
+        sys.exit(exc.code)
+    if json_path == "-":
+        click.echo(json.dumps(figures, indent=2))
+    else:
+        click.echo(render(figures))
+        if json_path:
+            with open(json_path, "w") as out:
+                json.dump(figures, out, indent=2)
+    if not figures["verification"]["ok"]:
+        if figures.get("fleet_log_tail"):
+            click.echo(f"pyrula-fleet bench: the fleet's last output:\n{figures['fleet_log_tail']}",
+                       err=True)
+        sys.exit(1)
 
 
 def main() -> None:

@@ -1,0 +1,67 @@
+"""The bench's figures as the few lines a person reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ms(figures: dict[str, Any] | None) -> str:
+    if not figures:
+        return "n/a"
+    return (f"p50 {figures['p50']:.1f}  p95 {figures['p95']:.1f}  p99 {figures['p99']:.1f}  "
+            f"max {figures['max']:.1f} ms")
+
+
+def render(f: dict[str, Any]) -> str:
+    """A text report of ``run_bench``'s figures."""
+    if f["mode"] == "rate":
+        mode = f"open loop at {f['rate']:g} runs/s"
+    elif f["mode"] == "concurrency":
+        mode = f"{f['concurrency']} in flight"
+    else:
+        mode = "all queued first"
+    fleet = f"attached fleet {f['attached']}" if f["attached"] else "own fleet"
+    lines = [
+        f"pyrula-fleet bench: {f['runs']} runs x {f['steps']} {f['step_kind']} steps, payload "
+        f"{f['payload_bytes']} B, {mode}; {f['children']} children ({fleet}), "
+        f"store {f['store']}",
+        f"  throughput     {f['runs_per_s']:,.1f} runs/s ({f['steps_per_s']:,.1f} steps/s) in "
+        f"{f['seconds']:.3f} s; submitting took {f['submit_seconds']:.3f} s"
+        + (f" ({f['submit_rate_achieved']:,.1f} runs/s achieved)"
+           if f["mode"] == "rate" and f["submit_rate_achieved"] else ""),
+        f"  latency        submit -> result  {_ms(f['latency_ms'])}",
+        f"  run duration   started -> finished  {_ms(f['run_duration_ms'])}",
+    ]
+    shares = f["child_shares"]
+    if shares:
+        lines.append("  child shares   " + ",  ".join(
+            f"pid {s['pid']} {s['percent']:.1f} % ({s['runs']}"
+            + ("" if s["state"] == "live" else f", {s['state']}") + ")"
+            for s in shares))
+    shards = f["shards"]
+    lines.append(
+        f"  shards         {shards['workflow']}: {shards['min']}-{shards['max']} per child "
+        f"(min-max over {len(shards['per_child'])} children, {shards['total']} held)"
+        if shards else "  shards         n/a (the store has no shards)"
+        if f["store"] == "sqlite" else "  shards         n/a (no child reported shards)")
+    if f["store_commands_per_run"] is not None:
+        lines.append(f"  store          {f['store_commands_per_run']:.1f} commands per run "
+                     "(INFO commandstats of the whole server: other clients count too)")
+    else:
+        lines.append(f"  store          commands per run not measured ({f['store_commands_note']})")
+    if f["kill_every"] is not None:
+        pids = ", ".join(str(k["pid"]) for k in f["kills"][:10])
+        more = ", ..." if len(f["kills"]) > 10 else ""
+        lines.append(f"  kills          {len(f['kills'])} SIGKILLs, one every {f['kill_every']:g} s"
+                     + (f" (pids {pids}{more})" if pids else "")
+                     + f"; {f['runs_retried']} runs ran more than once (attempt > 1)")
+    elif f["runs_retried"]:
+        lines.append(f"  retries        {f['runs_retried']} runs ran more than once (attempt > 1)")
+    v = f["verification"]
+    if v["ok"]:
+        lines.append(f"  verified       all {v['runs']} runs completed with x + {f['steps']}")
+    else:
+        lines.append(f"  FAILED         {v['completed']}/{v['runs']} runs right; "
+                     + "; ".join(f["problems"])
+                     + (f" (gave up: {f['gave_up']})" if f["gave_up"] else ""))
+    return "\n".join(lines)

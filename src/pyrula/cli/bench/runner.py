@@ -1,0 +1,308 @@
+"""One bench from start to end: open the store, get a fleet (its own or an attached one),
+load it, measure, stop what it started, and gather every figure."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TextIO
+
+from pyrula.cli.bench.config import WORKFLOW, BenchConfig, BenchError
+from pyrula.cli.bench.control import AttachedFleet, Fleet, Killer, OwnFleet
+from pyrula.cli.bench.load import Load
+from pyrula.cli.bench.measure import (
+    COMMANDS_NOTE,
+    Progress,
+    child_shares,
+    command_calls,
+    is_valkey,
+    percentiles,
+    shard_balance,
+    verify,
+    workers_of,
+)
+from pyrula.config.fleet import resolve_store_url
+from pyrula.workflows import (
+    ConfigurationError,
+    StoreUnavailable,
+    WorkflowClient,
+    store_from_url,
+)
+from pyrula.workflows.stores import Store
+
+
+def run_bench(config: BenchConfig, stream: TextIO | None = None) -> dict[str, Any]:
+    """Run the bench; its figures (``verification.ok`` says if every run was right).
+    Raises BenchError when it cannot be run (exit code in ``.code``)."""
+    with tempfile.TemporaryDirectory(prefix="pyrula-bench-") as tmp:
+        return asyncio.run(_Bench(config, Path(tmp), stream or sys.stderr).run())
+
+
+def _store_url(config: BenchConfig, tmp: Path) -> str:
+    if config.store_url:
+        return config.store_url
+    if config.attach:
+        return resolve_store_url(None)
+    return f"sqlite:///{tmp / 'bench.db'}"
+
+
+class _Bench:
+    def __init__(self, config: BenchConfig, tmp: Path, stream: TextIO) -> None:
+        self.config = config
+        self.tmp = tmp
+        self.stream = stream
+        self.url = _store_url(config, tmp)
+        self.valkey = is_valkey(self.url)
+        self.namespace = config.namespace
+        if self.valkey and self.namespace is None and not config.attach:
+            self.namespace = f"bench{os.urandom(3).hex()}"  # a fresh one: no leftovers
+        # A waiter holds a Valkey connection while it blocks; SQLite waiters poll.
+        self.waiters = 256 if self.valkey else 64
+        self.commands_error: str | None = None
+
+    def _open_store(self) -> Store:
+        if self.url.split("://", 1)[0].lower() == "memory":
+            raise BenchError("--store memory:// lives in one process: a fleet cannot share it "
+                             "(use sqlite:///FILE or redis://HOST:PORT)", code=2)
+        options: dict[str, Any] = {}
+        if self.valkey:
+            if self.namespace:
+                options["namespace"] = self.namespace
+            options["max_connections"] = max(512, (self.config.concurrency or 0) + 256)
+        try:
+            return store_from_url(self.url, **options)
+        except ConfigurationError as exc:
+            raise BenchError(f"--store: {exc}", code=2) from None
+        except Exception as exc:
+            raise BenchError(f"cannot open the store {self.url}: {exc}", code=2) from None
+
+    async def run(self) -> dict[str, Any]:
+        store = self._open_store()
+        try:
+            try:
+                await asyncio.wait_for(store.aping(), 10)
+            except Exception as exc:
+                raise BenchError(f"cannot reach the store at {self.url}: "
+                                 f"{exc or type(exc).__name__}", code=2) from None
+            return await self._run(WorkflowClient(store))
+        finally:
+            await store.aclose()
+
+    async def _commands(self) -> int | None:
+        if not self.valkey:
+            return None
+        try:
+            return await asyncio.to_thread(command_calls, self.url)
+        except Exception as exc:  # e.g. an ACL that forbids INFO: go on without the figure
+            self.commands_error = f"{type(exc).__name__}: {exc}"
+            return None
+
+    async def _run(self, client: WorkflowClient) -> dict[str, Any]:
+        config = self.config
+        fleet: Fleet
+        if config.attach:
+            fleet = AttachedFleet(config.attach)
+            status = await fleet.check(want_kills=config.kill_every is not None)
+            _check_serves(status, config.attach)
+            children = len(status["children"])
+        else:
+            fleet = OwnFleet(config.children, self.url, self.namespace, self.tmp / "fleet.log")
+            children = config.children
+        load = Load(client, config, self.waiters)
+        await load.check_params()
+        commands_before = await self._commands()
+        stop = asyncio.Event()
+        tasks: list[asyncio.Task[None]] = []
+        killer: Killer | None = None
+        final_status: dict[str, Any] | None = None
+        started = time.perf_counter()
+
+        def background(coro: Coroutine[Any, Any, None]) -> None:
+            async def guarded() -> None:
+                try:
+                    await coro
+                except BenchError as exc:
+                    load.abandon(str(exc).splitlines()[0], exc)
+
+            tasks.append(asyncio.create_task(guarded()))
+
+        def begin() -> float:
+            nonlocal killer
+            now = time.perf_counter()
+            load.progress_from = now
+            check = fleet.check_alive if isinstance(fleet, OwnFleet) else _nothing
+            background(load.watch(check))
+            if config.kill_every is not None:
+                killer = Killer(fleet, config.kill_every, now)
+                background(_kill(fleet, killer, stop))
+            progress.extra = _kills(killer)
+            return now
+
+        progress = Progress(self.stream, load)
+        background(progress.run(stop))
+
+        try:
+            if config.mode == "queue":
+                t0 = time.perf_counter()
+                await load.submit_all()
+                submit_seconds = time.perf_counter() - t0
+                if load.fatal is not None:
+                    raise load.fatal
+                if isinstance(fleet, OwnFleet):
+                    fleet.start()
+                    started = begin()
+                else:
+                    begin()
+                    started = t0
+                await load.wait_all()
+            else:
+                if isinstance(fleet, OwnFleet):
+                    fleet.start()
+                    await fleet.wait_ready()
+                started = begin()
+                if config.rate is not None:
+                    await load.open_loop(config.rate)
+                else:
+                    await load.closed_loop(config.concurrency or 1)
+                submit_seconds = (load.last_submit or started) - (load.first_submit or started)
+            ended = load.last_end or time.perf_counter()
+            stop.set()
+            await asyncio.gather(*tasks)
+            if load.fatal is not None:
+                raise load.fatal
+            commands_after = await self._commands()
+            if isinstance(fleet, OwnFleet) and fleet.url is None:
+                await fleet.wait_url()
+            if fleet.url is not None:
+                try:
+                    final_status = await fleet.status()
+                except BenchError:
+                    final_status = None
+            try:
+                counts = await workers_of(load)
+            except StoreUnavailable:
+                counts = {}  # the report goes on without the shares
+        finally:
+            stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if isinstance(fleet, OwnFleet):
+                await fleet.stop()
+
+        figures = self._figures(load, children, started, ended, submit_seconds,
+                                commands_before, commands_after, final_status, counts, killer)
+        if not figures["verification"]["ok"] and isinstance(fleet, OwnFleet):
+            figures["fleet_log_tail"] = fleet.log_tail(40)  # its temporary directory goes
+        return figures
+
+    def _figures(self, load: Load, children: int, started: float, ended: float,
+                 submit_seconds: float, commands_before: int | None,
+                 commands_after: int | None, status: dict[str, Any] | None,
+                 counts: dict[str, int], killer: Killer | None) -> dict[str, Any]:
+        config = self.config
+        runs, steps = config.runs, config.steps
+        seconds = max(ended - started, 1e-9)
+        infos = [r.info for r in load.records if r.info is not None]
+        durations = [(i.finished_at - i.started_at) * 1000 for i in infos
+                     if i.started_at is not None and i.finished_at is not None]
+        latencies = [v for r in load.records if (v := r.latency_ms) is not None]
+        duration = percentiles(durations)
+        kills = killer.kills if killer else []
+        live = {str(c.get("worker_id")) for c in (status or {}).get("children", [])}
+        known = {str(c.get("worker_id")): c["pid"] for c in (status or {}).get("children", [])
+                 if isinstance(c.get("pid"), int)}
+        known.update({str(k["worker_id"]): k["pid"] for k in kills if k.get("worker_id")})
+        killed = {str(k["worker_id"]) for k in kills}
+        verification = verify(load.records, steps)
+        per_run = None
+        if commands_before is not None and commands_after is not None:
+            per_run = round((commands_after - commands_before) / runs, 1)
+        submit_rate = None
+        if load.first_submit is not None and load.last_submit is not None and runs > 1:
+            span = load.last_submit - load.first_submit
+            submit_rate = round((load.submitted - 1) / span, 1) if span > 0 else None
+        return {
+            "store": self.url.split("://", 1)[0],
+            "children": children,
+            "runs": runs,
+            "steps": steps,
+            "submit_seconds": round(submit_seconds, 3),
+            "seconds": round(seconds, 3),
+            "runs_per_s": round(verification.completed / seconds, 1),
+            "steps_per_s": round(verification.completed * steps / seconds, 1),
+            "run_duration_p50_ms": duration["p50"] if duration else None,
+            "run_duration_p99_ms": duration["p99"] if duration else None,
+            "note": _note(config),
+            "mode": config.mode,
+            "rate": config.rate,
+            "concurrency": config.concurrency,
+            "submit_rate_achieved": submit_rate,
+            "step_kind": config.step_kind,
+            "payload_bytes": config.payload_bytes,
+            "attached": config.attach,
+            "namespace": self.namespace if self.valkey else None,
+            "latency_ms": percentiles(latencies),
+            "run_duration_ms": duration,
+            "child_shares": child_shares(counts, known, killed, live),
+            "shards": shard_balance(status, WORKFLOW),
+            "store_commands_per_run": per_run,
+            "store_commands_note": (COMMANDS_NOTE if per_run is not None else
+                                    self.commands_error or "measured on Valkey/Redis stores only"),
+            "kill_every": config.kill_every,
+            "kills": kills,
+            "runs_retried": sum(1 for i in infos if i.attempt > 1),
+            "verification": verification.as_dict(),
+            "problems": verification.problems(),
+            "gave_up": (f"{load.reason} (is the fleet at {config.attach} on this store and "
+                        "namespace?)" if load.reason and config.attach else load.reason),
+        }
+
+
+def _nothing() -> None:
+    return None
+
+
+def _kills(killer: Killer | None) -> Any:
+    if killer is None:
+        return None
+    return lambda: f"kills {len(killer.kills)}"
+
+
+async def _kill(fleet: Fleet, killer: Killer, stop: asyncio.Event) -> None:
+    if isinstance(fleet, OwnFleet):
+        await fleet.wait_url()  # queue mode starts the load before the fleet is up
+    await killer.run(stop)
+
+
+def _check_serves(status: dict[str, Any], url: str) -> None:
+    if not any(c.get("state") == "ready" for c in status["children"]):
+        raise BenchError(f"--attach: the fleet at {url} has no ready child "
+                         f"(status {status.get('status')!r})", code=2)
+    shards = status.get("shards") or {}
+    if shards and WORKFLOW not in shards:
+        raise BenchError(
+            f"--attach: the fleet at {url} serves {', '.join(sorted(shards))} but not "
+            f"{WORKFLOW}: start it with --app pyrula.examples.bench", code=2,
+        )
+
+
+def _note(config: BenchConfig) -> str:
+    if config.mode == "rate":
+        how = (f"open loop: {config.rate:g} runs/s submitted while the fleet ran; the time runs "
+               "from the first submit to the last result")
+    elif config.mode == "concurrency":
+        how = (f"closed loop: {config.concurrency} runs kept in flight; the time runs from the "
+               "first submit to the last result")
+    elif config.attach:
+        how = ("runs were all submitted at once to a running fleet; the time runs from the "
+               "first submit to the last result, and latency includes the time runs queued")
+    else:
+        how = ("fleet start-up is included; runs were all queued before it started, so "
+               "latency is mostly the time they queued")
+    return how
