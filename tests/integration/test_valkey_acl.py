@@ -46,7 +46,7 @@ TOP_LEVEL = {
 IN_SCRIPTS = {
     "get", "set", "expire",
     "hget", "hgetall", "hmget", "hset", "hsetnx", "hdel",
-    "llen", "lindex", "lpop", "lrange", "lrem", "rpush",
+    "llen", "lpop", "lpush", "lrange", "lrem", "ltrim", "rpush", "del",
     "zadd", "zrem", "zrange", "zcard", "zincrby", "zrangebyscore", "zremrangebyscore",
 }
 STORE_COMMANDS = frozenset(TOP_LEVEL | IN_SCRIPTS)

@@ -173,3 +173,25 @@ async def test_a_server_that_never_answers_info_raises_store_unavailable(
             _refused_before_any_loop(stores[2], StoreUnavailable, "does not answer INFO"),
             submit(stores[3]),
         )
+
+
+async def test_a_namespace_written_in_another_data_format_is_refused(
+    fresh_valkey_server: Server,
+) -> None:
+    """Data written by a build with another key layout is not misread: the worker (and a
+    client) refuse the namespace, naming both formats and what to do."""
+    with fresh_valkey_server.client() as admin:
+        admin.hset("older:meta", mapping={"shards:vk.other": 64})  # no format: format 1
+        admin.hset("newer:meta", mapping={"format": 99, "shards:vk.one_step": 64})
+    for namespace, found in (("older", 1), ("newer", 99)):
+        store = ValkeyStore(url=fresh_valkey_server.url, namespace=namespace)
+        async with opened(store):
+            await _refused_before_any_loop(store, ConfigurationError,
+                                           f"data format {found};.*format 2.*Drain")
+            with pytest.raises(ConfigurationError, match=f"data format {found}"):
+                await store.submit(NAME, {}, now=time.time())
+    fresh = ValkeyStore(url=fresh_valkey_server.url, namespace="fresh")
+    async with opened(fresh):
+        await fresh.submit(NAME, {}, now=time.time())
+    with fresh_valkey_server.client(decode_responses=True) as admin:
+        assert admin.hget("fresh:meta", "format") == "2"

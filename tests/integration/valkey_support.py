@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -268,6 +269,19 @@ async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") ->
     assert await client.result(sleeper.run_id, timeout=15) == f"{tag}s!"
     assert await client.result(waiter.run_id, timeout=15) == 42
     assert (await client.get(stranded.run_id)).status is RunStatus.CANCELLED
+
+    # Two owners queued on one shard, claimed in one batch: deficit round robin in the
+    # claim (a name the worker does not serve, so this claim is the only one).
+    unserved = "vk.nobody_serves_this"
+    keys = [keys_on_shards([7], store.shard_count, prefix=f"{tag}pair{i}")[0] for i in range(4)]
+    queued = [(await client.submit(unserved, {}, owner=owner, idempotency_key=key)).run_id
+              for owner, key in zip(("x", "x", "x", "y"), keys, strict=True)]
+    now = time.time()
+    claimed = await store.claim("exercise", [unserved], limit=3, now=now, lock_ttl=30)
+    assert [c.run_id for c in claimed] == [queued[0], queued[3], queued[1]]
+    for run in claimed:
+        await store.finish(run.run_id, run.token, [], now=now, status=RunStatus.COMPLETED)
+    assert await client.cancel(queued[2])
 
     journal = await client.events(handles[0].run_id)
     assert journal[-1]["type"] == "run:completed"

@@ -158,6 +158,12 @@ class Attempt:
         self._known_calls = max(self._by_call, default=0)
         self._next_call = 0
         self._pending: list[Event] = []
+        # A step's completion is pending in the buffer and must be written before anything
+        # else starts (see _boundary).
+        self._boundary_due = False
+        # One write of the attempt at a time: each takes the buffer, and events get their
+        # seqs in the order written.
+        self._writing = asyncio.Lock()
         self._blockers: dict[int, _Blocker] = {}
         self._steps_running = 0
         self._wake = asyncio.Event()
@@ -243,28 +249,43 @@ class Attempt:
         self._index(written)
 
     async def flush(self) -> None:
-        if not self._pending:
-            return
-        batch, self._pending = self._pending, []
-        result = await self._write(
-            lambda: self._store.append(
-                self.run_id,
-                self.token,
-                batch,
-                now=self._clock.now(),
-                lock_ttl=self._settings.lock_ttl,
+        async with self._writing:
+            self._boundary_due = False
+            if not self._pending:
+                return
+            batch, self._pending = self._pending, []
+            result = await self._write(
+                lambda: self._store.append(
+                    self.run_id,
+                    self.token,
+                    batch,
+                    now=self._clock.now(),
+                    lock_ttl=self._settings.lock_ttl,
+                )
             )
-        )
-        await self._absorb(batch, result.last_seq)
+            await self._absorb(batch, result.last_seq)
         if result.cancel_requested:
             self.request_cancel()
 
     async def _boundary(self) -> None:
-        """A step boundary: durable now, or when the write-behind buffer is full."""
-        if (
-            self._settings.step_boundary_durability
-            or len(self._pending) >= self._settings.event_buffer_size
-        ):
+        """A step boundary: the step's events become durable before anything follows it.
+
+        With ``step_boundary_durability`` they are written before the next step starts,
+        with the run's park or end if one of those comes first, or at the attempt loop's
+        next turn, whichever is first: so a run that returns right after its last step
+        records the step and its end in one write, and a step's completion never waits
+        behind a sibling still running. Otherwise they are written behind, when the buffer
+        is full (or at the park or the end).
+        """
+        if len(self._pending) >= self._settings.event_buffer_size:
+            await self.flush()
+        elif self._settings.step_boundary_durability:
+            self._boundary_due = True
+            self._wake.set()
+
+    async def _settle(self) -> None:
+        """Before anything starts: the completions it follows are durable."""
+        if self._boundary_due:
             await self.flush()
 
     # --- payloads -------------------------------------------------------------------
@@ -326,6 +347,7 @@ class Attempt:
         while True:
             if retry_at is not None:
                 await self._retry_delay(call, spec, retry_at)
+            await self._settle()
             self._refuse_if_ending()  # a retry starts the step anew
             if self._halted is not None:  # nothing can be recorded: start no new step
                 raise _Halt(self._halted)
@@ -608,6 +630,11 @@ class Attempt:
                 return await self._fail(_nondeterminism_error(self._nondeterminism))
             if self._task.done():
                 return await self._conclude(self._task)
+            if self._boundary_due:
+                # The body went on to something that is not a step (a sibling still runs,
+                # or it awaits other code): the completion is written now.
+                await self.flush()
+                continue
             if deadline is not None and self._clock.now() >= deadline:
                 await self._stop_task()
                 return await self._fail(self._timeout_error())
@@ -655,17 +682,20 @@ class Attempt:
         interrupt = next(
             (b.interrupt for b in self._blockers.values() if b.signal == INTERRUPT_SIGNAL), None
         )
-        batch, self._pending = self._pending, []
-        known = self.last_seq
-        result = await self._write(
-            lambda: self._store.park(
-                self.run_id, self.token, batch, now=now,
-                wake_at=min(wakes) if wakes else None, signals=signals,
-                known_seq=known, interrupt=interrupt,
+        async with self._writing:
+            self._boundary_due = False
+            batch, self._pending = self._pending, []
+            known = self.last_seq
+            result = await self._write(
+                lambda: self._store.park(
+                    self.run_id, self.token, batch, now=now,
+                    wake_at=min(wakes) if wakes else None, signals=signals,
+                    known_seq=known, interrupt=interrupt,
+                )
             )
-        )
+            if result.parked:
+                await self._absorb(batch, result.last_seq)
         if result.parked:
-            await self._absorb(batch, result.last_seq)
             await self._stop_task()
             return Outcome(OutcomeKind.PARKED, self.journal)
         # Not parked: a signal we wait for had already arrived, or a cancel came.
@@ -774,25 +804,29 @@ class Attempt:
         error: dict[str, Any] | None = None,
         successor_params: Any = None,
     ) -> None:
-        batch, self._pending = self._pending, []
-        finished = await self._write(
-            lambda: self._store.finish(
-                self.run_id, self.token, batch, now=self._clock.now(), status=status,
-                result=result, error=error, successor_params=successor_params,
+        async with self._writing:
+            self._boundary_due = False
+            batch, self._pending = self._pending, []
+            finished = await self._write(
+                lambda: self._store.finish(
+                    self.run_id, self.token, batch, now=self._clock.now(), status=status,
+                    result=result, error=error, successor_params=successor_params,
+                )
             )
-        )
-        if finished.successor_id is not None:
-            batch[-1]["successor"] = finished.successor_id
-        await self._absorb(batch, finished.last_seq)
+            if finished.successor_id is not None:
+                batch[-1]["successor"] = finished.successor_id
+            await self._absorb(batch, finished.last_seq)
 
     async def _requeue(self, stand: _Stand) -> Outcome:
-        batch, self._pending = self._pending, []
-        outcome = await self._write(
-            lambda: self._store.requeue(
-                self.run_id, self.token, now=self._clock.now(), reason=stand.reason,
-                events=batch, crash=stand.crash, crash_detail=stand.detail or None,
+        async with self._writing:
+            self._boundary_due = False
+            batch, self._pending = self._pending, []
+            outcome = await self._write(
+                lambda: self._store.requeue(
+                    self.run_id, self.token, now=self._clock.now(), reason=stand.reason,
+                    events=batch, crash=stand.crash, crash_detail=stand.detail or None,
+                )
             )
-        )
         return Outcome(
             OutcomeKind.FAILED if outcome.quarantined else OutcomeKind.REQUEUED, self.journal
         )

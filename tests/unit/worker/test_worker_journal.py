@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -47,33 +48,48 @@ async def wjournal_waits(ctx: WorkflowContext, params: Any) -> Any:
     return await wjournal_double(x)
 
 
-async def run_chain(store: Any, **options: Any) -> tuple[int, list[Any]]:
-    spy = Spy(store, "append")
+async def run_chain(store: Any, **options: Any) -> tuple[list[tuple[str, list[Any]]], list[Any]]:
+    """Run wjournal_chain: its writes in order (append or finish, with their events) and
+    its journal."""
+    spy = Spy(store, "append", "finish")
     worker = WorkflowWorker(
         store=store, workflows=[wjournal_chain], options=fast_options(**options)
     )
     async with serving(worker):
         run = await worker.client.submit(wjournal_chain, {})
         assert await worker.client.result(run.run_id, timeout=10) == 2**STEPS
-    return spy.count("append", run.run_id), await worker.client.events(run.run_id)
+    writes = [(method, list(args[2])) for method, args, _, _ in spy.calls
+              if args and args[0] == run.run_id]
+    return writes, await worker.client.events(run.run_id)
 
 
-async def test_step_boundary_durability_appends_once_per_step(store: Any) -> None:
-    appends, events = await run_chain(store)
-    assert appends == STEPS
+def appends(writes: list[tuple[str, list[Any]]]) -> int:
+    return sum(1 for method, _ in writes if method == "append")
+
+
+async def test_step_boundary_durability_writes_each_step_before_the_next_starts(
+    store: Any,
+) -> None:
+    writes, events = await run_chain(store)
+    kinds = [[e["type"] for e in batch] for _, batch in writes]
+    # One write per step: each carries its step's start and completion, so the next step's
+    # start (and the step itself) comes only after it; the last step goes with the end.
+    assert [method for method, _ in writes] == ["append"] * (STEPS - 1) + ["finish"]
+    assert kinds[:-1] == [["step:started", "step:completed"]] * (STEPS - 1)
+    assert kinds[-1] == ["step:started", "step:completed", "run:completed"]
     assert [e["type"] for e in events].count("step:completed") == STEPS
 
 
 async def test_write_behind_batches_and_keeps_the_same_journal(store: Any) -> None:
-    durable_appends, durable = await run_chain(store)
-    whole_run_appends, whole_run = await run_chain(store, step_boundary_durability=False)
-    buffered_appends, buffered = await run_chain(
+    durable_writes, durable = await run_chain(store)
+    whole_run_writes, whole_run = await run_chain(store, step_boundary_durability=False)
+    buffered_writes, buffered = await run_chain(
         store, step_boundary_durability=False, event_buffer_size=4
     )
-    assert durable_appends == STEPS
-    assert whole_run_appends == 0  # everything goes with the terminal write
+    assert appends(durable_writes) == STEPS - 1  # the last step is written with the end
+    assert appends(whole_run_writes) == 0  # everything goes with the terminal write
     # 2 events a step: the buffer reaches 4 after every second step.
-    assert buffered_appends == STEPS // 2
+    assert appends(buffered_writes) == STEPS // 2
     assert shape(whole_run) == shape(durable) == shape(buffered)
 
 
@@ -170,3 +186,44 @@ async def wait_parked(worker: WorkflowWorker, run_id: str) -> None:
         return info.status is RunStatus.WAITING and worker.in_flight == 0
 
     await await_until(parked, what=f"run {run_id} parked")
+
+
+_RELEASE = threading.Event()
+
+
+@step(name="wjournal_quick")
+def wjournal_quick(x: int) -> int:
+    return x + 1
+
+
+@step(name="wjournal_held")
+def wjournal_held(x: int) -> int:
+    assert _RELEASE.wait(10), "the test never released the held step"
+    return x + 2
+
+
+@workflow(name="wjournal_siblings")
+async def wjournal_siblings(ctx: WorkflowContext, params: Any) -> Any:
+    return list(await asyncio.gather(wjournal_quick(1), wjournal_held(1)))
+
+
+async def test_a_step_done_beside_a_running_sibling_is_durable_at_once(store: Any) -> None:
+    """Its completion is written while the sibling still runs, not with the sibling's."""
+    _RELEASE.clear()
+    worker = WorkflowWorker(store=store, workflows=[wjournal_siblings], options=fast_options())
+    async with serving(worker):
+        run = await worker.client.submit(wjournal_siblings, {})
+
+        async def quick_recorded() -> bool:
+            events = await worker.client.events(run.run_id)
+            return any(e["type"] == "step:completed" and e["step"] == "wjournal_quick"
+                       for e in events)
+
+        try:
+            await await_until(quick_recorded, timeout=10, what="the quick step's completion")
+            held = [e for e in await worker.client.events(run.run_id)
+                    if e.get("step") == "wjournal_held"]
+            assert "step:completed" not in [e["type"] for e in held]  # still running
+        finally:
+            _RELEASE.set()
+        assert await worker.client.result(run.run_id, timeout=10) == [2, 3]

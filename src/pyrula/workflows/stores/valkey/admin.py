@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import orjson
@@ -32,6 +33,7 @@ from pyrula.workflows.stores.valkey.connection import (
     _seconds,
     as_hash,
     as_scored,
+    submitted_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -110,11 +112,11 @@ class ValkeyAdmin(ValkeyConnection):
         out: dict[str, tuple[RunInfo, list[Event]]] = {}
         for i, run_id in enumerate(wanted):
             fields, raw = as_hash(replies[2 * i]), replies[2 * i + 1]
-            if not fields or not raw:
+            if not fields:
                 continue
             info = self._info(run_id, fields)
             if info.status.terminal:
-                out[run_id] = (info, _events(raw, 1))
+                out[run_id] = (info, _events(raw or [""], 1, partial(submitted_of, fields)))
         return out
 
     # --- membership -----------------------------------------------------------------

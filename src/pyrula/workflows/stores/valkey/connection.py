@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +24,7 @@ from pyrula.errors import (
 from pyrula.workflows._sync import SYNC_DRIVE, drive
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import FlowControl, RunInfo, RunStatus
+from pyrula.workflows.stores.common import submitted_event
 from pyrula.workflows.stores.valkey.functions import SCRIPT, SHA
 from pyrula.workflows.stores.valkey.keys import KeySpace
 from pyrula.workflows.stores.valkey.resp import AsyncIO, Command, ReplyError, SyncIO, parse_url
@@ -32,6 +33,9 @@ from pyrula.workflows.stores.valkey.router import ClusterMode, Router
 logger = logging.getLogger(__name__)
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
+#: The layout of a namespace's keys (recorded in its meta hash by the first store to use
+#: it). 2: run:submitted is held by the run record, not written to the journal.
+DATA_FORMAT = 2
 EVICTION_CHECKS = ("error", "warn", "off")
 #: Error replies that mean the server is busy or changing, not that the call is wrong.
 _BUSY = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM")
@@ -52,13 +56,38 @@ def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _events(raw: Sequence[Any], first_seq: int) -> list[Event]:
+def _events(raw: Sequence[Any], first_seq: int,
+            submitted: Callable[[], Event] | None = None) -> list[Event]:
+    """Journal entries as events numbered from ``first_seq``. The entry of seq 1 is the
+    placeholder of ``run:submitted`` (the run record holds it): ``submitted`` builds it."""
     out = []
     for offset, item in enumerate(raw):
-        event: Event = orjson.loads(item)
-        event["seq"] = first_seq + offset
+        seq = first_seq + offset
+        if seq == 1 and item == "":
+            if submitted is None:
+                raise AssertionError("a read from seq 1 needs the run record")
+            event = submitted()
+        else:
+            event = orjson.loads(item)
+        event["seq"] = seq
         out.append(event)
     return out
+
+
+def submitted_from(name: str, params: Any, owner: str, created_at: str, idem: str,
+                   predecessor: str) -> Event:
+    """The run:submitted event of a run, built from what its record holds (the same event
+    the submitting client described)."""
+    event = submitted_event(float(created_at), name, params, owner or None, idem or None)
+    if predecessor:
+        event["predecessor"] = predecessor
+    return event
+
+
+def submitted_of(fields: Mapping[str, str]) -> Event:
+    return submitted_from(fields["name"], _loads(fields.get("params")),
+                          fields.get("owner", ""), fields["created_at"],
+                          fields.get("idem", ""), fields.get("predecessor", ""))
 
 
 def _url(url: str) -> tuple[str, bool]:
@@ -152,6 +181,9 @@ class ValkeyConnection:
         self._flow_runs: dict[str, str] = {}
         # (name, 0 own / 1 other shards) -> the shard the next claim's round starts from.
         self._claim_cursor: dict[tuple[str, int], int] = {}
+        # (name, shard) -> the doorbell's score for it when a claim of this store last
+        # visited it (a higher score since: rung again, visit it first).
+        self._claim_seen: dict[tuple[str, int], float] = {}
 
     # --- connections ----------------------------------------------------------------
 
@@ -204,6 +236,9 @@ class ValkeyConnection:
     def _is_cluster(self) -> bool | None:
         return self._mode.cluster
 
+    async def _cluster(self) -> bool:
+        return await self._router().is_cluster()
+
     def _where(self) -> str:
         return str(self._seed)
 
@@ -241,27 +276,32 @@ class ValkeyConnection:
         replies = await self._router().blocking(key, commands, block)
         return [self._plain_error(r) if isinstance(r, ReplyError) else r for r in replies]
 
-    async def _op(self, base: str, *args: Any) -> Any:
+    async def _op(self, base: str | tuple[str, ...], *args: Any) -> Any:
         """EVALSHA one operation on one shard; reload the script once on NOSCRIPT."""
         result = (await self._eval([(base, args)]))[0]
         if isinstance(result, BaseException):
             raise result
         return result
 
-    async def _batch(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    async def _batch(self, calls: Sequence[tuple[str | tuple[str, ...], tuple[Any, ...]]]
+                     ) -> list[Any]:
         """Several operations on several shards in one round trip (grouped by node on a
         cluster). Errors are returned in place, not raised."""
         if not calls:
             return []
         return await self._eval(calls)
 
-    async def _eval(self, calls: Sequence[tuple[str, tuple[Any, ...]]],
+    async def _eval(self, calls: Sequence[tuple[str | tuple[str, ...], tuple[Any, ...]]],
                     extra: Sequence[tuple[str | None, Command]] = ()) -> list[Any]:
-        """EVALSHA each call, then the plain ``extra`` commands, in one round trip; the
-        script is reloaded once if the server lost it. Results in order (``extra``'s
-        last), errors in place."""
-        commands: list[Command] = [("EVALSHA", SHA, 1, base, *args) for base, args in calls]
-        keys: list[str | None] = [base for base, _ in calls]
+        """EVALSHA each call (its keys: a shard's base, or a tuple of keys led by it), then
+        the plain ``extra`` commands, in one round trip; the script is reloaded once if the
+        server lost it. Results in order (``extra``'s last), errors in place."""
+        commands: list[Command] = []
+        keys: list[str | None] = []
+        for base, args in calls:
+            names = (base,) if isinstance(base, str) else base
+            commands.append(("EVALSHA", SHA, len(names), *names, *args))
+            keys.append(names[0])
         commands.extend(c for _, c in extra)
         keys.extend(k for k, _ in extra)
         router = self._router()
@@ -391,12 +431,19 @@ class ValkeyConnection:
             return
         field = f"shards:{name}"
         meta = self.keys.meta
-        _, recorded = await self._pipeline([
+        replies = await self._pipeline([
+            (meta, ("HGET", meta, "format")),
             (meta, ("HSETNX", meta, field, self.shard_count)),
             (meta, ("HGET", meta, field)),
         ])
-        if isinstance(recorded, BaseException):
-            raise recorded
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        found, _, recorded = replies
+        if found is None:
+            await self._claim_format(name)
+        elif int(found) != DATA_FORMAT:
+            raise self._wrong_format(int(found))
         if int(recorded) != self.shard_count:
             raise ConfigurationError(
                 f"workflow {name!r} was recorded with shard_count={recorded} in namespace "
@@ -404,6 +451,25 @@ class ValkeyConnection:
                 "same shard_count on every worker (drain a name before changing its count)"
             )
         self._known_names.add(name)
+
+    async def _claim_format(self, name: str) -> None:
+        """A namespace without a recorded data format is new, or was written by a build
+        older than the format's record: in that case other names are registered already."""
+        meta = self.keys.meta
+        fields = await self._read(meta, "HKEYS", meta)
+        if any(f.startswith("shards:") and f != f"shards:{name}" for f in fields):
+            raise self._wrong_format(1)
+        await self._call(meta, "HSETNX", meta, "format", DATA_FORMAT)
+        found = await self._read(meta, "HGET", meta, "format")
+        if int(found) != DATA_FORMAT:
+            raise self._wrong_format(int(found))
+
+    def _wrong_format(self, found: int) -> ConfigurationError:
+        return ConfigurationError(
+            f"namespace {self.namespace!r} in Valkey at {self._where()} holds runs in data "
+            f"format {found}; this build reads and writes format {DATA_FORMAT}. Drain the "
+            "namespace with the build that wrote it (or use another namespace) first"
+        )
 
     async def _names(self) -> list[str]:
         fields = await self._read(self.keys.meta, "HKEYS", self.keys.meta)

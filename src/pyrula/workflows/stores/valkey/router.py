@@ -101,9 +101,11 @@ class Router:
         self._blocking_slots: asyncio.Semaphore | None = None
         self.closed = False
 
-    @property
-    def is_cluster(self) -> bool | None:
-        return self._mode.cluster
+    async def is_cluster(self) -> bool:
+        """Whether the server is a cluster (read from INFO on the first call, if not given)."""
+        if self._mode.cluster is None:
+            await self._detect()
+        return bool(self._mode.cluster)
 
     def where(self) -> str:
         return str(self._seed)

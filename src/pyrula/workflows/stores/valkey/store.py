@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from pyrula.errors import (
@@ -34,10 +35,7 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
-from pyrula.workflows.stores.common import (
-    NO_OWNER,
-    submitted_event,
-)
+from pyrula.workflows.stores.common import NO_OWNER
 from pyrula.workflows.stores.valkey.admin import ValkeyAdmin
 from pyrula.workflows.stores.valkey.connection import (
     _dumps,
@@ -45,10 +43,34 @@ from pyrula.workflows.stores.valkey.connection import (
     _loads,
     as_hash,
     as_scored,
+    submitted_from,
+    submitted_of,
 )
 from pyrula.workflows.stores.valkey.keys import name_hash
 
 logger = logging.getLogger(__name__)
+
+
+#: The fewest runs a claim asks of each shard it visits (when it wants that many).
+CLAIM_SHARE = 8
+#: Round trips one claim may take visiting shards (the first, then shards that still had
+#: runs or were not visited yet, while it is short).
+CLAIM_ROUNDS = 4
+
+
+def _visits(limit: int, candidates: int) -> int:
+    """How many shards a claim of ``limit`` runs visits among ``candidates`` rung ones."""
+    return min(candidates, -(-limit // CLAIM_SHARE)) if limit > 0 else 0
+
+
+def _shares(limit: int, shards: int) -> list[int]:
+    """``limit`` split over ``shards`` as evenly as whole runs allow."""
+    if shards <= 0:
+        return []
+    shares = [limit // shards] * shards
+    for i in range(limit - sum(shares)):
+        shares[i] += 1
+    return shares
 
 
 class ValkeyStore(ValkeyAdmin):
@@ -76,31 +98,33 @@ class ValkeyStore(ValkeyAdmin):
         shard = self._shard_for(idempotency_key)
         base = self.keys.base_of(name, shard)
         run_id = self.keys.new_run_id(name, shard, now)
-        event = submitted_event(now, name, params, owner, idempotency_key)
         args = ("submit", run_id, name, owner or NO_OWNER, _dumps(params), now,
-                idempotency_key or "", _dumps(event), "")
-        # One round trip: the script, and the doorbell beside it.
-        ready, bell = self.keys.ready(name), self.keys.bell
-        result, *_ = await self._eval([(base, args)], extra=[
-            (ready, ("ZADD", ready, "GT", *self._rung([shard], now))),
-            (bell, ("LPUSH", bell, "1")),
-            (bell, ("LTRIM", bell, 0, 63)),
-        ])
-        if isinstance(result, BaseException):
-            raise result
+                idempotency_key or "", "")
+        if await self._cluster():
+            result = await self._op(base, *args)
+            if int(result[2]):  # the doorbell lives in another slot: ring it now
+                await self._ring(name, [shard], now)
+        else:
+            # One round trip: the script rings the doorbell itself when the shard had
+            # nothing queued (one server: its keys need not share a slot).
+            result = await self._op((base, self.keys.ready(name), self.keys.bell), *args)
         created = bool(int(result[1]))
         return RunHandle(name, str(result[0])), created
 
-    async def _ring(self, name: str, shards: Sequence[int], now: float) -> None:
+    async def _ring(self, name: str, shards: Sequence[int], now: float, *,
+                    missing_only: bool = False) -> None:
         """The doorbell: mark shards that may have queued runs and wake an idle worker."""
-        await self._ring_key(self.keys.ready(name), shards, now)
+        await self._ring_key(self.keys.ready(name), shards, now, missing_only=missing_only)
 
-    async def _ring_key(self, ready: str, shards: Sequence[int], now: float) -> None:
+    async def _ring_key(self, ready: str, shards: Sequence[int], now: float, *,
+                        missing_only: bool = False) -> None:
+        """Ring ``shards``; ``missing_only`` adds the shards the doorbell lacks and leaves
+        the others' ring times alone (claims visit the shards rung last first)."""
         if not shards:
             return
         bell = self.keys.bell
         for reply in await self._pipeline([
-            (ready, ("ZADD", ready, "GT", *self._rung(shards, now))),
+            (ready, ("ZADD", ready, "NX" if missing_only else "GT", *self._rung(shards, now))),
             (bell, ("LPUSH", bell, "1")),
             (bell, ("LTRIM", bell, 0, 63)),
         ]):
@@ -182,7 +206,6 @@ class ValkeyStore(ValkeyAdmin):
         status = RunStatus(status)
         batch = [dict(e) for e in events]
         successor_id = ""
-        successor_event = ""
         name = None
         if status is RunStatus.CONTINUED:
             info = await self.get_run(run_id)
@@ -191,18 +214,15 @@ class ValkeyStore(ValkeyAdmin):
             name = info.name
             shard = int(run_id[12:16], 16)
             successor_id = self.keys.new_run_id(info.name, shard, now)
-            event = submitted_event(now, info.name, successor_params, info.owner, None)
-            event["predecessor"] = run_id
-            successor_event = _dumps(event)
             batch[-1]["successor"] = successor_id
-        last = await self._op(
+        last, ring = await self._op(
             self._base(run_id), "finish", run_id, token, now, status.value, _dumps(result),
             "" if error is None else _dumps(error), self.completed_ttl, successor_id,
-            successor_event, _dumps(successor_params) if successor_id else "",
+            _dumps(successor_params) if successor_id else "",
             *(_dumps(e) for e in batch),
         )
         await self._flow_done(run_id)
-        if successor_id and name is not None:
+        if int(ring) and name is not None:
             await self._ring(name, [int(run_id[12:16], 16)], now)
         return FinishResult(int(last), successor_id or None)
 
@@ -269,33 +289,41 @@ class ValkeyStore(ValkeyAdmin):
             for member, score in rung:
                 shard = int(member)
                 candidates.append((0 if shard in held else 1, name, shard, float(score)))
-        # Visit the rung shards, own shards first, each group in turn from where this
-        # store's last claim of the name stopped there: every rung shard is visited within
-        # about rung / limit claims. (A random pick leaves some shard unvisited for many
-        # claims, and with it a small owner whom deficit round robin serves next there.)
-        cursor = self._claim_cursor
+        # Visit the rung shards, own shards first. Within each group, first the shards rung
+        # since this store last visited them, newest ring first: a shard rings when an
+        # owner's queue appears on it, and deficit round robin serves that owner next
+        # there, so a newcomer waits one claim, not a round over every shard. Then the
+        # others in turn from where this store's last claim of the name stopped: every rung
+        # shard is visited within a round. (A random pick leaves some shard unvisited for
+        # many claims, and with it a small owner whom deficit round robin serves next.)
+        cursor, seen = self._claim_cursor, self._claim_seen
         for name in names:
             for group in (0, 1):
                 cursor.setdefault((name, group), random.randrange(self.shard_count))
-        candidates.sort(
-            key=lambda c: (c[0], (c[2] - cursor[(c[1], c[0])]) % self.shard_count)
-        )
-        # Each shard visited gets a share of `limit`: one claim is one pipelined round trip.
-        visit = candidates[:limit]
+
+        def order(c: tuple[int, str, int, float]) -> tuple[int, int, float]:
+            group, name, shard, rung = c
+            if rung > seen.get((name, shard), -1.0):
+                return group, 0, -rung
+            return group, 1, float((shard - cursor[(name, group)]) % self.shard_count)
+
+        candidates.sort(key=order)
+        # A few shards, each with a share of `limit` (at least CLAIM_SHARE runs): one claim
+        # is one pipelined round trip, and each shard visited pays its script call for a
+        # batch of runs rather than for one.
+        visit = candidates[:_visits(limit, len(candidates))]
         if not visit:
             return []  # before reserving: a reservation is only given back by the settle
         reserved = await self._flow_reserve(names, limit, now, lock_ttl)
         caps: list[Any] = []
         for owner, (count, _) in reserved.items():
             caps.extend([owner, count])
-        shares = [limit // len(visit)] * len(visit)
-        for i in range(limit - sum(shares)):
-            shares[i] += 1
         claimed: list[ClaimedRun] = []
         empty: dict[str, list[tuple[int, float]]] = {}
         fuller: list[tuple[str, int]] = []
 
-        def took(rows: Sequence[Any], left: Any, name: str, shard: int, rung: float) -> None:
+        def took(rows: Sequence[Any], left: Any, name: str, shard: int, rung: float,
+                 share: int) -> None:
             taken = [self._claimed(row) for row in rows]
             claimed.extend(taken)
             for run in taken:  # flow caps are owner-wide: later shards see what is left
@@ -303,55 +331,60 @@ class ValkeyStore(ValkeyAdmin):
                 if owner in reserved:
                     at = caps.index(owner)
                     caps[at + 1] = int(caps[at + 1]) - 1
-            if int(left):
-                fuller.append((name, shard))
-            else:
+            if not int(left):
                 empty.setdefault(name, []).append((shard, rung))
+            elif len(taken) >= share:
+                # It gave all it was asked and has more. (One that gave less holds runs
+                # flow control holds back: asking it again would get no more.)
+                fuller.append((name, shard))
 
         async def claim_on(shards: Sequence[tuple[int, str, int, float]],
                            counts: Sequence[int]) -> None:
-            for group, name, shard, _ in shards:
+            for group, name, shard, rung in shards:
                 cursor[(name, group)] = (shard + 1) % self.shard_count
+                seen[(name, shard)] = rung
             if reserved:
                 for (_, name, shard, rung), share in zip(shards, counts, strict=True):
                     rows, left = await self._op(
                         self.keys.base_of(name, shard), "claim", worker_id, now,
                         now + lock_ttl, share, *caps,
                     )
-                    took(rows, left, name, shard, rung)
+                    took(rows, left, name, shard, rung, share)
                 return
             calls = [
                 (self.keys.base_of(name, shard),
                  ("claim", worker_id, now, now + lock_ttl, share))
                 for (_, name, shard, _), share in zip(shards, counts, strict=True)
             ]
-            for (_, name, shard, rung), result in zip(shards, await self._batch(calls),
-                                                      strict=True):
+            results = await self._batch(calls)
+            for (_, name, shard, rung), share, result in zip(shards, counts, results,
+                                                             strict=True):
                 if isinstance(result, BaseException):
                     raise result
-                took(result[0], result[1], name, shard, rung)
+                took(result[0], result[1], name, shard, rung, share)
 
         try:
-            await claim_on(visit, shares)
-            # Shares left unused by shards that ran dry go to those that still have runs.
-            for name, shard in list(fuller):
+            await claim_on(visit, _shares(limit, len(visit)))
+            # Come back short (shards ran dry, or hold only runs that flow control holds
+            # back, or other workers took them meanwhile): shards that still have runs get
+            # what is left, then shards not yet visited, other workers' first. Without the
+            # latter a worker whose own shards hold only held-back runs never takes the runs
+            # queued on the shards of a worker that is full. A few rounds at most.
+            visited = {(n, s) for _, n, s, _ in visit}
+            rest = sorted((c for c in candidates if (c[1], c[2]) not in visited),
+                          key=lambda c: -c[0])  # stable: other workers' shards first
+            for _ in range(CLAIM_ROUNDS - 1):
                 remaining = limit - len(claimed)
                 if remaining <= 0:
                     break
-                fuller.remove((name, shard))
-                rows, left = await self._op(
-                    self.keys.base_of(name, shard), "claim", worker_id, now,
-                    now + lock_ttl, remaining, *caps,
-                )
-                took(rows, left, name, shard, float("inf"))
-            # Then any: when the shards visited come back short (dry, or holding only runs
-            # that flow control holds back), as many further rung shards, once, other
-            # workers' first. Without it a worker whose own shards hold only held-back runs
-            # never takes the runs queued on the shards of a worker that is full.
-            rest = sorted(candidates[len(visit):], key=lambda c: -c[0])  # stable
-            more = rest[:max(0, limit - len(claimed))]
-            if more:
-                await claim_on(more, [1] * len(more))
+                again = [c for c in candidates if (c[1], c[2]) in set(fuller)]
+                fuller.clear()
+                targets = again + rest
+                if not targets:
+                    break
+                chosen = targets[:_visits(remaining, len(targets))]
+                rest = [c for c in rest if c not in chosen]
+                await claim_on(chosen, _shares(remaining, len(chosen)))
         finally:
             await self._flow_settle(reserved, claimed, now + lock_ttl)
         # Taking dry shards out of the doorbell costs two round trips: done after the
@@ -380,14 +413,18 @@ class ValkeyStore(ValkeyAdmin):
                 await self._ring(name, busy, now)
 
     def _claimed(self, row: Sequence[Any]) -> ClaimedRun:
-        run_id, name, params, owner, attempt, start_id, created, base_seq, journal = row
+        (run_id, name, params, owner, attempt, start_id, created, base_seq, journal, idem,
+         predecessor) = row
+        values = _loads(params)
         return ClaimedRun(
             run_id=str(run_id),
             name=str(name),
-            params=_loads(params),
+            params=values,
             owner=str(owner) or None,
             token=int(attempt),
-            journal=_events(journal, int(base_seq) + 1),
+            journal=_events(journal, int(base_seq) + 1, partial(
+                submitted_from, str(name), values, str(owner), str(created), str(idem),
+                str(predecessor))),
             base_seq=int(base_seq),
             start_id=str(start_id),
             created_at=float(created),
@@ -542,7 +579,8 @@ class ValkeyStore(ValkeyAdmin):
                 if isinstance(result, BaseException):
                     raise result
                 total += len(result)
-            await self._ring(name, list(range(self.shard_count)), time.time())
+            await self._ring(name, list(range(self.shard_count)), time.time(),
+                             missing_only=True)
             return total
 
         return drive(recover())
@@ -591,10 +629,21 @@ class ValkeyStore(ValkeyAdmin):
         if self.keys.base_of_run(run_id) is None:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         journal, run = self.keys.journal(run_id), self.keys.run(run_id)
-        raw = await self._read(journal, "LRANGE", journal, after_seq, -1)
-        if not raw and not await self._read(run, "EXISTS", run):
+        if after_seq > 0:
+            raw = await self._read(journal, "LRANGE", journal, after_seq, -1)
+            if not raw and not await self._read(run, "EXISTS", run):
+                raise WorkflowNotFound(f"no run with id {run_id!r}")
+            return _events(raw, after_seq + 1)
+        # From the start: the record too, for run:submitted (one round trip).
+        record, raw = await self._pipeline(
+            [(run, ("HGETALL", run)), (journal, ("LRANGE", journal, 0, -1))], idempotent=True)
+        for reply in (record, raw):
+            if isinstance(reply, BaseException):
+                raise reply
+        fields = as_hash(record)
+        if not fields:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
-        return _events(raw, after_seq + 1)
+        return _events(raw or [""], 1, partial(submitted_of, fields))
 
     async def list_runs(
         self,
@@ -644,9 +693,9 @@ class ValkeyStore(ValkeyAdmin):
         if self.keys.base_of_run(run_id) is None:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        done_key = self.keys.done(run_id)
+        info = await self.get_run(run_id)
+        marked = False
         while True:
-            info = await self.get_run(run_id)
             if info is None:
                 # An earlier run of a continue_as_new chain may have expired while the chain
                 # goes on: its start id's tail record names the chain's latest run.
@@ -654,23 +703,35 @@ class ValkeyStore(ValkeyAdmin):
                 tail = await self._read(chain, "GET", chain)
                 if tail is None or tail == run_id:
                     raise WorkflowNotFound(f"no run with id {run_id!r}")
-                run_id, done_key = str(tail), self.keys.done(str(tail))
+                run_id, marked = str(tail), False
+                info = await self.get_run(run_id)
                 continue
             if info.status.terminal:
                 return info
+            if not marked:
+                # Mark the run as waited on: its finish then leaves a token to wake us.
+                marked = True
+                if str(await self._op(self._base(run_id), "await", run_id)) != "WAIT":
+                    info = await self.get_run(run_id)
+                    continue
             wait = 5.0
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:
                     raise TimeoutError(f"run {run_id} did not end within {timeout} s")
             # Woken by the store, no polling: a blocking rotation of the run's "done" list,
-            # which leaves its token (and its TTL) for other waiters. (A pop and a push
-            # back emptied the list in between: the key came back without its TTL.)
+            # which leaves its token (and its TTL) for other waiters, and the record read
+            # right behind it on the same connection.
             wait = max(wait, 0.01)
-            moved = (await self._blocking(
-                done_key, [("BLMOVE", done_key, done_key, "LEFT", "RIGHT", wait)], wait))[0]
-            if isinstance(moved, BaseException):
-                raise moved
+            done_key, run_key = self.keys.done(run_id), self.keys.run(run_id)
+            moved, fields = await self._blocking(done_key, [
+                ("BLMOVE", done_key, done_key, "LEFT", "RIGHT", wait), ("HGETALL", run_key),
+            ], wait)
+            for reply in (moved, fields):
+                if isinstance(reply, BaseException):
+                    raise reply
+            record = as_hash(fields)
+            info = self._info(run_id, record) if record else None
 
     # --- shards ---------------------------------------------------------------------
 
@@ -699,7 +760,7 @@ class ValkeyStore(ValkeyAdmin):
             )
             busy = [s for s, p in zip(shards, pending, strict=True)
                     if not isinstance(p, BaseException) and int(p[0]) > 0]
-            await self._ring(name, busy, now)
+            await self._ring(name, busy, now, missing_only=True)
 
     async def release_shards(self, worker_id: str) -> None:
         """Give back every shard ``worker_id`` leases, and drop it from the live workers.

@@ -3,47 +3,73 @@
 -- Suffixes: :run:<id> (hash), :jnl:<id> (list of event JSON), :q:<owner> (FIFO list),
 -- :active (zset owner -> served, owners with queued runs),
 -- :timers (zset id -> wake_at), :locks (zset id -> lock expiry), :index (zset id ->
--- created_at), :expiry (zset id -> finished_at), :idem:<key>, :done:<id>, :gen.
+-- created_at), :expiry (zset id -> finished_at), :idem:<key>, :done:<id>, :chain:<start>.
+--
+-- The journal list holds seq N at index N - 1. Its first entry, run:submitted, is not
+-- written: the run record holds everything it says, so index 0 is an empty placeholder
+-- that readers replace with the event built from the record. The list is created by the
+-- first event after the submit (usually run:started), placeholder included; the record's
+-- field `jnl` says it exists.
 local ops = {}
 
 local function runk(base, id) return base .. ':run:' .. id end
 local function jnlk(base, id) return base .. ':jnl:' .. id end
 
+-- Every field a fenced write reads, in one HMGET.
+local RUN_FIELDS = {'status', 'attempt', 'cancel', 'start_id', 'idem', 'waiter',
+  'lock_expires', 'owner'}
+
 local function stale(run, token)
   -- Fencing: the write is accepted only from the run's current attempt while it runs.
-  -- Returns nil, cancel requested, the run's start id (its continue_as_new chain).
-  local st = redis.call('HMGET', run, 'status', 'attempt', 'cancel', 'start_id')
+  -- Returns nil and the run's fields (RUN_FIELDS by name), or the error text.
+  local st = redis.call('HMGET', run, unpack(RUN_FIELDS))
   if not st[1] then return 'NOTFOUND' end
   if st[1] ~= 'running' or st[2] ~= token then return 'STALE ' .. tostring(st[2]) end
-  return nil, st[3] == '1', st[4]
+  local f = {}
+  for i, name in ipairs(RUN_FIELDS) do f[name] = st[i] end
+  return nil, f
 end
 
 local function push_events(base, id, a, from)
+  -- The journal of a run that has run exists: append the events a[from..]; the new
+  -- last seq.
   local jnl = jnlk(base, id)
   if #a >= from then
-    return redis.call('RPUSH', jnl, unpack(a, from, #a))  -- the new length
+    return redis.call('RPUSH', jnl, unpack(a, from, #a))
   end
   return redis.call('LLEN', jnl)
 end
 
+local function journal_push(base, id, exists, ...)
+  -- Append to a journal that may not exist yet (its run never started): the first push
+  -- lays the placeholder of run:submitted before the events. Returns the new last seq.
+  if exists then return redis.call('RPUSH', jnlk(base, id), ...) end
+  return redis.call('RPUSH', jnlk(base, id), '', ...)
+end
+
 -- Put a run in its owner's FIFO. `fresh` (a run just created) skips resetting the fields
--- and indexes a parked or running run would still carry.
+-- and indexes a parked or running run would still carry. Returns true when the owner had
+-- nothing queued here before: the shard's doorbell must ring, both when the shard had
+-- nothing queued (it needs a worker) and when other owners' runs wait (deficit round robin
+-- serves the newcomer next here, so claims should visit this shard soon).
 local function enqueue(base, id, owner, now, fresh)
   local q = base .. ':q:' .. owner
-  if redis.call('LLEN', q) == 0 then
+  local rang = false
+  if redis.call('RPUSH', q, id) == 1 then
     -- An owner that (re)appears starts level with the least-served active one: it
     -- neither starves the others nor waits behind the runs it got while alone.
     local low = redis.call('ZRANGE', base .. ':active', 0, 0, 'WITHSCORES')
     local floor = 0
     if #low > 0 then floor = tonumber(low[2]) end
     redis.call('ZADD', base .. ':active', floor, owner)
+    rang = true
   end
-  redis.call('RPUSH', q, id)
-  if fresh then return end
+  if fresh then return rang end
   redis.call('HSET', runk(base, id), 'status', 'queued', 'lock_owner', '', 'wake_at', '',
-    'waiting_for', '', 'interrupt', '')
+    'waiting_for', '', 'interrupt', '', 'updated_at', now)
   redis.call('ZREM', base .. ':timers', id)
   redis.call('ZREM', base .. ':locks', id)
+  return rang
 end
 
 local function dequeue(base, id, owner)
@@ -52,42 +78,61 @@ local function dequeue(base, id, owner)
   if redis.call('LLEN', q) == 0 then redis.call('ZREM', base .. ':active', owner) end
 end
 
+local function shard_of(id)
+  -- The run id carries its shard: 12 hex digits of the name's hash, then 4 of the shard.
+  return tonumber(string.sub(id, 13, 16), 16)
+end
+
+local function ring(ready, bell, shard, now)
+  -- The doorbell: mark the shard as holding queued runs (the time it was rung, ms) and
+  -- wake one idle worker (the bell keeps at most 64 tokens).
+  redis.call('ZADD', ready, 'GT', math.floor(tonumber(now) * 1000), shard)
+  if redis.call('LPUSH', bell, '1') > 64 then redis.call('LTRIM', bell, 0, 63) end
+end
+
 local function event(kind, now, fields)
   local e = {type = kind, ts = tonumber(now)}
   if fields then for k, v in pairs(fields) do e[k] = v end end
   return cjson.encode(e)
 end
 
-local function finish_run(base, id, status, now, result, err, ttl, was_running)
+local function finish_run(base, id, status, now, result, err, ttl, was_running, idem, waiter)
+  -- End a run: record, indexes, the waiters' token, retention. `idem` and `waiter` are
+  -- the record's fields of those names (read by the caller's HMGET).
   local run = runk(base, id)
   redis.call('HSET', run, 'status', status, 'result', result, 'error', err, 'lock_owner', '',
     'wake_at', '', 'waiting_for', '', 'finished_at', now, 'updated_at', now)
   redis.call('ZREM', base .. ':locks', id)
   if not was_running then redis.call('ZREM', base .. ':timers', id) end
   redis.call('ZADD', base .. ':expiry', now, id)
-  local done = base .. ':done:' .. id
-  redis.call('RPUSH', done, status)
   ttl = tonumber(ttl)
+  local done = base .. ':done:' .. id
+  -- Only a run somebody waits on gets a token (waiters mark the record first, in the
+  -- same slot, so a finish and a new waiter are ordered).
+  if waiter == '1' then redis.call('RPUSH', done, status) end
   if ttl and ttl > 0 then
     redis.call('EXPIRE', run, ttl)
     redis.call('EXPIRE', jnlk(base, id), ttl)
-    redis.call('EXPIRE', done, math.min(ttl, 600))
-    local idem = redis.call('HGET', run, 'idem')
+    if waiter == '1' then redis.call('EXPIRE', done, math.min(ttl, 600)) end
     if idem and idem ~= '' then redis.call('EXPIRE', base .. ':idem:' .. idem, ttl) end
-    -- Forget index entries of runs that have expired (a few per call).
-    local old = redis.call('ZRANGEBYSCORE', base .. ':expiry', '-inf', tonumber(now) - ttl,
-      'LIMIT', 0, 16)
-    for _, gone in ipairs(old) do
-      redis.call('ZREM', base .. ':expiry', gone)
-      redis.call('ZREM', base .. ':index', gone)
+    -- Forget index entries of runs that have expired, a batch every 16th finish or so
+    -- (the run id's last hex digit decides, so no randomness is needed).
+    if string.sub(id, -1) == '0' then
+      local old = redis.call('ZRANGEBYSCORE', base .. ':expiry', '-inf', tonumber(now) - ttl,
+        'LIMIT', 0, 256)
+      if #old > 0 then
+        redis.call('ZREM', base .. ':expiry', unpack(old))
+        redis.call('ZREM', base .. ':index', unpack(old))
+      end
     end
   end
 end
 
 local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl, detail, ttl)
   local run = runk(base, id)
+  local f = redis.call('HMGET', run, 'crashes', 'cancel', 'owner', 'idem', 'waiter')
   if crash == '1' then
-    local crashes = cjson.decode(redis.call('HGET', run, 'crashes') or '[]')
+    local crashes = cjson.decode(f[1] or '[]')
     local live = {}
     for _, t in ipairs(crashes) do
       if tonumber(now) - t < tonumber(retry_ttl) then live[#live + 1] = t end
@@ -106,36 +151,16 @@ local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl,
           ' crashes (poison_max_retries exceeded); last cause: ' .. cause}
       redis.call('RPUSH', jnlk(base, id), event('run:error', now, {code = err.code,
         error_type = err.error_type, message = err.message, detail = d}))
-      finish_run(base, id, 'failed', now, 'null', cjson.encode(err), ttl, true)
+      finish_run(base, id, 'failed', now, 'null', cjson.encode(err), ttl, true, f[4], f[5])
       return 1
     end
   end
-  if redis.call('HGET', run, 'cancel') == '1' then
+  if f[2] == '1' then
     redis.call('RPUSH', jnlk(base, id), event('run:cancelled', now))
-    finish_run(base, id, 'cancelled', now, 'null', '', ttl, true)
+    finish_run(base, id, 'cancelled', now, 'null', '', ttl, true, f[4], f[5])
     return 0
   end
   redis.call('RPUSH', jnlk(base, id), event('run:requeued', now, {reason = reason}))
-  enqueue(base, id, redis.call('HGET', run, 'owner'), now)
+  enqueue(base, id, f[3], now)
   return 0
-end
-
-local function take(base, id, worker, now, expires)
-  local run = runk(base, id)
-  local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
-    'parked_seq', 'attempt', 'started_at')
-  local attempt = tonumber(f[7] or '0') + 1
-  if f[8] then
-    redis.call('HSET', run, 'status', 'running', 'attempt', attempt, 'lock_owner', worker,
-      'lock_expires', expires, 'updated_at', now)
-  else
-    redis.call('HSET', run, 'status', 'running', 'attempt', attempt, 'lock_owner', worker,
-      'lock_expires', expires, 'updated_at', now, 'started_at', now)
-  end
-  redis.call('ZADD', base .. ':locks', expires, id)
-  redis.call('RPUSH', jnlk(base, id), event('run:started', now, {attempt = attempt,
-    worker = worker}))
-  local from = tonumber(f[6] or '0')
-  local journal = redis.call('LRANGE', jnlk(base, id), from, -1)
-  return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal}
 end

@@ -2,15 +2,20 @@
 -- "NOTFOUND" when the token is not the run's current attempt.
 
 -- append: ARGV op, run_id, token, now, lock_expires, event... -> {last_seq, cancel}
+-- The lock is renewed only once a third of its time has passed (the renewal thread renews
+-- it anyway): a quick step's boundary costs the journal write alone.
 ops.append = function(k, a)
   local base, id, token, now, expires = k[1], a[2], a[3], a[4], a[5]
   local run = runk(base, id)
-  local err, cancel = stale(run, token)
+  local err, f = stale(run, token)
   if err then return redis.error_reply(err) end
   local len = push_events(base, id, a, 6)
-  redis.call('HSET', run, 'lock_expires', expires, 'updated_at', now)
-  redis.call('ZADD', base .. ':locks', expires, id)
-  return {len, cancel and 1 or 0}
+  local held = tonumber(f.lock_expires or '0') or 0
+  if held < tonumber(now) + (tonumber(expires) - tonumber(now)) * 2 / 3 then
+    redis.call('HSET', run, 'lock_expires', expires)
+    redis.call('ZADD', base .. ':locks', expires, id)
+  end
+  return {len, f.cancel == '1' and 1 or 0}
 end
 
 -- park: ARGV op, run_id, token, now, wake_at|'', known_seq, interrupt_json|'', n_signals,
@@ -20,15 +25,21 @@ ops.park = function(k, a)
   local base, id, token, now, wake_at, known = k[1], a[2], a[3], a[4], a[5], tonumber(a[6])
   local interrupt, n = a[7], tonumber(a[8])
   local run = runk(base, id)
-  local err, cancel = stale(run, token)
+  local err, f = stale(run, token)
   if err then return redis.error_reply(err) end
+  local cancel = f.cancel == '1'
   local len = push_events(base, id, a, 9 + n)
   local arrived = false
   local waiting = {}
-  for i = 9, 8 + n do
-    waiting[#waiting + 1] = a[i]
-    local seen = tonumber(redis.call('HGET', run, 'sig:' .. a[i]) or '0')
-    if seen > known then arrived = true end
+  if n > 0 then
+    local marks = {}
+    for i = 9, 8 + n do
+      waiting[#waiting + 1] = a[i]
+      marks[#marks + 1] = 'sig:' .. a[i]
+    end
+    for _, seen in ipairs(redis.call('HMGET', run, unpack(marks))) do
+      if tonumber(seen or '0') > known then arrived = true end
+    end
   end
   if arrived or cancel then
     return {0, len, cancel and 1 or 0, redis.call('LRANGE', jnlk(base, id), known, -1)}
@@ -44,37 +55,36 @@ ops.park = function(k, a)
 end
 
 -- finish: ARGV op, run_id, token, now, status, result_json, error_json|'', completed_ttl,
---         successor_id|'', successor_submitted_event|'', successor_params|'', event...
+--         successor_id|'', successor_params|'', event...
 -- (the last event is the terminal one; with a successor its JSON already names it)
 -- Also keeps the chain's tail record (:chain:<start id>).
--- returns last_seq
+-- returns {last_seq, ring (1 when the successor's queueing must ring the doorbell)}
 ops.finish = function(k, a)
   local base, id, token, now, status = k[1], a[2], a[3], a[4], a[5]
-  local result, errj, ttl, succ, succ_ev, succ_params = a[6], a[7], a[8], a[9], a[10], a[11]
+  local result, errj, ttl, succ, succ_params = a[6], a[7], a[8], a[9], a[10]
   local run = runk(base, id)
-  local err, _, start_id = stale(run, token)
+  local err, f = stale(run, token)
   if err then return redis.error_reply(err) end
+  local start_id = f.start_id
   -- An open continue_as_new chain keeps one tail record: start id -> its latest run, kept
   -- while the chain runs and expiring completed_ttl after its last run ends.
   local chain = base .. ':chain:' .. tostring(start_id)
+  local rang = false
   if succ ~= '' then
     redis.call('SET', chain, succ)
+    local name = redis.call('HGET', run, 'name')
+    redis.call('HSET', runk(base, succ), 'name', name, 'owner', f.owner, 'params', succ_params,
+      'status', 'queued', 'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', '',
+      'start_id', start_id, 'predecessor', id)
+    redis.call('ZADD', base .. ':index', now, succ)
+    rang = enqueue(base, succ, f.owner, now, true)
+    redis.call('HSET', run, 'successor_id', succ)
   elseif start_id and start_id ~= id and tonumber(ttl) > 0 then
     redis.call('EXPIRE', chain, ttl)
   end
-  if succ ~= '' then
-    local f = redis.call('HMGET', run, 'name', 'owner', 'start_id')
-    redis.call('HSET', runk(base, succ), 'name', f[1], 'owner', f[2], 'params', succ_params,
-      'status', 'queued', 'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', '',
-      'start_id', f[3], 'parked_seq', 0, 'cancel', 0, 'crashes', '[]', 'predecessor', id)
-    redis.call('RPUSH', jnlk(base, succ), succ_ev)
-    redis.call('ZADD', base .. ':index', now, succ)
-    enqueue(base, succ, f[2], now, true)
-    redis.call('HSET', run, 'successor_id', succ)
-  end
-  local len = push_events(base, id, a, 12)
-  finish_run(base, id, status, now, result, errj, ttl, true)
-  return len
+  local len = push_events(base, id, a, 11)
+  finish_run(base, id, status, now, result, errj, ttl, true, f.idem, f.waiter)
+  return {len, rang and 1 or 0}
 end
 
 -- requeue: ARGV op, run_id, token, now, reason, crash (1|0), max_retries, retry_ttl,
@@ -86,4 +96,18 @@ ops.requeue = function(k, a)
   if err then return redis.error_reply(err) end
   push_events(base, id, a, 11)
   return requeue_run(base, id, now, a[5], a[6], a[7], a[8], a[9], a[10])
+end
+
+-- await: a client is about to wait for this run's end. ARGV op, run_id
+-- returns 'NOTFOUND' | 'ENDED' | 'WAIT' (marked: its finish leaves a token in :done:<id>)
+ops.await = function(k, a)
+  local run = runk(k[1], a[2])
+  local status = redis.call('HGET', run, 'status')
+  if not status then return 'NOTFOUND' end
+  if status == 'completed' or status == 'failed' or status == 'cancelled'
+    or status == 'continued' then
+    return 'ENDED'
+  end
+  redis.call('HSET', run, 'waiter', 1)
+  return 'WAIT'
 end

@@ -1,53 +1,130 @@
+-- Taking queued runs: the lock, the fencing token (attempt), run:started, the journal.
+
+local function take(base, id, worker, now, expires)
+  -- Lock one dequeued run for `worker` (its entry in :locks is the caller's to add).
+  local run = runk(base, id)
+  local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
+    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor')
+  local attempt = tonumber(f[7] or '0') + 1
+  local fields = {'status', 'running', 'attempt', attempt, 'lock_owner', worker,
+    'lock_expires', expires, 'updated_at', now}
+  if not f[8] then fields[#fields + 1] = 'started_at'; fields[#fields + 1] = now end
+  if not f[10] then fields[#fields + 1] = 'jnl'; fields[#fields + 1] = 1 end
+  redis.call('HSET', run, unpack(fields))
+  local started = event('run:started', now, {attempt = attempt, worker = worker})
+  local len = journal_push(base, id, f[10], started)
+  local from = tonumber(f[6] or '0')
+  local journal
+  if len == 2 then
+    journal = {'', started}  -- a first start: the placeholder of run:submitted and this
+  else
+    journal = redis.call('LRANGE', jnlk(base, id), from, -1)
+  end
+  return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or ''}
+end
+
+local function older(a, b)
+  -- Run ids carry their creation time (ms, hex digits 17-28): compare those.
+  return string.sub(a, 17, 28) < string.sub(b, 17, 28)
+end
+
 -- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
 -- over owners (least served first, oldest head breaking ties), FIFO within an owner.
 -- ARGV: op, worker, now, lock_expires, limit, [owner, cap]... (flow-controlled owners may
 -- take at most cap runs; cap 0 blocks the owner)
 -- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
---           {journal after base_seq}}...}, owners still queued}
+--           {journal after base_seq}, idempotency_key, predecessor}...}, owners still queued}
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
   local caps = {}
   for i = 6, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
-  local out = {}
   local active = base .. ':active'
-  while #out < limit do
-    local cands = redis.call('ZRANGE', active, 0, 63, 'WITHSCORES')
-    local best, best_served, best_created = nil, nil, nil
-    for i = 1, #cands, 2 do
-      local owner, served = cands[i], tonumber(cands[i + 1])
-      if best_served ~= nil and served > best_served then break end
-      if caps[owner] == nil or caps[owner] > 0 then
-        local head = redis.call('LINDEX', base .. ':q:' .. owner, 0)
-        if head then
-          local created = tonumber(redis.call('HGET', runk(base, head), 'created_at') or '0')
-          if best == nil or created < best_created then
-            best, best_served, best_created = owner, served, created
+  local listed = redis.call('ZRANGE', active, 0, 63, 'WITHSCORES')
+  local owners, served = {}, {}
+  for i = 1, #listed, 2 do
+    local owner = listed[i]
+    if caps[owner] == nil or caps[owner] > 0 then
+      owners[#owners + 1] = owner
+      served[owner] = tonumber(listed[i + 1])
+    end
+  end
+  local left = #listed / 2
+  local taken = {}   -- run ids, in the order served
+  if #owners == 1 and left == 1 then
+    -- One owner queued here (the common case): pop its next runs in one go. Its served
+    -- count need not move: an owner that appears later starts level with it anyway.
+    local owner = owners[1]
+    local want = math.min(limit, caps[owner] or limit)
+    local q = base .. ':q:' .. owner
+    local ids = redis.call('LPOP', q, want)
+    if ids then taken = ids end
+    if #taken < want then
+      redis.call('ZREM', active, owner)
+      left = 0
+    end
+  elseif #owners > 0 then
+    -- Several owners: read the head of each queue once, serve in DRR order here, then
+    -- trim each queue by what it gave.
+    local heads, at, gave = {}, {}, {}
+    for _, owner in ipairs(owners) do
+      heads[owner] = redis.call('LRANGE', base .. ':q:' .. owner, 0, limit - 1)
+      at[owner] = 1
+      gave[owner] = 0
+      if #heads[owner] == 0 then  -- listed with nothing queued: forget it
+        redis.call('ZREM', active, owner)
+        left = left - 1
+      end
+    end
+    while #taken < limit do
+      local best = nil
+      for _, owner in ipairs(owners) do
+        local head = heads[owner][at[owner]]
+        local room = caps[owner] == nil or gave[owner] < caps[owner]
+        if head and room then
+          if best == nil or served[owner] < served[best]
+            or (served[owner] == served[best] and older(head, heads[best][at[best]])) then
+            best = owner
           end
-        else
+        end
+      end
+      if best == nil then break end
+      taken[#taken + 1] = heads[best][at[best]]
+      at[best] = at[best] + 1
+      gave[best] = gave[best] + 1
+      served[best] = served[best] + 1
+    end
+    for _, owner in ipairs(owners) do
+      local n = gave[owner]
+      if n > 0 then
+        local q = base .. ':q:' .. owner
+        if n >= #heads[owner] and #heads[owner] < limit then
+          redis.call('DEL', q)  -- it gave every run it had
           redis.call('ZREM', active, owner)
+          left = left - 1
+        else
+          redis.call('LTRIM', q, n, -1)
+          redis.call('ZINCRBY', active, n, owner)
         end
       end
     end
-    if best == nil then break end
-    if caps[best] ~= nil then caps[best] = caps[best] - 1 end
-    local q = base .. ':q:' .. best
-    local id = redis.call('LPOP', q)
-    if redis.call('LLEN', q) == 0 then
-      redis.call('ZREM', active, best)
-    else
-      redis.call('ZINCRBY', active, 1, best)
-    end
-    out[#out + 1] = take(base, id, worker, now, expires)
+    if #listed / 2 >= 64 then left = redis.call('ZCARD', active) end
   end
-  return {out, redis.call('ZCARD', active)}
+  local out, locks = {}, {}
+  for i, id in ipairs(taken) do
+    out[i] = take(base, id, worker, now, expires)
+    locks[#locks + 1] = expires
+    locks[#locks + 1] = id
+  end
+  if #locks > 0 then redis.call('ZADD', base .. ':locks', unpack(locks)) end
+  return {out, left}
 end
 
 -- claim_run: claim this one run if it is queued. ARGV: op, run_id, worker, now, expires
 ops.claim_run = function(k, a)
-  local base, id = k[1], a[2]
-  local run = runk(base, id)
-  local f = redis.call('HMGET', run, 'status', 'owner')
+  local base, id, expires = k[1], a[2], a[5]
+  local f = redis.call('HMGET', runk(base, id), 'status', 'owner')
   if f[1] ~= 'queued' then return nil end
   dequeue(base, id, f[2])
-  return take(base, id, a[3], a[4], a[5])
+  redis.call('ZADD', base .. ':locks', expires, id)
+  return take(base, id, a[3], a[4], expires)
 end

@@ -1,21 +1,25 @@
 -- submit: create a queued run (idempotency key checked in the same step).
--- ARGV: op, run_id, name, owner, params_json, now, idempotency_key|'', submitted_event,
---       start_id|''
--- returns {run_id, created (1|0)}
+-- KEYS: base [, ready zset, bell list] (the doorbell, on one server only: on a cluster it
+--       lives in another slot and the caller rings it when told to)
+-- ARGV: op, run_id, name, owner, params_json, now, idempotency_key|'', start_id|''
+-- returns {run_id, created (1|0), ring (1 when the doorbell must ring and was not rung
+--          here: see enqueue)}
+-- The run:submitted event is not written: the record holds what it says (see 00_lib).
 ops.submit = function(k, a)
-  local base, id, name, owner, params, now, idem, ev, start_id =
-    k[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9]
+  local base, id, name, owner, params, now, idem, start_id =
+    k[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]
   if idem ~= '' then
     local existing = redis.call('GET', base .. ':idem:' .. idem)
-    if existing then return {existing, 0} end
+    if existing then return {existing, 0, 0} end
     redis.call('SET', base .. ':idem:' .. idem, id)
   end
   if start_id == '' then start_id = id end
   redis.call('HSET', runk(base, id), 'name', name, 'owner', owner, 'params', params,
     'status', 'queued', 'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', idem,
-    'start_id', start_id, 'parked_seq', 0, 'cancel', 0, 'crashes', '[]')
-  redis.call('RPUSH', jnlk(base, id), ev)
+    'start_id', start_id)
   redis.call('ZADD', base .. ':index', now, id)
-  enqueue(base, id, owner, now, true)
-  return {id, 1}
+  if not enqueue(base, id, owner, now, true) then return {id, 1, 0} end
+  if k[2] == nil then return {id, 1, 1} end
+  ring(k[2], k[3], shard_of(id), now)
+  return {id, 1, 0}
 end

@@ -8,13 +8,13 @@ ops.renew = function(k, a)
   for i = 4, #a, 2 do
     local id, token = a[i], a[i + 1]
     local run = runk(base, id)
-    local err, wants_cancel = stale(run, token)
+    local err, f = stale(run, token)
     if err then
       lost[#lost + 1] = id
     else
       redis.call('HSET', run, 'lock_expires', expires)
       redis.call('ZADD', base .. ':locks', expires, id)
-      if wants_cancel then cancel[#cancel + 1] = id end
+      if f.cancel == '1' then cancel[#cancel + 1] = id end
     end
   end
   return {lost, cancel}
@@ -72,12 +72,14 @@ ops.fail_stranded = function(k, a)
   for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
     for _, id in ipairs(redis.call('LRANGE', base .. ':q:' .. owner, 0, -1)) do
       if #failed >= limit then return failed end
-      local updated = tonumber(redis.call('HGET', runk(base, id), 'updated_at') or '0')
-      if updated <= older then
+      local run = runk(base, id)
+      local f = redis.call('HMGET', run, 'updated_at', 'jnl', 'idem', 'waiter')
+      if tonumber(f[1] or '0') <= older then
         dequeue(base, id, owner)
-        redis.call('RPUSH', jnlk(base, id), event('run:error', now, {code = err.code,
+        journal_push(base, id, f[2], event('run:error', now, {code = err.code,
           error_type = err.error_type, message = err.message, detail = err.detail}))
-        finish_run(base, id, 'failed', now, 'null', errj, a[6])
+        redis.call('HSET', run, 'jnl', 1)
+        finish_run(base, id, 'failed', now, 'null', errj, a[6], false, f[3], f[4])
         failed[#failed + 1] = id
       end
     end
