@@ -11,6 +11,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from pyrula.workflows import ConfigurationError, RunStatus, ValkeyStore
+from pyrula.workflows.records import PoisonPolicy
 from pyrula.workflows.stores.valkey.keys import KeySpace, name_hash
 from tests.integration.valkey_support import (
     LEDGER,
@@ -102,7 +103,7 @@ async def test_cluster_false_against_a_cluster_names_cluster_true_at_the_first_r
             await store.submit(NAME, {}, now=time.time(), idempotency_key=remote)
         # The pipelined paths too: reads over every shard, and scripts batched over shards.
         with pytest.raises(ConfigurationError, match="cluster=True"):
-            await store.wake_due(now=time.time(), limit=10)
+            await store.reclaim(None, now=time.time(), limit=10, poison=PoisonPolicy())
         elsewhere = KeySpace(namespace).new_run_id(NAME, shard_of[remote])
         with pytest.raises(ConfigurationError, match="cluster=True"):
             await store.renew("w", {elsewhere: 1}, now=time.time(), lock_ttl=10)

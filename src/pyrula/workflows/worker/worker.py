@@ -336,12 +336,21 @@ class WorkflowWorker:
             return 0.0
         wait_for_work = getattr(self.store, "wait_for_work", None)
         if wait_for_work is not None:
-            # A store with a doorbell wakes us as soon as work arrives, instead of a poll.
+            # A store with a doorbell wakes us as soon as work arrives, instead of a poll:
+            # each wait lasts claim_poll_interval, and without a ring the claim looks anyway
+            # once a second or so (a ring is lost with a client that dies between its submit
+            # and its ring on a cluster), not after every wait.
             assert self._stopping is not None
-            await _first(
-                wait_for_work(self.workflow_names, self.options.claim_poll_interval),
-                self._stopping.wait(),
-            )
+            look_by = time.monotonic() + max(1.0, self.options.claim_poll_interval)
+            while not self._stopping.is_set():
+                waiting = asyncio.ensure_future(
+                    wait_for_work(self.workflow_names, self.options.claim_poll_interval))
+                await _first(waiting, self._stopping.wait())
+                self._claim_progress = time.monotonic()
+                if waiting.cancelled():
+                    break
+                if waiting.result() or time.monotonic() >= look_by:  # raises its error
+                    break
             return 0.0
         return None
 
@@ -671,6 +680,8 @@ class WorkflowWorker:
 
 
 async def _first(*aws: Awaitable[Any]) -> None:
+    """Wait until one of ``aws`` is done; cancel the others (a task passed in is cancelled
+    too if it is not done)."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

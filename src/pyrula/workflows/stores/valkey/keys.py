@@ -17,6 +17,7 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:done:<id>      list     a token pushed when the run ends (result waiters)
     <ns>:{<h>.<s>}:chain:<start>  string   a continue_as_new chain's latest run (tail record)
     <ns>:{<h>.ready}:ready        zset     shard -> last time it was rung (doorbell)
+    <ns>:{<h>.ready}:wake         zset     shard -> its earliest timer, or earlier (summary)
     <ns>:{bell}                   list     a token per ring: wakes one idle worker at once
     <ns>:{<h>.leases}:leases      hash     shard -> "worker|expiry"
     <ns>:{<h>.leases}:workers     zset     live workers of the name -> heartbeat expiry
@@ -87,6 +88,13 @@ class KeySpace:
 
     def ready_of_hash(self, name_h: str) -> str:
         return f"{self.ns}:{{{name_h}.ready}}:ready"
+
+    def wake(self, name: str) -> str:
+        """The timer summary of a name: which shards have a timer due by when."""
+        return self.wake_of_hash(name_hash(name))
+
+    def wake_of_hash(self, name_h: str) -> str:
+        return f"{self.ns}:{{{name_h}.ready}}:wake"
 
     @property
     def bell(self) -> str:

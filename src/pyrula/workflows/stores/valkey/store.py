@@ -180,13 +180,20 @@ class ValkeyStore(ValkeyAdmin):
         interrupt: Any = None,
     ) -> ParkResult:
         interrupt_json = _dumps(interrupt) if INTERRUPT_SIGNAL in signals else ""
+        base = self._base(run_id)
+        summary = self.keys.wake_of_hash(run_id[:12])
+        clustered = await self._cluster()
         result = await self._op(
-            self._base(run_id), "park", run_id, token, now,
-            "" if wake_at is None else wake_at, known_seq, interrupt_json, len(signals),
+            base if clustered or wake_at is None else (base, summary), "park", run_id, token,
+            now, "" if wake_at is None else wake_at, known_seq, interrupt_json, len(signals),
             *signals, *(_dumps(e) for e in events),
         )
         parked, last, cancel, tail = int(result[0]), int(result[1]), int(result[2]), result[3]
         if parked:
+            if clustered and wake_at is not None:
+                # The summary lives in another slot: recorded after the timer itself, so
+                # a scan that finds it finds the timer too.
+                await self._call(summary, "ZADD", summary, "LT", wake_at, int(run_id[12:16], 16))
             await self._flow_done(run_id)
             return ParkResult(True, last)
         return ParkResult(False, last, _events(tail, known_seq + 1), bool(cancel))
@@ -496,19 +503,60 @@ class ValkeyStore(ValkeyAdmin):
         return plan
 
     async def wake_due(self, *, now: float, limit: int) -> int:
-        plan = await self._due("timers", await self._names(), now, limit)
-        calls = [(self.keys.base_of(n, s), ("wake_due", now, take)) for n, s, take in plan]
+        """Wake runs whose timers are due, at most ``limit``: the shards come from each
+        name's timer summary (one read per name), not from a look at every shard.
+
+        A shard is taken out of the summary before its timers are read and put back with
+        its earliest timer left after, while a parker records its timer before the summary:
+        so a timer set meanwhile is either seen by the wake or re-recorded after it.
+        """
+        if limit <= 0:
+            return 0
+        names = await self._names()
+        summaries = [self.keys.wake(n) for n in names]
+        replies = await self._pipeline(
+            [(k, ("ZRANGEBYSCORE", k, "-inf", now, "LIMIT", 0, limit)) for k in summaries],
+            idempotent=True,
+        )
+        plan: list[tuple[str, int]] = []
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            held = self._held_shards(name)
+            plan += [(name, int(s)) for s in reply if not held or int(s) in held]
+        plan = plan[:limit]
+        if not plan:
+            return 0
+        by_name: dict[str, list[int]] = {}
+        for name, shard in plan:
+            by_name.setdefault(name, []).append(shard)
+        await self._each([(self.keys.wake(n), ("ZREM", self.keys.wake(n), *shards))
+                          for n, shards in by_name.items()])
+        calls = [(self.keys.base_of(n, s), ("wake_due", now, share))
+                 for (n, s), share in zip(plan, _shares(limit, len(plan)), strict=True)]
         woken = 0
         rung: dict[str, list[int]] = {}
-        for (name, shard, _), result in zip(plan, await self._batch(calls), strict=True):
+        left: dict[str, list[Any]] = {}
+        for (name, shard), result in zip(plan, await self._batch(calls), strict=True):
             if isinstance(result, BaseException):
                 raise result
-            if int(result):
-                woken += int(result)
+            count, earliest = int(result[0]), result[1]
+            if count:
+                woken += count
                 rung.setdefault(name, []).append(shard)
+            if earliest != "":
+                left.setdefault(name, []).extend((earliest, shard))
+        await self._each([(self.keys.wake(n), ("ZADD", self.keys.wake(n), "LT", *pairs))
+                          for n, pairs in left.items()])
         for name, shards in rung.items():
             await self._ring(name, shards, now)
         return woken
+
+    async def _each(self, commands: Sequence[tuple[str | None, tuple[Any, ...]]]) -> None:
+        """Plain writes in one round trip; the first error is raised."""
+        for reply in await self._pipeline(commands):
+            if isinstance(reply, BaseException):
+                raise reply
 
     async def reclaim(
         self,
@@ -761,6 +809,14 @@ class ValkeyStore(ValkeyAdmin):
             busy = [s for s, p in zip(shards, pending, strict=True)
                     if not isinstance(p, BaseException) and int(p[0]) > 0]
             await self._ring(name, busy, now, missing_only=True)
+            # And for the timer summary (an entry lost with a worker that died mid-wake).
+            timers: list[Any] = []
+            for shard, p in zip(shards, pending, strict=True):
+                if not isinstance(p, BaseException) and p[1] != "":
+                    timers.extend((p[1], shard))
+            if timers:
+                summary = self.keys.wake(name)
+                await self._each([(summary, ("ZADD", summary, "LT", *timers))])
 
     async def release_shards(self, worker_id: str) -> None:
         """Give back every shard ``worker_id`` leases, and drop it from the live workers.

@@ -90,6 +90,13 @@ local function ring(ready, bell, shard, now)
   if redis.call('LPUSH', bell, '1') > 64 then redis.call('LTRIM', bell, 0, 63) end
 end
 
+local function earliest_timer(base)
+  -- When the shard's next timer falls due ('' if it has none): for the timer summary.
+  local first = redis.call('ZRANGE', base .. ':timers', 0, 0, 'WITHSCORES')
+  if #first == 0 then return '' end
+  return first[2]
+end
+
 local function event(kind, now, fields)
   local e = {type = kind, ts = tonumber(now)}
   if fields then for k, v in pairs(fields) do e[k] = v end end

@@ -18,7 +18,9 @@ ops.append = function(k, a)
   return {len, f.cancel == '1' and 1 or 0}
 end
 
--- park: ARGV op, run_id, token, now, wake_at|'', known_seq, interrupt_json|'', n_signals,
+-- park: KEYS base [, the name's timer summary (one server only: on a cluster the caller
+--       records the timer there after this call)]
+-- ARGV op, run_id, token, now, wake_at|'', known_seq, interrupt_json|'', n_signals,
 --       signal..., event...
 -- returns {parked (1|0), last_seq, cancel, {tail after known_seq when not parked}}
 ops.park = function(k, a)
@@ -50,7 +52,10 @@ ops.park = function(k, a)
     'waiting_for', n > 0 and cjson.encode(waiting) or '', 'interrupt', interrupt,
     'wake_at', wake_at, 'updated_at', now)
   redis.call('ZREM', base .. ':locks', id)
-  if wake_at ~= '' then redis.call('ZADD', base .. ':timers', wake_at, id) end
+  if wake_at ~= '' then
+    redis.call('ZADD', base .. ':timers', wake_at, id)
+    if k[2] then redis.call('ZADD', k[2], 'LT', wake_at, shard_of(id)) end
+  end
   return {1, len, 0, {}}
 end
 

@@ -20,7 +20,7 @@ ops.renew = function(k, a)
   return {lost, cancel}
 end
 
--- wake_due: ARGV op, now, limit -> number woken
+-- wake_due: ARGV op, now, limit -> {number woken, the earliest timer left ('' if none)}
 ops.wake_due = function(k, a)
   local base, now, limit = k[1], a[2], tonumber(a[3])
   local due = redis.call('ZRANGEBYSCORE', base .. ':timers', '-inf', now, 'LIMIT', 0, limit)
@@ -35,7 +35,7 @@ ops.wake_due = function(k, a)
       woken = woken + 1
     end
   end
-  return woken
+  return {woken, earliest_timer(base)}
 end
 
 -- reclaim: ARGV op, now, limit, max_retries, retry_ttl, completed_ttl
@@ -58,9 +58,10 @@ ops.reclaim = function(k, a)
   return out
 end
 
--- pending: ARGV op -> {owners with queued runs (0: nothing queued)}
+-- pending: ARGV op -> {owners with queued runs (0: nothing queued), the earliest timer
+--          ('' if none)}
 ops.pending = function(k, a)
-  return {redis.call('ZCARD', k[1] .. ':active')}
+  return {redis.call('ZCARD', k[1] .. ':active'), earliest_timer(k[1])}
 end
 
 -- fail_stranded: end queued runs queued since before older_than (no live worker serves
