@@ -47,7 +47,7 @@ IN_SCRIPTS = {
     "get", "set", "expire",
     "hget", "hgetall", "hmget", "hset", "hsetnx", "hdel",
     "llen", "lpop", "lpush", "lrange", "lrem", "ltrim", "rpush", "del",
-    "zadd", "zrem", "zrange", "zcard", "zincrby", "zrangebyscore", "zremrangebyscore",
+    "zadd", "zrem", "zrange", "zcard", "zincrby", "zrangebyscore", "zremrangebyscore", "zscore",
 }
 STORE_COMMANDS = frozenset(TOP_LEVEL | IN_SCRIPTS)
 NEVER = {"function", "keys", "scan", "eval", "eval_ro", "fcall", "flushdb", "flushall"}

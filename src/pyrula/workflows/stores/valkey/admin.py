@@ -7,7 +7,6 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import orjson
@@ -33,8 +32,9 @@ from pyrula.workflows.stores.valkey.connection import (
     _seconds,
     as_hash,
     as_scored,
-    submitted_of,
+    implied_of,
 )
+from pyrula.workflows.stores.valkey.keys import ENDED_OFFSET
 
 logger = logging.getLogger(__name__)
 
@@ -48,27 +48,29 @@ class ValkeyAdmin(ValkeyConnection):
         self, *, after: tuple[float, str] | None, until: float, limit: int
     ) -> list[tuple[float, str]]:
         """(finished_at, run_id) of ended runs after the cursor ``after`` and at or before
-        ``until``, oldest first, at most ``limit``: read from each shard's index of ended
-        runs (``expiry``), which holds them for ``completed_ttl``."""
-        keys = [f"{self.keys.base_of(n, s)}:expiry"
+        ``until``, oldest first, at most ``limit``: read from each shard's ``times``, which
+        holds ended runs (scored by their finish time - ENDED_OFFSET) for
+        ``completed_ttl``."""
+        keys = [f"{self.keys.base_of(n, s)}:times"
                 for n in await self._names() for s in range(self.shard_count)]
-        low: Any = "-inf" if after is None else after[0]
+        low: Any = "-inf" if after is None else after[0] - ENDED_OFFSET
         if limit <= 0 or not keys:
             return []
         found: list[tuple[float, str]] = []
         pending = [(key, 0) for key in keys]
         while pending:
             pages = await self._pipeline([
-                (key, ("ZRANGEBYSCORE", key, low, until, "WITHSCORES", "LIMIT", offset, limit))
+                (key, ("ZRANGEBYSCORE", key, low, until - ENDED_OFFSET, "WITHSCORES",
+                       "LIMIT", offset, limit))
                 for key, offset in pending
             ], idempotent=True)
             again = []
             for (key, offset), reply in zip(pending, pages, strict=True):
                 if isinstance(reply, BaseException):
                     raise reply
-                page = as_scored(reply)
-                fresh = [(float(score), str(member)) for member, score in page
-                         if after is None or (float(score), str(member)) > after]
+                page = [(member, score + ENDED_OFFSET) for member, score in as_scored(reply)]
+                fresh = [(float(ended), str(member)) for member, ended in page
+                         if after is None or (float(ended), str(member)) > after]
                 found.extend(fresh)
                 # A full page wholly at or before the cursor (ties on its score): read on.
                 if not fresh and len(page) >= limit:
@@ -116,7 +118,7 @@ class ValkeyAdmin(ValkeyConnection):
                 continue
             info = self._info(run_id, fields)
             if info.status.terminal:
-                out[run_id] = (info, _events(raw or [""], 1, partial(submitted_of, fields)))
+                out[run_id] = (info, _events(raw or [""], 1, implied_of(fields)))
         return out
 
     # --- membership -----------------------------------------------------------------

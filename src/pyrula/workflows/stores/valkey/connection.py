@@ -24,7 +24,7 @@ from pyrula.errors import (
 from pyrula.workflows._sync import SYNC_DRIVE, drive
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import FlowControl, RunInfo, RunStatus
-from pyrula.workflows.stores.common import submitted_event
+from pyrula.workflows.stores.common import started_event, submitted_event
 from pyrula.workflows.stores.valkey.functions import SCRIPT, SHA
 from pyrula.workflows.stores.valkey.keys import KeySpace
 from pyrula.workflows.stores.valkey.resp import AsyncIO, Command, ReplyError, SyncIO, parse_url
@@ -57,16 +57,17 @@ def _seconds(value: float) -> str:
 
 
 def _events(raw: Sequence[Any], first_seq: int,
-            submitted: Callable[[], Event] | None = None) -> list[Event]:
-    """Journal entries as events numbered from ``first_seq``. The entry of seq 1 is the
-    placeholder of ``run:submitted`` (the run record holds it): ``submitted`` builds it."""
+            implied: Callable[[int], Event] | None = None) -> list[Event]:
+    """Journal entries as events numbered from ``first_seq``. Empty entries are the
+    placeholders of events the run record holds (run:submitted at seq 1, a first
+    run:started at seq 2): ``implied(seq)`` builds them."""
     out = []
     for offset, item in enumerate(raw):
         seq = first_seq + offset
-        if seq == 1 and item == "":
-            if submitted is None:
-                raise AssertionError("a read from seq 1 needs the run record")
-            event = submitted()
+        if item == "" and seq <= 2:
+            if implied is None:
+                raise AssertionError("a read of the journal's first events needs the record")
+            event = implied(seq)
         else:
             event = orjson.loads(item)
         event["seq"] = seq
@@ -84,10 +85,17 @@ def submitted_from(name: str, params: Any, owner: str, created_at: str, idem: st
     return event
 
 
-def submitted_of(fields: Mapping[str, str]) -> Event:
-    return submitted_from(fields["name"], _loads(fields.get("params")),
-                          fields.get("owner", ""), fields["created_at"],
-                          fields.get("idem", ""), fields.get("predecessor", ""))
+def implied_of(fields: Mapping[str, str]) -> Callable[[int], Event]:
+    """The events a run record implies: seq 1 run:submitted, seq 2 its first run:started."""
+
+    def build(seq: int) -> Event:
+        if seq == 1:
+            return submitted_from(fields["name"], _loads(fields.get("params")),
+                                  fields.get("owner", ""), fields["created_at"],
+                                  fields.get("idem", ""), fields.get("predecessor", ""))
+        return started_event(float(fields["started_at"]), 1, fields["w1"])
+
+    return build
 
 
 def _url(url: str) -> tuple[str, bool]:
@@ -184,6 +192,8 @@ class ValkeyConnection:
         # (name, shard) -> the doorbell's score for it when a claim of this store last
         # visited it (a higher score since: rung again, visit it first).
         self._claim_seen: dict[tuple[str, int], float] = {}
+        # names -> (when read, each name's doorbell) for claims in quick succession.
+        self._rings_cache: dict[tuple[str, ...], tuple[float, list[list[tuple[str, float]]]]] = {}
 
     # --- connections ----------------------------------------------------------------
 

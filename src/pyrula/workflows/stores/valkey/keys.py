@@ -10,9 +10,10 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:q:<owner>      list     FIFO of queued runs of one owner
     <ns>:{<h>.<s>}:active         zset     owners with queued runs -> runs served (DRR)
     <ns>:{<h>.<s>}:timers         zset     parked run -> wake time
-    <ns>:{<h>.<s>}:locks          zset     running run -> lock expiry
+    <ns>:{<h>.<s>}:times          zset     running run -> lock expiry; ended run ->
+                                           finished_at - ENDED_OFFSET (< 0): reclaims,
+                                           index pruning, the archive's reads
     <ns>:{<h>.<s>}:index          zset     run -> created_at (listing)
-    <ns>:{<h>.<s>}:expiry         zset     ended run -> finished_at (index pruning)
     <ns>:{<h>.<s>}:idem:<key>     string   idempotency key -> run id
     <ns>:{<h>.<s>}:done:<id>      list     a token pushed when the run ends (result waiters)
     <ns>:{<h>.<s>}:chain:<start>  string   a continue_as_new chain's latest run (tail record)
@@ -41,6 +42,10 @@ import re
 import time
 
 _RUN_ID = re.compile(r"^[0-9a-f]{40}$")
+
+#: Ended runs are scored in a shard's ``times`` by their finish time minus this: below
+#: every lock expiry (which are times), in finish order. The Lua lib's ENDED mirrors it.
+ENDED_OFFSET = 10_000_000_000
 
 
 def name_hash(name: str) -> str:

@@ -12,7 +12,6 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Any
 
 from pyrula.errors import (
@@ -43,8 +42,7 @@ from pyrula.workflows.stores.valkey.connection import (
     _loads,
     as_hash,
     as_scored,
-    submitted_from,
-    submitted_of,
+    implied_of,
 )
 from pyrula.workflows.stores.valkey.keys import name_hash
 
@@ -53,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 #: The fewest runs a claim asks of each shard it visits (when it wants that many).
 CLAIM_SHARE = 8
+#: Seconds a claim may reuse the doorbell read of the claim before it.
+RINGS_FRESH = 0.05
+#: Seconds a timer scan holds a shard's entry in the timer summary while it wakes it.
+TIMER_LEASE = 30.0
 #: Round trips one claim may take visiting shards (the first, then shards that still had
 #: runs or were not visited yet, while it is short).
 CLAIM_ROUNDS = 4
@@ -148,6 +150,7 @@ class ValkeyStore(ValkeyAdmin):
                                        wait))[0]
         if isinstance(popped, BaseException):
             raise popped
+        self._rings_cache.clear()  # rung or not: the next claim reads the doorbell anew
         return bool(popped)
 
     # --- attempt writes -------------------------------------------------------------
@@ -281,15 +284,7 @@ class ValkeyStore(ValkeyAdmin):
         if not names or limit <= 0:
             return []
         await self._flush_unring()
-        replies = await self._pipeline(
-            [(self.keys.ready(n), ("ZRANGE", self.keys.ready(n), 0, -1, "WITHSCORES"))
-             for n in names], idempotent=True,
-        )
-        rings = []
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
-            rings.append(as_scored(reply))
+        rings = await self._rings(names)
         candidates: list[tuple[int, str, int, float]] = []  # (priority, name, shard, rung)
         for name, rung in zip(names, rings, strict=True):
             held = self._held_shards(name)
@@ -320,6 +315,7 @@ class ValkeyStore(ValkeyAdmin):
         # batch of runs rather than for one.
         visit = candidates[:_visits(limit, len(candidates))]
         if not visit:
+            self._rings_cache.clear()  # nothing rung: the next claim reads the doorbell anew
             return []  # before reserving: a reservation is only given back by the settle
         reserved = await self._flow_reserve(names, limit, now, lock_ttl)
         caps: list[Any] = []
@@ -397,7 +393,28 @@ class ValkeyStore(ValkeyAdmin):
         # Taking dry shards out of the doorbell costs two round trips: done after the
         # claimed runs have started (the worker's next wait_for_work, or the next claim).
         self._deferred_unring.append((empty, now))
+        if len(claimed) < limit:
+            self._rings_cache.clear()  # short: the next claim reads the doorbell anew
         return claimed
+
+    async def _rings(self, names: Sequence[str]) -> list[list[tuple[str, float]]]:
+        """The doorbell of each name: (shard, when rung). Claims that follow each other
+        closely (a worker working off a backlog) share one read for RINGS_FRESH seconds."""
+        key = tuple(names)
+        stamp, cached = self._rings_cache.get(key, (-1.0, []))
+        if time.monotonic() - stamp < RINGS_FRESH:
+            return cached
+        replies = await self._pipeline(
+            [(self.keys.ready(n), ("ZRANGE", self.keys.ready(n), 0, -1, "WITHSCORES"))
+             for n in names], idempotent=True,
+        )
+        rings = []
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+            rings.append(as_scored(reply))
+        self._rings_cache[key] = (time.monotonic(), rings)
+        return rings
 
     async def _flush_unring(self) -> None:
         deferred, self._deferred_unring = self._deferred_unring, []
@@ -411,27 +428,31 @@ class ValkeyStore(ValkeyAdmin):
         for name, shards in empty.items():
             members = [str(s) for s, _ in shards]
             await self._call(self.keys.ready(name), "ZREM", self.keys.ready(name), *members)
-            looks = await self._batch(
-                [(self.keys.base_of(name, s), ("pending",)) for s, _ in shards]
-            )
-            busy = [s for (s, _), p in zip(shards, looks, strict=True)
-                    if isinstance(p, BaseException) or int(p[0]) > 0]
+            looks = await self._queued(name, [s for s, _ in shards])
+            busy = [s for (s, _), n in zip(shards, looks, strict=True) if n != 0]
             if busy:
                 await self._ring(name, busy, now)
 
+    async def _queued(self, name: str, shards: Sequence[int]) -> list[int]:
+        """How many owners have queued runs on each of ``shards`` (-1: unknown, an error)."""
+        keys = [f"{self.keys.base_of(name, s)}:active" for s in shards]
+        replies = await self._pipeline([(k, ("ZCARD", k)) for k in keys], idempotent=True)
+        return [-1 if isinstance(r, BaseException) else int(r) for r in replies]
+
     def _claimed(self, row: Sequence[Any]) -> ClaimedRun:
         (run_id, name, params, owner, attempt, start_id, created, base_seq, journal, idem,
-         predecessor) = row
+         predecessor, started_at, first_worker) = row
         values = _loads(params)
+        record = {"name": name, "params": params, "owner": owner, "created_at": created,
+                  "idem": idem, "predecessor": predecessor, "started_at": started_at,
+                  "w1": first_worker}
         return ClaimedRun(
             run_id=str(run_id),
             name=str(name),
             params=values,
             owner=str(owner) or None,
             token=int(attempt),
-            journal=_events(journal, int(base_seq) + 1, partial(
-                submitted_from, str(name), values, str(owner), str(created), str(idem),
-                str(predecessor))),
+            journal=_events(journal, int(base_seq) + 1, implied_of(record)),
             base_seq=int(base_seq),
             start_id=str(start_id),
             created_at=float(created),
@@ -480,13 +501,13 @@ class ValkeyStore(ValkeyAdmin):
         held = self._held_shards(name)
         return sorted(held) if held else list(range(self.shard_count))
 
-    async def _due(self, suffix: str, names: Sequence[str], now: float,
-                   limit: int) -> list[tuple[str, int, int]]:
-        """(name, shard, how many to take) for shards with entries of ``suffix`` due by
+    async def _expired_locks(self, names: Sequence[str], now: float,
+                             limit: int) -> list[tuple[str, int, int]]:
+        """(name, shard, how many to take) for shards with runs whose lock expired by
         ``now``, allotted in shard order so the total stays within ``limit``."""
         shards = [(n, s) for n in names for s in self._shards_to_scan(n)]
-        keys = [f"{self.keys.base_of(n, s)}:{suffix}" for n, s in shards]
-        counts = await self._pipeline([(k, ("ZCOUNT", k, "-inf", now)) for k in keys],
+        keys = [f"{self.keys.base_of(n, s)}:times" for n, s in shards]
+        counts = await self._pipeline([(k, ("ZCOUNT", k, 0, now)) for k in keys],
                                       idempotent=True)
         for count in counts:
             if isinstance(count, BaseException):
@@ -506,9 +527,12 @@ class ValkeyStore(ValkeyAdmin):
         """Wake runs whose timers are due, at most ``limit``: the shards come from each
         name's timer summary (one read per name), not from a look at every shard.
 
-        A shard is taken out of the summary before its timers are read and put back with
-        its earliest timer left after, while a parker records its timer before the summary:
-        so a timer set meanwhile is either seen by the wake or re-recorded after it.
+        Each due shard's entry is first leased (moved TIMER_LEASE seconds ahead, so other
+        scans skip it), then its timers are woken, then the entry settles on the shard's
+        earliest timer left, unless a parker lowered it meanwhile: a parker records its
+        timer before the summary, so a timer set meanwhile is either seen by the wake or
+        recorded after it. A scan that dies mid-way leaves the lease, which falls due
+        again: the shard is looked at TIMER_LEASE seconds later.
         """
         if limit <= 0:
             return 0
@@ -530,8 +554,12 @@ class ValkeyStore(ValkeyAdmin):
         by_name: dict[str, list[int]] = {}
         for name, shard in plan:
             by_name.setdefault(name, []).append(shard)
-        await self._each([(self.keys.wake(n), ("ZREM", self.keys.wake(n), *shards))
-                          for n, shards in by_name.items()])
+        lease = repr(round(now + TIMER_LEASE, 3))
+        await self._each([
+            (self.keys.wake(n), ("ZADD", self.keys.wake(n), "XX",
+                                 *(x for shard in shards for x in (lease, shard))))
+            for n, shards in by_name.items()
+        ])
         calls = [(self.keys.base_of(n, s), ("wake_due", now, share))
                  for (n, s), share in zip(plan, _shares(limit, len(plan)), strict=True)]
         woken = 0
@@ -544,10 +572,12 @@ class ValkeyStore(ValkeyAdmin):
             if count:
                 woken += count
                 rung.setdefault(name, []).append(shard)
-            if earliest != "":
-                left.setdefault(name, []).extend((earliest, shard))
-        await self._each([(self.keys.wake(n), ("ZADD", self.keys.wake(n), "LT", *pairs))
-                          for n, pairs in left.items()])
+            left.setdefault(name, []).extend((shard, earliest))
+        settled = await self._batch([(self.keys.wake(n), ("timer_settle", lease, *pairs))
+                                     for n, pairs in left.items()])
+        for result in settled:
+            if isinstance(result, BaseException):
+                raise result
         for name, shards in rung.items():
             await self._ring(name, shards, now)
         return woken
@@ -567,7 +597,7 @@ class ValkeyStore(ValkeyAdmin):
         poison: PoisonPolicy,
     ) -> list[RequeueOutcome]:
         chosen = await self._names() if names is None else list(names)
-        plan = await self._due("locks", chosen, now, limit)
+        plan = await self._expired_locks(chosen, now, limit)
         calls = [
             (self.keys.base_of(n, s), ("reclaim", now, take, poison.max_retries,
                                       poison.retry_ttl_s, self.completed_ttl))
@@ -691,7 +721,9 @@ class ValkeyStore(ValkeyAdmin):
         fields = as_hash(record)
         if not fields:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
-        return _events(raw or [""], 1, partial(submitted_of, fields))
+        if not raw:  # nothing written yet: what the record implies
+            raw = ["", ""] if fields.get("w1") else [""]
+        return _events(raw, 1, implied_of(fields))
 
     async def list_runs(
         self,
@@ -800,23 +832,14 @@ class ValkeyStore(ValkeyAdmin):
 
     async def _sweep(self, names: Sequence[str], now: float) -> None:
         """Safety net for the doorbell (a client that died between its submit and its
-        ring): ring every shard we scan that still has queued runs."""
-        for name in names:
-            shards = self._shards_to_scan(name)
-            pending = await self._batch(
-                [(self.keys.base_of(name, s), ("pending",)) for s in shards]
-            )
-            busy = [s for s, p in zip(shards, pending, strict=True)
-                    if not isinstance(p, BaseException) and int(p[0]) > 0]
+        ring): ring every shard we scan that has queued runs and is not rung."""
+        self._rings_cache.clear()
+        for name, rung in zip(names, await self._rings(names), strict=True):
+            marked = {int(s) for s, _ in rung}
+            shards = [s for s in self._shards_to_scan(name) if s not in marked]
+            looks = await self._queued(name, shards)
+            busy = [s for s, n in zip(shards, looks, strict=True) if n > 0]
             await self._ring(name, busy, now, missing_only=True)
-            # And for the timer summary (an entry lost with a worker that died mid-wake).
-            timers: list[Any] = []
-            for shard, p in zip(shards, pending, strict=True):
-                if not isinstance(p, BaseException) and p[1] != "":
-                    timers.extend((p[1], shard))
-            if timers:
-                summary = self.keys.wake(name)
-                await self._each([(summary, ("ZADD", summary, "LT", *timers))])
 
     async def release_shards(self, worker_id: str) -> None:
         """Give back every shard ``worker_id`` leases, and drop it from the live workers.

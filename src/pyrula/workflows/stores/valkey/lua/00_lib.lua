@@ -2,22 +2,28 @@
 -- an op touches is that base plus a suffix, so it shares the hash tag (one slot).
 -- Suffixes: :run:<id> (hash), :jnl:<id> (list of event JSON), :q:<owner> (FIFO list),
 -- :active (zset owner -> served, owners with queued runs),
--- :timers (zset id -> wake_at), :locks (zset id -> lock expiry), :index (zset id ->
--- created_at), :expiry (zset id -> finished_at), :idem:<key>, :done:<id>, :chain:<start>.
+-- :timers (zset id -> wake_at), :times (zset: a running run -> its lock expiry; an ended
+-- run -> its finish time - ENDED, below every lock expiry), :index (zset id ->
+-- created_at), :idem:<key>, :done:<id>, :chain:<start>.
 --
--- The journal list holds seq N at index N - 1. Its first entry, run:submitted, is not
--- written: the run record holds everything it says, so index 0 is an empty placeholder
--- that readers replace with the event built from the record. The list is created by the
--- first event after the submit (usually run:started), placeholder included; the record's
--- field `jnl` says it exists.
+-- The journal list holds seq N at index N - 1. Its first entries are not written when the
+-- run record holds everything they say: run:submitted (always), and run:started of a
+-- run's first attempt when nothing came before it (fields started_at and w1). Their places
+-- hold empty placeholders that readers replace with the events built from the record. The
+-- list is created by the first event written, placeholders included; the record's field
+-- `jnl` says it exists.
 local ops = {}
+
+-- Ended runs sit in :times at their finish time minus this (keys.py: ENDED_OFFSET): below
+-- zero, in finish order. (A double keeps such a score to well under a microsecond.)
+local ENDED = 1e10
 
 local function runk(base, id) return base .. ':run:' .. id end
 local function jnlk(base, id) return base .. ':jnl:' .. id end
 
 -- Every field a fenced write reads, in one HMGET.
 local RUN_FIELDS = {'status', 'attempt', 'cancel', 'start_id', 'idem', 'waiter',
-  'lock_expires', 'owner'}
+  'lock_expires', 'owner', 'jnl'}
 
 local function stale(run, token)
   -- Fencing: the write is accepted only from the run's current attempt while it runs.
@@ -30,21 +36,22 @@ local function stale(run, token)
   return nil, f
 end
 
-local function push_events(base, id, a, from)
-  -- The journal of a run that has run exists: append the events a[from..]; the new
-  -- last seq.
-  local jnl = jnlk(base, id)
-  if #a >= from then
-    return redis.call('RPUSH', jnl, unpack(a, from, #a))
-  end
-  return redis.call('LLEN', jnl)
+local function journal_push(base, id, exists, started, ...)
+  -- Append to the journal; one that does not exist yet gets the placeholders of what the
+  -- record implies first: run:submitted, and run:started if the run has started.
+  -- Returns the new last seq.
+  if exists then return redis.call('RPUSH', jnlk(base, id), ...) end
+  if started then return redis.call('RPUSH', jnlk(base, id), '', '', ...) end
+  return redis.call('RPUSH', jnlk(base, id), '', ...)
 end
 
-local function journal_push(base, id, exists, ...)
-  -- Append to a journal that may not exist yet (its run never started): the first push
-  -- lays the placeholder of run:submitted before the events. Returns the new last seq.
-  if exists then return redis.call('RPUSH', jnlk(base, id), ...) end
-  return redis.call('RPUSH', jnlk(base, id), '', ...)
+local function push_events(base, id, a, from, f)
+  -- A running attempt's events a[from..] (f: its record's RUN_FIELDS); the new last seq.
+  if #a >= from then
+    return journal_push(base, id, f.jnl, true, unpack(a, from, #a))
+  end
+  if not f.jnl then return 2 end  -- nothing written yet: the two implied events
+  return redis.call('LLEN', jnlk(base, id))
 end
 
 -- Put a run in its owner's FIFO. `fresh` (a run just created) skips resetting the fields
@@ -68,7 +75,7 @@ local function enqueue(base, id, owner, now, fresh)
   redis.call('HSET', runk(base, id), 'status', 'queued', 'lock_owner', '', 'wake_at', '',
     'waiting_for', '', 'interrupt', '', 'updated_at', now)
   redis.call('ZREM', base .. ':timers', id)
-  redis.call('ZREM', base .. ':locks', id)
+  redis.call('ZREM', base .. ':times', id)
   return rang
 end
 
@@ -108,10 +115,11 @@ local function finish_run(base, id, status, now, result, err, ttl, was_running, 
   -- the record's fields of those names (read by the caller's HMGET).
   local run = runk(base, id)
   redis.call('HSET', run, 'status', status, 'result', result, 'error', err, 'lock_owner', '',
-    'wake_at', '', 'waiting_for', '', 'finished_at', now, 'updated_at', now)
-  redis.call('ZREM', base .. ':locks', id)
+    'wake_at', '', 'waiting_for', '', 'finished_at', now, 'updated_at', now, 'jnl', 1)
+  -- One write moves the run from the running part of :times (its lock expiry) to the
+  -- ended part (its finish time - ENDED).
+  redis.call('ZADD', base .. ':times', tonumber(now) - ENDED, id)
   if not was_running then redis.call('ZREM', base .. ':timers', id) end
-  redis.call('ZADD', base .. ':expiry', now, id)
   ttl = tonumber(ttl)
   local done = base .. ':done:' .. id
   -- Only a run somebody waits on gets a token (waiters mark the record first, in the
@@ -125,10 +133,10 @@ local function finish_run(base, id, status, now, result, err, ttl, was_running, 
     -- Forget index entries of runs that have expired, a batch every 16th finish or so
     -- (the run id's last hex digit decides, so no randomness is needed).
     if string.sub(id, -1) == '0' then
-      local old = redis.call('ZRANGEBYSCORE', base .. ':expiry', '-inf', tonumber(now) - ttl,
-        'LIMIT', 0, 256)
+      local old = redis.call('ZRANGEBYSCORE', base .. ':times', '-inf',
+        tonumber(now) - ttl - ENDED, 'LIMIT', 0, 256)
       if #old > 0 then
-        redis.call('ZREM', base .. ':expiry', unpack(old))
+        redis.call('ZREM', base .. ':times', unpack(old))
         redis.call('ZREM', base .. ':index', unpack(old))
       end
     end
@@ -136,8 +144,11 @@ local function finish_run(base, id, status, now, result, err, ttl, was_running, 
 end
 
 local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl, detail, ttl)
+  -- A running run goes back to its queue (or ends: quarantined, or cancelled).
   local run = runk(base, id)
-  local f = redis.call('HMGET', run, 'crashes', 'cancel', 'owner', 'idem', 'waiter')
+  local f = redis.call('HMGET', run, 'crashes', 'cancel', 'owner', 'idem', 'waiter', 'jnl')
+  if not f[6] then redis.call('HSET', run, 'jnl', 1) end
+  local function push(ev) journal_push(base, id, f[6], true, ev); f[6] = '1' end
   if crash == '1' then
     local crashes = cjson.decode(f[1] or '[]')
     local live = {}
@@ -156,18 +167,18 @@ local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl,
       local err = {code = 'max_retries', error_type = etype, detail = d,
         message = 'run quarantined after ' .. #live ..
           ' crashes (poison_max_retries exceeded); last cause: ' .. cause}
-      redis.call('RPUSH', jnlk(base, id), event('run:error', now, {code = err.code,
-        error_type = err.error_type, message = err.message, detail = d}))
+      push(event('run:error', now, {code = err.code, error_type = err.error_type,
+        message = err.message, detail = d}))
       finish_run(base, id, 'failed', now, 'null', cjson.encode(err), ttl, true, f[4], f[5])
       return 1
     end
   end
   if f[2] == '1' then
-    redis.call('RPUSH', jnlk(base, id), event('run:cancelled', now))
+    push(event('run:cancelled', now))
     finish_run(base, id, 'cancelled', now, 'null', '', ttl, true, f[4], f[5])
     return 0
   end
-  redis.call('RPUSH', jnlk(base, id), event('run:requeued', now, {reason = reason}))
+  push(event('run:requeued', now, {reason = reason}))
   enqueue(base, id, f[3], now)
   return 0
 end

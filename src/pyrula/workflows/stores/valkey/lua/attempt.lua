@@ -9,11 +9,13 @@ ops.append = function(k, a)
   local run = runk(base, id)
   local err, f = stale(run, token)
   if err then return redis.error_reply(err) end
-  local len = push_events(base, id, a, 6)
+  local len = push_events(base, id, a, 6, f)
   local held = tonumber(f.lock_expires or '0') or 0
   if held < tonumber(now) + (tonumber(expires) - tonumber(now)) * 2 / 3 then
-    redis.call('HSET', run, 'lock_expires', expires)
-    redis.call('ZADD', base .. ':locks', expires, id)
+    redis.call('HSET', run, 'lock_expires', expires, 'jnl', 1)
+    redis.call('ZADD', base .. ':times', expires, id)
+  elseif not f.jnl then
+    redis.call('HSET', run, 'jnl', 1)
   end
   return {len, f.cancel == '1' and 1 or 0}
 end
@@ -30,7 +32,7 @@ ops.park = function(k, a)
   local err, f = stale(run, token)
   if err then return redis.error_reply(err) end
   local cancel = f.cancel == '1'
-  local len = push_events(base, id, a, 9 + n)
+  local len = push_events(base, id, a, 9 + n, f)
   local arrived = false
   local waiting = {}
   if n > 0 then
@@ -44,14 +46,15 @@ ops.park = function(k, a)
     end
   end
   if arrived or cancel then
+    if not f.jnl then redis.call('HSET', run, 'jnl', 1) end
     return {0, len, cancel and 1 or 0, redis.call('LRANGE', jnlk(base, id), known, -1)}
   end
   local status = 'sleeping'
   if n > 0 then status = 'waiting' end
-  redis.call('HSET', run, 'status', status, 'lock_owner', '', 'parked_seq', len,
+  redis.call('HSET', run, 'status', status, 'lock_owner', '', 'parked_seq', len, 'jnl', 1,
     'waiting_for', n > 0 and cjson.encode(waiting) or '', 'interrupt', interrupt,
     'wake_at', wake_at, 'updated_at', now)
-  redis.call('ZREM', base .. ':locks', id)
+  redis.call('ZREM', base .. ':times', id)
   if wake_at ~= '' then
     redis.call('ZADD', base .. ':timers', wake_at, id)
     if k[2] then redis.call('ZADD', k[2], 'LT', wake_at, shard_of(id)) end
@@ -87,7 +90,7 @@ ops.finish = function(k, a)
   elseif start_id and start_id ~= id and tonumber(ttl) > 0 then
     redis.call('EXPIRE', chain, ttl)
   end
-  local len = push_events(base, id, a, 11)
+  local len = push_events(base, id, a, 11, f)
   finish_run(base, id, status, now, result, errj, ttl, true, f.idem, f.waiter)
   return {len, rang and 1 or 0}
 end
@@ -97,9 +100,12 @@ end
 ops.requeue = function(k, a)
   local base, id, token, now = k[1], a[2], a[3], a[4]
   local run = runk(base, id)
-  local err = stale(run, token)
+  local err, f = stale(run, token)
   if err then return redis.error_reply(err) end
-  push_events(base, id, a, 11)
+  if #a >= 11 then
+    push_events(base, id, a, 11, f)
+    if not f.jnl then redis.call('HSET', run, 'jnl', 1) end
+  end
   return requeue_run(base, id, now, a[5], a[6], a[7], a[8], a[9], a[10])
 end
 

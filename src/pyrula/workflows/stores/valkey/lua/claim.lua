@@ -1,26 +1,30 @@
 -- Taking queued runs: the lock, the fencing token (attempt), run:started, the journal.
 
 local function take(base, id, worker, now, expires)
-  -- Lock one dequeued run for `worker` (its entry in :locks is the caller's to add).
+  -- Lock one dequeued run for `worker` (its entry in :times is the caller's to add).
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
-    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor')
+    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1')
   local attempt = tonumber(f[7] or '0') + 1
   local fields = {'status', 'running', 'attempt', attempt, 'lock_owner', worker,
     'lock_expires', expires, 'updated_at', now}
-  if not f[8] then fields[#fields + 1] = 'started_at'; fields[#fields + 1] = now end
-  if not f[10] then fields[#fields + 1] = 'jnl'; fields[#fields + 1] = 1 end
-  redis.call('HSET', run, unpack(fields))
-  local started = event('run:started', now, {attempt = attempt, worker = worker})
-  local len = journal_push(base, id, f[10], started)
-  local from = tonumber(f[6] or '0')
   local journal
-  if len == 2 then
-    journal = {'', started}  -- a first start: the placeholder of run:submitted and this
-  else
+  if not f[10] then
+    -- Nothing was written for this run yet: its run:started is implied by the record.
+    fields[#fields + 1] = 'started_at'; fields[#fields + 1] = now
+    fields[#fields + 1] = 'w1'; fields[#fields + 1] = worker
+    f[8], f[12] = now, worker
+    journal = {'', ''}
+  end
+  redis.call('HSET', run, unpack(fields))
+  local from = tonumber(f[6] or '0')
+  if not journal then
+    redis.call('RPUSH', jnlk(base, id),
+      event('run:started', now, {attempt = attempt, worker = worker}))
     journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   end
-  return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or ''}
+  return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or '',
+    f[8] or '', f[12] or ''}
 end
 
 local function older(a, b)
@@ -33,7 +37,8 @@ end
 -- ARGV: op, worker, now, lock_expires, limit, [owner, cap]... (flow-controlled owners may
 -- take at most cap runs; cap 0 blocks the owner)
 -- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
---           {journal after base_seq}, idempotency_key, predecessor}...}, owners still queued}
+--           {journal after base_seq}, idempotency_key, predecessor, started_at,
+--           first worker}...}, owners still queued}
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
   local caps = {}
@@ -115,7 +120,7 @@ ops.claim = function(k, a)
     locks[#locks + 1] = expires
     locks[#locks + 1] = id
   end
-  if #locks > 0 then redis.call('ZADD', base .. ':locks', unpack(locks)) end
+  if #locks > 0 then redis.call('ZADD', base .. ':times', unpack(locks)) end
   return {out, left}
 end
 
@@ -125,6 +130,6 @@ ops.claim_run = function(k, a)
   local f = redis.call('HMGET', runk(base, id), 'status', 'owner')
   if f[1] ~= 'queued' then return nil end
   dequeue(base, id, f[2])
-  redis.call('ZADD', base .. ':locks', expires, id)
+  redis.call('ZADD', base .. ':times', expires, id)
   return take(base, id, a[3], a[4], expires)
 end

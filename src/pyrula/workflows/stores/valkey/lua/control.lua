@@ -4,14 +4,14 @@
 ops.signal = function(k, a)
   local base, id, now, name, ev = k[1], a[2], a[3], a[4], a[5]
   local run = runk(base, id)
-  local f = redis.call('HMGET', run, 'status', 'waiting_for', 'owner', 'jnl')
+  local f = redis.call('HMGET', run, 'status', 'waiting_for', 'owner', 'jnl', 'started_at')
   if not f[1] then return 'NOTFOUND' end
   local status = f[1]
   if status == 'completed' or status == 'failed' or status == 'cancelled'
     or status == 'continued' then
     return 'ENDED ' .. status
   end
-  local len = journal_push(base, id, f[4], ev)
+  local len = journal_push(base, id, f[4], f[5], ev)
   redis.call('HSET', run, 'sig:' .. name, len, 'updated_at', now, 'jnl', 1)
   if status == 'waiting' and f[2] and f[2] ~= '' then
     for _, w in ipairs(cjson.decode(f[2])) do
@@ -28,7 +28,7 @@ end
 ops.cancel = function(k, a)
   local base, id, now = k[1], a[2], a[3]
   local run = runk(base, id)
-  local f = redis.call('HMGET', run, 'status', 'owner', 'jnl', 'idem', 'waiter')
+  local f = redis.call('HMGET', run, 'status', 'owner', 'jnl', 'idem', 'waiter', 'started_at')
   if not f[1] then return 'NOTFOUND' end
   local status = f[1]
   if status == 'completed' or status == 'failed' or status == 'cancelled'
@@ -40,8 +40,7 @@ ops.cancel = function(k, a)
     return 'REQUESTED'
   end
   if status == 'queued' then dequeue(base, id, f[2]) end
-  journal_push(base, id, f[3], event('run:cancelled', now))
-  redis.call('HSET', run, 'jnl', 1)
+  journal_push(base, id, f[3], f[6], event('run:cancelled', now))
   finish_run(base, id, 'cancelled', now, 'null', '', a[4], false, f[4], f[5])
   return 'CANCELLED'
 end

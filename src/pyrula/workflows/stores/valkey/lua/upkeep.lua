@@ -13,7 +13,7 @@ ops.renew = function(k, a)
       lost[#lost + 1] = id
     else
       redis.call('HSET', run, 'lock_expires', expires)
-      redis.call('ZADD', base .. ':locks', expires, id)
+      redis.call('ZADD', base .. ':times', expires, id)
       if f.cancel == '1' then cancel[#cancel + 1] = id end
     end
   end
@@ -42,7 +42,7 @@ end
 -- returns {{run_id, quarantined}...}
 ops.reclaim = function(k, a)
   local base, now, limit = k[1], a[2], tonumber(a[3])
-  local expired = redis.call('ZRANGEBYSCORE', base .. ':locks', '-inf', now, 'LIMIT', 0, limit)
+  local expired = redis.call('ZRANGEBYSCORE', base .. ':times', 0, now, 'LIMIT', 0, limit)
   local out = {}
   for _, id in ipairs(expired) do
     local run = runk(base, id)
@@ -52,16 +52,29 @@ ops.reclaim = function(k, a)
         attempt = tonumber(f[3])})
       out[#out + 1] = {id, requeue_run(base, id, now, 'orphaned', '1', a[4], a[5], detail, a[6])}
     else
-      redis.call('ZREM', base .. ':locks', id)
+      redis.call('ZREM', base .. ':times', id)
     end
   end
   return out
 end
 
--- pending: ARGV op -> {owners with queued runs (0: nothing queued), the earliest timer
---          ('' if none)}
-ops.pending = function(k, a)
-  return {redis.call('ZCARD', k[1] .. ':active'), earliest_timer(k[1])}
+-- timer_settle: KEYS[1] = a name's timer summary. After a timer scan leased these shards'
+-- entries (score = lease) and woke them: each entry becomes the shard's earliest timer
+-- left, or goes if it has none; an entry a parker lowered meanwhile keeps the lower time.
+-- ARGV op, lease, shard, earliest|'', shard, earliest|''... -> settled
+ops.timer_settle = function(k, a)
+  local summary, lease = k[1], tonumber(a[2])
+  for i = 3, #a, 2 do
+    local shard, earliest = a[i], a[i + 1]
+    local now_at = tonumber(redis.call('ZSCORE', summary, shard) or '-1')
+    if now_at == lease then
+      if earliest == '' then redis.call('ZREM', summary, shard)
+      else redis.call('ZADD', summary, earliest, shard) end
+    elseif earliest ~= '' then
+      redis.call('ZADD', summary, 'LT', earliest, shard)
+    end
+  end
+  return (#a - 2) / 2
 end
 
 -- fail_stranded: end queued runs queued since before older_than (no live worker serves
@@ -74,12 +87,11 @@ ops.fail_stranded = function(k, a)
     for _, id in ipairs(redis.call('LRANGE', base .. ':q:' .. owner, 0, -1)) do
       if #failed >= limit then return failed end
       local run = runk(base, id)
-      local f = redis.call('HMGET', run, 'updated_at', 'jnl', 'idem', 'waiter')
+      local f = redis.call('HMGET', run, 'updated_at', 'jnl', 'idem', 'waiter', 'started_at')
       if tonumber(f[1] or '0') <= older then
         dequeue(base, id, owner)
-        journal_push(base, id, f[2], event('run:error', now, {code = err.code,
+        journal_push(base, id, f[2], f[5], event('run:error', now, {code = err.code,
           error_type = err.error_type, message = err.message, detail = err.detail}))
-        redis.call('HSET', run, 'jnl', 1)
         finish_run(base, id, 'failed', now, 'null', errj, a[6], false, f[3], f[4])
         failed[#failed + 1] = id
       end
@@ -94,7 +106,7 @@ end
 ops.reclaim_worker = function(k, a)
   local base, worker, now = k[1], a[2], a[3]
   local out = {}
-  for _, id in ipairs(redis.call('ZRANGE', base .. ':locks', 0, -1)) do
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', base .. ':times', 0, '+inf')) do
     local f = redis.call('HMGET', runk(base, id), 'status', 'lock_owner', 'attempt')
     if f[1] == 'running' and f[2] == worker then
       local d = cjson.decode(a[6])
