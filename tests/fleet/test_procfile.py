@@ -87,6 +87,6 @@ def test_the_procfile_runs_the_fleet_under_honcho_and_sigterm_drains_it(
 def test_the_repository_has_a_procfile_with_a_worker_line() -> None:
     lines = (ROOT / "Procfile").read_text().splitlines()
     assert [line for line in lines if line.startswith("worker:")] == [
-        "worker: pyrula-fleet start --app pyrula.examples"]
+        "worker: pyrula-fleet start --app pyrula.examples.orders"]
     # ... a console script of this package.
     assert 'pyrula-fleet = "pyrula.cli.fleet:main"' in (ROOT / "pyproject.toml").read_text()

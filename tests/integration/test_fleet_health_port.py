@@ -20,7 +20,7 @@ def test_a_taken_health_port_is_a_clear_configuration_error(tmp_path: Path) -> N
         port = taken.getsockname()[1]
         proc = subprocess.run(
             [sys.executable, "-c", "from pyrula.cli.fleet import main; main()", "start",
-             "-n", "1", "--app", "pyrula.examples", "--health-port", str(port)],
+             "-n", "1", "--app", "pyrula.examples.orders", "--health-port", str(port)],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
         )
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import Any
 
-import pyrula.examples  # noqa: F401  (registers the example workflows)
+import pyrula.examples.orders  # noqa: F401  (registers the example workflows)
 from pyrula import logs
 from pyrula.workflows import SQLiteStore, WorkerOptions, WorkflowClient, WorkflowWorker
 
@@ -79,8 +79,9 @@ def _start_fleet(path: str, port: int) -> subprocess.Popen[bytes]:
     command = [fleet] if os.path.exists(fleet) else [
         sys.executable, "-c", "from pyrula.cli.fleet import main; main()"]
     return subprocess.Popen(
-        [*command, "start", "-n", "2", "--app", "pyrula.examples", "--health-port", str(port),
-         "--timer-poll-interval-s", "0.25", "--log-level", "WARNING"],
+        [*command, "start", "-n", "2", "--app", "pyrula.examples.orders",
+         "--health-port", str(port), "--timer-poll-interval-s", "0.25",
+         "--log-level", "WARNING"],
         env=env,
     )
 
