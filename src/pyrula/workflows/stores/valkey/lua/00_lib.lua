@@ -90,11 +90,15 @@ local function shard_of(id)
   return tonumber(string.sub(id, 13, 16), 16)
 end
 
-local function ring(ready, bell, shard, now)
-  -- The doorbell: mark the shard as holding queued runs (the time it was rung, ms) and
-  -- wake one idle worker (the bell keeps at most 64 tokens).
+local function ring(ready, bell, id, now)
+  -- The doorbell of the run's shard: mark the shard as holding queued runs (the time it
+  -- was rung, ms) and wake one idle worker with a token naming it, "<name hash>.<shard>"
+  -- (the bell keeps at most 64 tokens).
+  local shard = shard_of(id)
   redis.call('ZADD', ready, 'GT', math.floor(tonumber(now) * 1000), shard)
-  if redis.call('LPUSH', bell, '1') > 64 then redis.call('LTRIM', bell, 0, 63) end
+  if redis.call('LPUSH', bell, string.sub(id, 1, 12) .. '.' .. shard) > 64 then
+    redis.call('LTRIM', bell, 0, 63)
+  end
 end
 
 local function earliest_timer(base)

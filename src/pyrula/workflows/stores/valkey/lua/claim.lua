@@ -34,6 +34,8 @@ end
 
 -- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
 -- over owners (least served first, oldest head breaking ties), FIFO within an owner.
+-- KEYS: base [, the name's doorbell (one server only): a claim that empties the shard
+--       takes it out there (a later submit rings it again)]
 -- ARGV: op, worker, now, lock_expires, limit, [owner, cap]... (flow-controlled owners may
 -- take at most cap runs; cap 0 blocks the owner)
 -- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
@@ -121,6 +123,9 @@ ops.claim = function(k, a)
     locks[#locks + 1] = id
   end
   if #locks > 0 then redis.call('ZADD', base .. ':times', unpack(locks)) end
+  if left == 0 and k[2] then
+    redis.call('ZREM', k[2], tonumber(string.match(base, '%.(%d+)}$')))
+  end
   return {out, left}
 end
 

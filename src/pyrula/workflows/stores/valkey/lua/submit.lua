@@ -20,6 +20,6 @@ ops.submit = function(k, a)
   redis.call('ZADD', base .. ':index', now, id)
   if not enqueue(base, id, owner, now, true) then return {id, 1, 0} end
   if k[2] == nil then return {id, 1, 1} end
-  ring(k[2], k[3], shard_of(id), now)
+  ring(k[2], k[3], id, now)
   return {id, 1, 0}
 end
