@@ -344,6 +344,11 @@ class ValkeyStore(ValkeyAdmin):
                 if owner in reserved:
                     at = caps.index(owner)
                     caps[at + 1] = int(caps[at + 1]) - 1
+            if share > 1 or not int(left):
+                # Visited. (A visit for one run that left some keeps a shard rung since the
+                # last visit first in line: the owner whose queue appeared there is served
+                # on the shard's second pick, when it ties with an older head.)
+                seen[(name, shard)] = rung
             if not int(left):
                 if clustered:  # on one server the claim took it out of the doorbell
                     empty.setdefault(name, []).append((shard, rung))
@@ -354,9 +359,8 @@ class ValkeyStore(ValkeyAdmin):
 
         async def claim_on(shards: Sequence[tuple[int, str, int, float]],
                            counts: Sequence[int]) -> None:
-            for group, name, shard, rung in shards:
+            for group, name, shard, _ in shards:
                 cursor[(name, group)] = (shard + 1) % self.shard_count
-                seen[(name, shard)] = rung
             if reserved:
                 for (_, name, shard, rung), share in zip(shards, counts, strict=True):
                     rows, left = await self._op(
@@ -390,8 +394,12 @@ class ValkeyStore(ValkeyAdmin):
                 remaining = limit - len(claimed)
                 if remaining <= 0:
                     break
-                if hint is not None:  # the named shard came back short: the doorbell now
-                    hint = None
+                if hint is not None:
+                    if claimed and not fuller:
+                        # The named shard gave what it had: start those runs now. Other
+                        # shards rung meanwhile left tokens of their own on the bell.
+                        break
+                    hint = None  # a wake for a shard others emptied: look at the doorbell
                     candidates = sorted(await self._candidates(names), key=order)
                     rest = sorted((c for c in candidates if (c[1], c[2]) not in visited),
                                   key=lambda c: -c[0])
@@ -400,8 +408,10 @@ class ValkeyStore(ValkeyAdmin):
                 targets = again + rest
                 if not targets:
                     break
-                chosen = targets[:_visits(remaining, len(targets))]
+                # The shards visited were sparse: now as many as runs are still wanted.
+                chosen = targets[:remaining]
                 rest = [c for c in rest if c not in chosen]
+                visited.update((n, s) for _, n, s, _ in chosen)
                 await claim_on(chosen, _shares(remaining, len(chosen)))
         finally:
             await self._flow_settle(reserved, claimed, now + lock_ttl)
