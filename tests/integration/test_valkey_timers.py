@@ -60,3 +60,52 @@ async def test_settling_keeps_a_time_a_parker_lowered(valkey_url: str,
                                    4, 6000) == 4
             assert admin.zrange(summary, 0, -1, withscores=True) == [
                 ("3", 1200.0), ("1", 3000.0), ("4", 6000.0)]
+
+
+async def test_timers_fall_due_on_time_not_at_the_next_poll(
+    valkey_url: str, valkey_namespace: str
+) -> None:
+    """With a 60 s timer poll, a 0.3 s sleep still ends within seconds: the loop sleeps
+    until the next timer the summary shows, not a whole interval."""
+    store = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=8)
+    async with opened(store):
+        worker = make_worker(store, [sleeps], timer_poll_interval_s=60.0)
+        client = worker.client
+        async with serving(worker):
+            runs = [await client.submit(sleeps, {"tag": f"{valkey_namespace}-{i}",
+                                                 "seconds": 0.3 + i * 0.2})
+                    for i in range(3)]
+            for i, run in enumerate(runs):
+                assert await client.result(run.run_id, timeout=20) == f"{valkey_namespace}-{i}!"
+
+
+async def test_many_timers_due_together_are_woken_batch_after_batch(
+    valkey_url: str, valkey_namespace: str
+) -> None:
+    """A batch spread over shards can come back short of timer_max_batch while more are
+    due: the loop goes on at once, not after another interval."""
+    from datetime import UTC, datetime
+
+    from pyrula.workflows import WorkflowContext, step, workflow
+    from tests.integration.valkey_support import noop  # noqa: F401  (a second name)
+
+    @step(name="vk.due_together.step")
+    async def add(x: int) -> int:
+        return x + 1
+
+    @workflow(name="vk.due_together")
+    async def due_together(ctx: WorkflowContext, params: dict[str, float]) -> int:
+        await ctx.sleep_until(datetime.fromtimestamp(params["until"], UTC))
+        return await add(int(params["x"]))
+
+    store = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=8)
+    async with opened(store):
+        worker = make_worker(store, [due_together], timer_poll_interval_s=60.0,
+                             timer_max_batch=7)
+        client = worker.client
+        async with serving(worker):
+            until = time.time() + 2.0
+            runs = [await client.submit(due_together, {"x": i, "until": until})
+                    for i in range(120)]
+            for i, run in enumerate(runs):
+                assert await client.result(run.run_id, timeout=20) == i + 1

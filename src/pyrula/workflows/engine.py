@@ -90,6 +90,8 @@ class Outcome:
     journal: list[Event]
     error: dict[str, Any] | None = None
     successor_id: str | None = None
+    #: A parked run's timer (None: it waits for a signal alone).
+    wake_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -697,7 +699,7 @@ class Attempt:
                 await self._absorb(batch, result.last_seq)
         if result.parked:
             await self._stop_task()
-            return Outcome(OutcomeKind.PARKED, self.journal)
+            return Outcome(OutcomeKind.PARKED, self.journal, wake_at=min(wakes) if wakes else None)
         # Not parked: a signal we wait for had already arrived, or a cancel came.
         first = result.last_seq - len(batch) + 1
         for offset, event in enumerate(batch):

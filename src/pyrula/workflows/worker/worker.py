@@ -120,6 +120,10 @@ class WorkflowWorker:
         self._on_claimed = on_claimed
         self._run_tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Event()
+        # The soonest timer of a run this worker parked, and the nudge that shortens the
+        # timer loop's wait for it.
+        self._soonest_timer: float | None = None
+        self._timer_nudge = asyncio.Event()
         self._heartbeat = time.monotonic()
         self._claim_progress = time.monotonic()
         self._stranded_logged: set[str] = set()
@@ -187,6 +191,7 @@ class WorkflowWorker:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._capacity = asyncio.Event()
+        self._timer_nudge = asyncio.Event()
         if self._stop_requested:
             self._stopping.set()
         await self._prepare_store()
@@ -369,10 +374,38 @@ class WorkflowWorker:
                 return
 
     async def _timer_tick(self) -> float | None:
-        woken = await self.store.wake_due(now=self._clock.now(), limit=self.options.timer_max_batch)
+        now = self._clock.now()
+        if self._soonest_timer is not None and self._soonest_timer <= now:
+            self._soonest_timer = None  # this tick wakes it
+        woken = await self.store.wake_due(now=now, limit=self.options.timer_max_batch)
         if woken:
             self.metrics.inc("pyrula.workflows.timers.woken", woken)
-        return 0.0 if woken >= self.options.timer_max_batch else None
+            # Look again at once: a batch can come back short while more are due (when the
+            # store spreads it over shards).
+            return 0.0
+        # None due: wait the interval, or less, until the soonest timer known: one of a run
+        # this worker parked (which nudges this wait), or the store's next one.
+        known = [t for t in (self._soonest_timer, self._store_next_wake()) if t is not None]
+        wait = self.options.timer_poll_interval_s
+        if known:
+            wait = min(wait, max(0.0, min(known) - self._clock.now()))
+        assert self._stopping is not None
+        self._timer_nudge.clear()
+        sleeping = asyncio.ensure_future(asyncio.sleep(wait))
+        await _first(sleeping, self._timer_nudge.wait(), self._stopping.wait())
+        return 0.0
+
+    def _store_next_wake(self) -> float | None:
+        next_wake = getattr(self.store, "next_wake_at", None)
+        at = next_wake() if next_wake is not None else None
+        return None if at is None else float(at)
+
+    def _note_timer(self, wake_at: float) -> None:
+        """A run this worker parked falls due at ``wake_at``: the timer loop should not
+        sleep past it."""
+        if self._soonest_timer is None or wake_at < self._soonest_timer:
+            self._soonest_timer = wake_at
+            self._timer_nudge.set()
 
     async def _schedule_tick(self) -> float | None:
         """Fire due schedules (not while draining or bound to another project)."""
@@ -515,6 +548,8 @@ class WorkflowWorker:
         self.metrics.inc("pyrula.workflows.attempts", outcome=kind.value)
         if kind is OutcomeKind.PARKED:
             self._cache.put(claimed.run_id, outcome.journal)
+            if outcome.wake_at is not None:
+                self._note_timer(outcome.wake_at)
         else:
             self._cache.drop(claimed.run_id)
         if kind in (OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.CANCELLED,

@@ -192,6 +192,8 @@ class ValkeyConnection:
         # (name, shard) -> the doorbell's score for it when a claim of this store last
         # visited it (a higher score since: rung again, visit it first).
         self._claim_seen: dict[tuple[str, int], float] = {}
+        # When the next timer of the shards this store scans falls due (from wake_due).
+        self._next_wake: float | None = None
         # The shard the last doorbell token named: (name, shard), claimed first next.
         self._hint: tuple[str, int] | None = None
         # names -> (when read, each name's doorbell) for claims in quick succession.

@@ -574,15 +574,22 @@ class ValkeyStore(ValkeyAdmin):
         names = await self._names()
         summaries = [self.keys.wake(n) for n in names]
         replies = await self._pipeline(
-            [(k, ("ZRANGEBYSCORE", k, "-inf", now, "LIMIT", 0, limit)) for k in summaries],
+            [(k, ("ZRANGEBYSCORE", k, "-inf", now, "LIMIT", 0, limit)) for k in summaries]
+            + [(k, ("ZRANGEBYSCORE", k, f"({now!r}", "+inf", "WITHSCORES", "LIMIT", 0, 64))
+               for k in summaries],
             idempotent=True,
         )
-        plan: list[tuple[str, int]] = []
-        for name, reply in zip(names, replies, strict=True):
+        for reply in replies:
             if isinstance(reply, BaseException):
                 raise reply
-            held = self._held_shards(name)
-            plan += [(name, int(s)) for s in reply if not held or int(s) in held]
+        plan: list[tuple[str, int]] = []
+        coming: list[float] = []
+        # Any worker wakes any shard's due timers (not only its own shards'): the lease below
+        # keeps two scans off one shard, and a worker that parked a run wakes it on time.
+        for name, due, later in zip(names, replies, replies[len(names):], strict=False):
+            plan += [(name, int(s)) for s in due]
+            coming += [at for _, at in as_scored(later)]
+        self._next_wake = min(coming, default=None)
         plan = plan[:limit]
         if not plan:
             return 0
@@ -616,6 +623,11 @@ class ValkeyStore(ValkeyAdmin):
         for name, shards in rung.items():
             await self._ring(name, shards, now)
         return woken
+
+    def next_wake_at(self) -> float | None:
+        """When the next timer of this store's shards falls due, as the last ``wake_due``
+        saw it (None: none seen): the timer loop sleeps until then, not a whole interval."""
+        return self._next_wake
 
     async def _each(self, commands: Sequence[tuple[str | None, tuple[Any, ...]]]) -> None:
         """Plain writes in one round trip; the first error is raised."""
