@@ -29,6 +29,7 @@ test: install lint typecheck
 bench: install
 	$(PY) -m benchmarks
 	PYTHONPATH=src:. $(PY) -m benchmarks.peers
+	PYTHONPATH=src:. $(PY) -m benchmarks.scaling
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
