@@ -617,7 +617,11 @@ class Attempt:
             _body(self.spec.fn(ctx, self.params)), name=RUN_TASK_PREFIX + self.run_id,
             context=context,
         )
+        self._task.add_done_callback(lambda _: self._wake.set())
         while True:
+            # Cleared before looking, not after: whatever happens while the checks below
+            # await (the body ending, a step finishing) leaves the event set for the wait.
+            self._wake.clear()
             if self._halted is not None:
                 await self._stop_task()
                 raise _Halt(self._halted)
@@ -645,14 +649,14 @@ class Attempt:
                 if parked is not None:
                     return parked
                 continue
-            self._wake.clear()
-            waiter = asyncio.ensure_future(self._wake.wait())
-            timeout = None if deadline is None else max(0.0, deadline - self._clock.now())
+            if deadline is None:
+                await self._wake.wait()
+                continue
             try:
-                await asyncio.wait({self._task, waiter}, timeout=timeout,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
+                await asyncio.wait_for(self._wake.wait(),
+                                       max(0.0, deadline - self._clock.now()))
+            except TimeoutError:
+                pass
 
     async def _quiescent(self) -> bool:
         """True once every branch of the workflow waits on a blocker (none is computing)."""

@@ -172,6 +172,8 @@ class AsyncLink(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._lost: BaseException | None = None
         self._watch: asyncio.TimerHandle | None = None
+        # Requests written in one turn of the loop go out in one send (see request).
+        self._out: list[bytes] = []
 
     @classmethod
     async def open(cls, where: Endpoint, options: LinkOptions) -> AsyncLink:
@@ -239,10 +241,20 @@ class AsyncLink(asyncio.Protocol):
         future: asyncio.Future[list[Any]] = self._loop.create_future()
         wait = self._timeout if timeout is None else timeout
         self._pending.append(_Pending(future, count, time.monotonic() + wait))
-        self._transport.write(packed)
+        # Corked until the end of this turn of the loop: the requests of every coroutine
+        # that runs in it (a worker finishing many runs at once) share one send and one
+        # read on the server. Replies still come back in the order of _pending.
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(packed)
         if self._watch is None:
             self._arm()
         return await future
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self._transport is not None and self._lost is None and out:
+            self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def close(self) -> None:
         if self._transport is not None:
