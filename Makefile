@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev,postgres]"
+	$(PY) -m compileall -q src > /dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,6 +28,7 @@ test: install lint typecheck
 	$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider
 
 bench: install
+	$(PY) -m compileall -q src > /dev/null
 	$(PY) -m benchmarks
 	PYTHONPATH=src:. $(PY) -m benchmarks.peers
 	PYTHONPATH=src:. $(PY) -m benchmarks.scaling

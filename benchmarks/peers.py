@@ -49,7 +49,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
-from benchmarks.peer_apps.harness import RedisServer, kill_all, log_dir
+from benchmarks.peer_apps.harness import RedisServer, compile_sources, kill_all, log_dir
 
 SYSTEMS = ("pyrula", "dramatiq", "saq")
 TITLES = {"pyrula": "pyrula", "dramatiq": "Dramatiq", "saq": "SAQ"}
@@ -370,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("redis-server is not on PATH")
     systems = [s for s in SYSTEMS if args.only is None or s in args.only]
     ensure_installed(systems, args.skip_install)
+    compile_sources()
     # Ctrl+C and SIGTERM raise KeyboardInterrupt at once, inside asyncio.run too (whose own
     # SIGINT handler only cancels the main task, which a client library may swallow), and
     # unwind through the finally below, which reaps every process started.

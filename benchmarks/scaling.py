@@ -27,7 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peer_apps.harness import RedisServer, Service, kill_all, log_dir, start_python
+from benchmarks.peer_apps.harness import (
+    RedisServer,
+    Service,
+    compile_sources,
+    kill_all,
+    log_dir,
+    start_python,
+)
 from pyrula.workflows import RunStatus, ValkeyStore, WorkflowClient
 
 WORKFLOW = "pyrula.bench"
@@ -180,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    compile_sources()
     results = asyncio.run(main_async(args))
     print(report(results, args))
     if args.json is not None:

@@ -188,6 +188,16 @@ def _free_port() -> int:
             return port
 
 
+def compile_sources() -> None:
+    """Write the bytecode of this tree's code, as pip does for an installed package (the
+    peers are installed so): an editable checkout run with PYTHONDONTWRITEBYTECODE set
+    would otherwise compile every module at every process start, fleet children's
+    start-up included."""
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "src"), quiet=1)
+
+
 def log_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="pyrula-peers-"))
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from typing import Any
 
 import click
@@ -130,8 +127,11 @@ def run_fleet(options: FleetOptions) -> int:
         sys.path.insert(0, os.getcwd())
     modules = list(options.apps) + [w.partition(":")[0] for w in options.workflows]
     spawner = Spawner(preload=["pyrula.workflows.worker.child", *modules])
-    # The fork server starts (and imports the app) before this process opens anything.
+    # The fork server starts (and imports the app) before this process opens anything,
+    # and before it imports asyncio: the two imports run side by side.
     spawner.warm()
+    import asyncio
+
     try:
         return asyncio.run(_serve(options, spawner))
     finally:
@@ -179,6 +179,9 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
 @click.option("--json", "as_json", is_flag=True, help="print the raw /status JSON")
 def status(url: str | None, as_json: bool) -> None:
     """Show a running fleet: its children, shards, runs and restarts."""
+    import urllib.error
+    import urllib.request
+
     base = url or f"http://127.0.0.1:{resolve_health_port(None)}"
     try:
         with urllib.request.urlopen(base.rstrip("/") + "/status", timeout=5) as reply:

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
+
+if TYPE_CHECKING:  # imported only for TLS URLs (ssl costs a process ~20 ms to import)
+    import ssl
 
 T = TypeVar("T")
 
@@ -124,6 +126,8 @@ def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
 
 
 def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
+    import ssl
+
     context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
     reqs = query.get("ssl_cert_reqs", "required").lower()
     if reqs in ("none", "cert_none"):
@@ -186,7 +190,7 @@ class AsyncLink(asyncio.Protocol):
                     server_hostname=(where.host if options.tls and options.check_hostname
                                      else ("" if options.tls else None)),
                 )
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             raise ConnectFailed(f"cannot connect to {where}: {exc or type(exc).__name__}"
                                 ) from exc
         await _handshake(link, options, where)
@@ -326,7 +330,7 @@ class SyncLink:
                 sock = options.tls.wrap_socket(
                     sock, server_hostname=where.host if options.check_hostname else None
                 )
-        except (OSError, ssl.SSLError) as exc:
+        except OSError as exc:  # ssl.SSLError is an OSError
             raise ConnectFailed(f"cannot connect to {where}: {exc or type(exc).__name__}"
                                 ) from exc
         return cls(sock, where, options.timeout)
