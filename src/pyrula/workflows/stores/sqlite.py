@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -242,18 +243,22 @@ class SQLiteStore(SQLiteAdmin):
         def op() -> list[ClaimedRun]:
             claimed: list[ClaimedRun] = []
             with self._tx() as conn:
+                flow = conn.execute("SELECT 1 FROM flow_control LIMIT 1").fetchone() is not None
+                queues = [_NameQueue(conn, name, limit) for name in names]
                 blocked: set[str] = set()
                 progress = True
                 while len(claimed) < limit and progress:
                     progress = False
-                    for name in names:
+                    for queue in queues:
                         if len(claimed) >= limit:
                             break
-                        run_id = self._pick(conn, name, now, blocked)
+                        run_id = self._pick(conn, queue, now, blocked, flow)
                         if run_id is None:
                             continue
                         progress = True
                         claimed.append(self._take(conn, run_id, worker_id, now, lock_ttl))
+                for queue in queues:
+                    queue.record_served()
             return claimed
 
         if not names or limit <= 0:
@@ -265,39 +270,26 @@ class SQLiteStore(SQLiteAdmin):
     ) -> ClaimedRun | None:
         def op() -> ClaimedRun | None:
             with self._tx() as conn:
-                row = self._row(conn, run_id)
-                if row is None or row["status"] != RunStatus.QUEUED:
+                row = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+                if row is None or row[0] != RunStatus.QUEUED:
                     return None
                 return self._take(conn, run_id, worker_id, now, lock_ttl)
 
         return await self._call(op)
 
     def _pick(
-        self, conn: sqlite3.Connection, name: str, now: float, blocked: set[str]
+        self, conn: sqlite3.Connection, queue: _NameQueue, now: float, blocked: set[str],
+        flow: bool,
     ) -> str | None:
-        rows = conn.execute(
-            "SELECT r.owner, r.run_id, r.created_at, COALESCE(s.served, 0) FROM runs r "
-            "LEFT JOIN served s ON s.name=r.name AND s.owner=r.owner "
-            "WHERE r.name=? AND r.status='queued' AND r.queue_seq=(SELECT MIN(q.queue_seq) "
-            "FROM runs q WHERE q.name=r.name AND q.owner=r.owner AND q.status='queued')",
-            (name,),
-        ).fetchall()
-        heads = {owner: run_id for owner, run_id, _, _ in rows if owner not in blocked}
-        candidates = {
-            owner: (float(served), float(created)) for owner, _, created, served in rows
-            if owner in heads
-        }
+        """The next run of ``queue`` by deficit round robin over its owners (as
+        MemoryStore._pick), honouring flow control (``flow``: some owner has a limit)."""
+        candidates = queue.candidates(blocked)
         while candidates:
             owner = pick_owner(candidates)
             if owner is None:
                 break
-            if self._flow_allows(conn, owner, now):
-                conn.execute(
-                    "INSERT INTO served(name, owner, served) VALUES (?, ?, 1) "
-                    "ON CONFLICT(name, owner) DO UPDATE SET served=served+1",
-                    (name, owner),
-                )
-                return str(heads[owner])
+            if not flow or self._flow_allows(conn, owner, now):
+                return queue.take(owner)
             blocked.add(owner)
             del candidates[owner]
         return None
@@ -330,27 +322,28 @@ class SQLiteStore(SQLiteAdmin):
     def _take(
         self, conn: sqlite3.Connection, run_id: str, worker_id: str, now: float, lock_ttl: float
     ) -> ClaimedRun:
-        row = self._require(conn, run_id)
-        attempt = row["attempt"] + 1
-        conn.execute(
-            "UPDATE runs SET status='running', attempt=?, lock_owner=?, lock_expires=?, "
-            "started_at=COALESCE(started_at, ?), queue_seq=NULL WHERE run_id=?",
-            (attempt, worker_id, now + lock_ttl, now, run_id),
-        )
-        self._append(
-            conn, run_id, row["journal_len"], [started_event(now, attempt, worker_id)], now
-        )
-        base = int(row["parked_seq"])
+        """Start the next attempt of this queued run: one UPDATE and its ``run:started``."""
+        row = conn.execute(
+            "UPDATE runs SET status='running', attempt=attempt+1, lock_owner=?, lock_expires=?, "
+            "started_at=COALESCE(started_at, ?), queue_seq=NULL, journal_len=journal_len+1, "
+            "updated_at=? WHERE run_id=? RETURNING name, params, owner, attempt, journal_len, "
+            "parked_seq, start_id, created_at",
+            (worker_id, now + lock_ttl, now, now, run_id),
+        ).fetchone()
+        if row is None:
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        name, params, owner, attempt, length, base, start_id, created_at = row
+        self._insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id)])
         return ClaimedRun(
             run_id=run_id,
-            name=row["name"],
-            params=_uj(row["params"]),
-            owner=row["owner"] or None,
+            name=name,
+            params=_uj(params),
+            owner=owner or None,
             token=attempt,
             journal=self._journal(conn, run_id, base),
             base_seq=base,
-            start_id=row["start_id"],
-            created_at=row["created_at"],
+            start_id=start_id,
+            created_at=created_at,
         )
 
     async def renew(
@@ -586,3 +579,75 @@ class SQLiteStore(SQLiteAdmin):
         # Other processes finish runs too; re-check at most every RESULT_POLL_MAX.
         return await self._waiters.wait(run_id, check, timeout, poll=self.RESULT_POLL_MAX)
 
+
+
+class _NameQueue:
+    """The queued runs of one workflow name, as one claim transaction sees them.
+
+    The owners with queued runs are found by a skip scan of the ``runs_queue`` index (one
+    index seek per owner, not a pass over every queued run), each owner's next runs are
+    read in queue order a batch at a time, and the served counts are kept here and written
+    once at the end of the claim (``record_served``).
+    """
+
+    _OWNERS = (
+        "WITH RECURSIVE o(owner) AS ("
+        "SELECT (SELECT MIN(owner) FROM runs WHERE name=?1 AND status='queued') "
+        "UNION ALL SELECT (SELECT MIN(owner) FROM runs WHERE name=?1 AND status='queued' "
+        "AND owner>o.owner) FROM o WHERE o.owner IS NOT NULL) "
+        "SELECT o.owner, COALESCE(s.served, 0) FROM o "
+        "LEFT JOIN served s ON s.name=?1 AND s.owner=o.owner WHERE o.owner IS NOT NULL"
+    )
+    _NEXT = (
+        "SELECT run_id, created_at, queue_seq FROM runs WHERE name=? AND owner=? "
+        "AND status='queued' AND queue_seq>? ORDER BY queue_seq LIMIT ?"
+    )
+
+    def __init__(self, conn: sqlite3.Connection, name: str, limit: int) -> None:
+        self._conn = conn
+        self.name = name
+        self._limit = limit
+        self._served: dict[str, float] = {}
+        self._taken: dict[str, int] = {}
+        # owner -> its next queued runs (run_id, created_at, queue_seq), oldest first.
+        self._next: dict[str, deque[tuple[str, float, int]]] = {}
+        self._after: dict[str, int] = {}
+        for owner, served in conn.execute(self._OWNERS, (name,)).fetchall():
+            self._served[owner] = float(served)
+            self._after[owner] = -1
+            self._fill(owner, 1)
+
+    def _fill(self, owner: str, count: int) -> None:
+        rows = self._conn.execute(
+            self._NEXT, (self.name, owner, self._after[owner], count)
+        ).fetchall()
+        if rows:
+            self._next[owner] = deque((str(r), float(c), int(q)) for r, c, q in rows)
+            self._after[owner] = int(rows[-1][2])
+        else:
+            self._next.pop(owner, None)
+
+    def candidates(self, blocked: set[str]) -> dict[str, tuple[float, float]]:
+        """owner -> (served, created_at of its oldest queued run), for ``pick_owner``."""
+        return {
+            owner: (self._served[owner], runs[0][1])
+            for owner, runs in self._next.items() if owner not in blocked
+        }
+
+    def take(self, owner: str) -> str:
+        """Take ``owner``'s oldest queued run and charge the owner one run served."""
+        runs = self._next[owner]
+        run_id = runs.popleft()[0]
+        self._served[owner] += 1.0
+        self._taken[owner] = self._taken.get(owner, 0) + 1
+        if not runs:
+            self._fill(owner, max(1, self._limit - sum(self._taken.values())))
+        return run_id
+
+    def record_served(self) -> None:
+        if self._taken:
+            self._conn.executemany(
+                "INSERT INTO served(name, owner, served) VALUES (?, ?, ?) "
+                "ON CONFLICT(name, owner) DO UPDATE SET served=served+excluded.served",
+                [(self.name, owner, float(n)) for owner, n in self._taken.items()],
+            )

@@ -225,17 +225,27 @@ class SQLiteBase:
         self, conn: sqlite3.Connection, run_id: str, length: int, events: Sequence[Event],
         now: float,
     ) -> int:
+        length = self._insert_events(conn, run_id, length, events)
+        conn.execute(
+            "UPDATE runs SET journal_len=?, updated_at=? WHERE run_id=?", (length, now, run_id)
+        )
+        return length
+
+    @staticmethod
+    def _insert_events(
+        conn: sqlite3.Connection, run_id: str, length: int, events: Sequence[Event]
+    ) -> int:
+        """Insert ``events`` after seq ``length`` (the caller moves ``journal_len``)."""
         rows = []
         for event in events:
             length += 1
             stored = dict(event)
             stored["seq"] = length
             rows.append((run_id, length, _j(stored)))
-        if rows:
+        if len(rows) == 1:
+            conn.execute("INSERT INTO events(run_id, seq, data) VALUES (?, ?, ?)", rows[0])
+        elif rows:
             conn.executemany("INSERT INTO events(run_id, seq, data) VALUES (?, ?, ?)", rows)
-        conn.execute(
-            "UPDATE runs SET journal_len=?, updated_at=? WHERE run_id=?", (length, now, run_id)
-        )
         return length
 
     def _journal(self, conn: sqlite3.Connection, run_id: str, after: int = 0) -> list[Event]:
