@@ -104,12 +104,13 @@ class SQLiteStore(SQLiteAdmin):
     ) -> AppendResult:
         def op() -> AppendResult:
             with self._tx() as conn:
-                row = self._fenced(conn, run_id, token)
-                last = self._append(conn, run_id, row["journal_len"], events, now)
-                conn.execute(
-                    "UPDATE runs SET lock_expires=? WHERE run_id=?", (now + lock_ttl, run_id)
+                last, cancel_requested = self._fenced_update(
+                    conn, run_id, token,
+                    "journal_len=journal_len+?, updated_at=?, lock_expires=?",
+                    (len(events), now, now + lock_ttl), "journal_len, cancel_requested",
                 )
-                return AppendResult(last, bool(row["cancel_requested"]))
+                self._insert_events(conn, run_id, last - len(events), events)
+                return AppendResult(last, bool(cancel_requested))
 
         return await self._call(op)
 
@@ -165,6 +166,19 @@ class SQLiteStore(SQLiteAdmin):
         status = RunStatus(status)
         def op() -> FinishResult:
             with self._tx() as conn:
+                if status is not RunStatus.CONTINUED:
+                    # The fence, the end and the journal length in one statement.
+                    (last,) = self._fenced_update(
+                        conn, run_id, token,
+                        "status=?, result=?, error=?, lock_owner=NULL, wake_at=NULL, "
+                        "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL, "
+                        "journal_len=journal_len+?",
+                        (status.value, _j(result), None if error is None else _j(error), now,
+                         now, len(events)),
+                        "journal_len",
+                    )
+                    self._insert_events(conn, run_id, last - len(events), events)
+                    return FinishResult(last, None)
                 row = self._fenced(conn, run_id, token)
                 batch = [dict(e) for e in events]
                 successor_id = None

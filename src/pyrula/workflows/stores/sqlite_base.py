@@ -248,6 +248,23 @@ class SQLiteBase:
             conn.executemany("INSERT INTO events(run_id, seq, data) VALUES (?, ?, ?)", rows)
         return length
 
+    def _fenced_update(
+        self, conn: sqlite3.Connection, run_id: str, token: int, assignments: str,
+        args: Sequence[Any], returning: str,
+    ) -> sqlite3.Row:
+        """``UPDATE runs SET assignments`` if this attempt holds the run (the fence and the
+        write in one statement); returns the ``returning`` columns, or raises StaleToken
+        (or WorkflowNotFound) and changes nothing."""
+        row: sqlite3.Row | None = conn.execute(
+            f"UPDATE runs SET {assignments} WHERE run_id=? AND status='running' AND attempt=? "
+            f"RETURNING {returning}",
+            (*args, run_id, token),
+        ).fetchone()
+        if row is None:
+            self._fenced(conn, run_id, token)  # raises: the run is unknown or not ours
+            raise AssertionError("unreachable: the fenced update matched no row")
+        return row
+
     def _journal(self, conn: sqlite3.Connection, run_id: str, after: int = 0) -> list[Event]:
         rows = conn.execute(
             "SELECT data FROM events WHERE run_id=? AND seq>? ORDER BY seq", (run_id, after)
