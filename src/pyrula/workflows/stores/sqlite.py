@@ -1,10 +1,13 @@
 """SQLiteStore: one file on one host, shared safely by several processes.
 
-WAL mode; every state change is one ``BEGIN IMMEDIATE`` transaction, so claims are atomic
-across processes (SQLite's write lock serialises them) and no run is claimed twice.
-Each store object holds one connection, used from one private thread, so async callers
-never block their event loop on the file lock. The semantics are those of MemoryStore,
-checked by the same conformance suite.
+WAL mode; every state change is atomic under SQLite's write lock (``BEGIN IMMEDIATE``),
+so claims are atomic across processes and no run is claimed twice. Each store object
+holds one connection, used from one private thread (``sqlite_thread``), so async callers
+never block their event loop on the file lock. The async calls queued on that thread
+together run in one transaction, each in its own savepoint (a group commit): each call
+is still all or nothing and fenced inside the transaction, and none returns before the
+transaction has committed. The semantics are those of MemoryStore, checked by the same
+conformance suite.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -28,6 +28,7 @@ from pyrula.workflows.records import (
     RunStatus,
 )
 from pyrula.workflows.stores.sqlite_schema import ADDITIVE_FROM, SCHEMA, SCHEMA_VERSION
+from pyrula.workflows.stores.sqlite_thread import Batch, Call, StoreThread
 from pyrula.workflows.stores.waiters import ResultWaiters
 
 T = TypeVar("T")
@@ -46,6 +47,22 @@ def _j(value: Any) -> bytes:
 
 def _uj(data: bytes | str | None) -> Any:
     return None if data is None else orjson.loads(data)
+
+
+#: SQLITE_BUSY, the primary code of every "database is locked" (extended codes add bits).
+_SQLITE_BUSY = 5
+#: Waiting for another process's write lock: the first retry comes after this long,
+#: doubling up to _BUSY_SLEEP_MAX. SQLite's own busy handler sleeps 1 ms, then 2, 5,
+#: 10 ... ms, while a transaction here holds the lock for a fraction of a millisecond.
+_BUSY_SLEEP_MIN = 0.00005
+_BUSY_SLEEP_MAX = 0.001
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF == _SQLITE_BUSY
+    return "locked" in str(exc)
 
 
 class SQLiteBase:
@@ -73,10 +90,16 @@ class SQLiteBase:
         self.path = str(Path(path).expanduser())
         self._busy_ms = int(busy_timeout * 1000)
         self._synchronous = synchronous.upper()
+        #: Guards the connection; held by a transaction (or a whole batch) and by reads.
+        #: Never taken on an event loop.
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
-        self._executor: ThreadPoolExecutor | None = None
+        #: Guards ``_thread`` only (held for no I/O).
+        self._thread_lock = threading.Lock()
+        self._thread: StoreThread | None = None
+        #: The batch the store thread is running, on that thread.
+        self._local = threading.local()
         self._waiters = ResultWaiters()
         self._connection()  # fail fast on an unusable path
 
@@ -96,9 +119,9 @@ class SQLiteBase:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
-        # A forked child must never reuse its parent's connection or thread.
+        # A forked child must never reuse its parent's connection (nor its thread: _call
+        # starts a new one).
         self._pid = os.getpid()
-        self._executor = None
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise ConfigurationError(f"SQLite store directory does not exist: {directory}")
@@ -113,6 +136,9 @@ class SQLiteBase:
             conn.execute("PRAGMA foreign_keys=OFF")
             conn.row_factory = sqlite3.Row
             self._migrate(conn)
+            # From here on a lock held by another process is waited for by _begin and
+            # _read, in finer steps than SQLite's own busy handler takes.
+            conn.execute("PRAGMA busy_timeout=0")
         except sqlite3.DatabaseError as exc:
             raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
         self._conn = conn
@@ -142,41 +168,179 @@ class SQLiteBase:
             conn.execute("ROLLBACK")
             raise
 
+    def _retry_busy(self, attempt: Callable[[], T], what: str) -> T:
+        """``attempt()``, retried while another connection holds a lock it needs, for up
+        to ``busy_timeout`` (then StoreUnavailable)."""
+        deadline: float | None = None
+        delay = _BUSY_SLEEP_MIN
+        while True:
+            try:
+                return attempt()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._busy_ms / 1000
+                if now >= deadline:
+                    raise StoreUnavailable(
+                        f"SQLite store {self.path} is locked ({what}): {exc}"
+                    ) from exc
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, _BUSY_SLEEP_MAX)
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), "waiting for its write lock")
+
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        # Only a file that is not in WAL mode can be busy here; the transaction then stays
+        # open and COMMIT may be retried.
+        self._retry_busy(lambda: conn.execute("COMMIT"), "committing")
+
+    def _batch(self) -> Batch | None:
+        batch: Batch | None = getattr(self._local, "batch", None)
+        return batch
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One state change, atomic: its own transaction, or on the store thread its own
+        savepoint in the transaction of the batch it is part of (committed before any
+        call of the batch returns)."""
+        batch = self._batch()
         with self._lock:
             conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailable(f"SQLite store {self.path} is locked: {exc}") from exc
-            try:
-                yield conn
-            except BaseException:
+            if batch is None:
+                with self._own_tx(conn):
+                    yield conn
+            else:
+                with self._savepoint(conn, batch):
+                    yield conn
+
+    @contextmanager
+    def _own_tx(self, conn: sqlite3.Connection) -> Iterator[None]:
+        self._begin(conn)
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            raise
+        try:
+            self._commit(conn)
+        except (sqlite3.Error, StoreUnavailable) as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise StoreUnavailable(f"SQLite commit failed: {exc}") from exc
+
+    @contextmanager
+    def _savepoint(self, conn: sqlite3.Connection, batch: Batch) -> Iterator[None]:
+        if not batch.open:
+            if batch.locked_out is not None:  # the batch waited busy_timeout already
+                raise StoreUnavailable(str(batch.locked_out))
+            try:
+                self._begin(conn)
+            except StoreUnavailable as exc:
+                batch.locked_out = exc
                 raise
+            batch.open = True
+        conn.execute("SAVEPOINT pyrula_call")
+        batch.depth += 1
+        try:
+            yield
+        except BaseException:
+            batch.depth -= 1
+            self._undo_savepoint(conn, batch)
+            raise
+        batch.depth -= 1
+        conn.execute("RELEASE pyrula_call")
+        batch.depends()
+
+    def _undo_savepoint(self, conn: sqlite3.Connection, batch: Batch) -> None:
+        """Roll one call back to its savepoint; if SQLite dropped the whole transaction
+        (an I/O error, say), every call that depended on it fails too."""
+        if conn.in_transaction:
             try:
-                conn.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                conn.execute("ROLLBACK")
-                raise StoreUnavailable(f"SQLite commit failed: {exc}") from exc
+                conn.execute("ROLLBACK TO pyrula_call")
+                conn.execute("RELEASE pyrula_call")
+                return
+            except sqlite3.Error:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+        self._fail_batch(batch, "SQLite rolled the transaction back")
+
+    def _fail_batch(self, batch: Batch, why: str) -> None:
+        batch.open = False
+        pending, batch.pending = batch.pending, []
+        for call in pending:
+            call.value = None
+            call.error = StoreUnavailable(f"SQLite store {self.path}: {why}")
+
+    def _run_batch(self, calls: list[Call]) -> None:
+        """On the store thread: run ``calls`` in order, those that write in one
+        transaction, and commit it before any of them is reported."""
+        batch = Batch()
+        self._local.batch = batch
+        try:
+            with self._lock:
+                for call in calls:
+                    if call.future.done():  # cancelled before it started: skip it
+                        continue
+                    batch.current = call
+                    try:
+                        call.value = call.fn()
+                    except BaseException as exc:  # the caller's to handle
+                        call.error = exc
+                batch.current = None
+                if batch.open:
+                    self._commit_batch(batch)
+        finally:
+            self._local.batch = None
+
+    def _commit_batch(self, batch: Batch) -> None:
+        conn = self._connection()
+        try:
+            self._commit(conn)
+        except (sqlite3.Error, StoreUnavailable) as exc:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            self._fail_batch(batch, f"commit failed: {exc}")
+            return
+        batch.open = False
+        batch.pending = []
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        batch = self._batch()
         with self._lock:
-            try:
-                return fn(self._connection())
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+            conn = self._connection()
+            if batch is not None and batch.open:
+                # Inside the batch's transaction: what it reads is only true once that
+                # commits, so it is reported with the writes.
+                batch.depends()
+                try:
+                    return fn(conn)
+                except sqlite3.OperationalError as exc:
+                    if not conn.in_transaction:
+                        self._fail_batch(batch, "SQLite rolled the transaction back")
+                    raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+            return self._retry_busy(lambda: fn(conn), "reading")
 
     async def _call(self, fn: Callable[[], T]) -> T:
-        with self._lock:
-            self._connection()
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="pyrula-sqlite")
-            # Submitted under the lock: close() detaches the executor under it, so no call
-            # lands on an executor that is shutting down (the store reopens on next use).
-            future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
-        return await future
+        """Run ``fn`` on the store's thread (never on the event loop: a lock held by
+        another process is waited for there), with the calls queued beside it."""
+        loop = asyncio.get_running_loop()
+        call = Call(fn, loop, loop.create_future())
+        with self._thread_lock:
+            thread = self._thread
+            if thread is None or thread.pid != os.getpid():
+                thread = self._thread = StoreThread(self._run_batch)
+            # Submitted under the lock: close() detaches the thread under it, so no call
+            # lands on a thread that is stopping (the store reopens on next use).
+            thread.submit(call)
+        result: T = await call.future
+        return result
 
     # --- row helpers ----------------------------------------------------------------
 
@@ -351,10 +515,10 @@ class SQLiteBase:
     def close(self) -> None:
         """Finish the calls in flight and close the connection. The store stays usable:
         a later call reopens it (a stopping worker closes it while others may use it)."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None and self._pid == os.getpid():
-            executor.shutdown(wait=True)  # outside the lock: the calls in flight take it
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread.pid == os.getpid():
+            thread.stop()  # outside the lock: the calls in flight take it
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
