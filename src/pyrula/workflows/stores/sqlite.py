@@ -588,14 +588,19 @@ class SQLiteStore(SQLiteAdmin):
 
     async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
         async def check(rid: str) -> RunInfo | None:
-            info = await self.get_run(rid)
+            info = self._ends.found(rid)
+            if info is None:
+                info = await self.get_run(rid)
             if info is None:
                 raise WorkflowNotFound(f"no run with id {rid!r}")
             return info if info.status.terminal else None
 
-        # Other processes finish runs too; re-check at most every RESULT_POLL_MAX.
-        return await self._waiters.wait(run_id, check, timeout, poll=self.RESULT_POLL_MAX)
-
+        # Other processes finish runs too: this loop's EndWatch looks them up together,
+        # and each waiter re-checks on its own only every RESULT_CHECK_S.
+        with self._ends.watching(run_id):
+            return await self._waiters.wait(
+                run_id, check, timeout, poll=self.RESULT_CHECK_S, first_poll=self.RESULT_CHECK_S
+            )
 
 
 class _NameQueue:

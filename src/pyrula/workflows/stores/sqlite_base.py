@@ -24,12 +24,13 @@ from pyrula.workflows.errors import (
 )
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import (
+    TERMINAL_STATUSES,
     RunInfo,
     RunStatus,
 )
 from pyrula.workflows.stores.sqlite_schema import ADDITIVE_FROM, SCHEMA, SCHEMA_VERSION
 from pyrula.workflows.stores.sqlite_thread import Batch, Call, StoreThread
-from pyrula.workflows.stores.waiters import ResultWaiters
+from pyrula.workflows.stores.waiters import EndWatch, ResultWaiters
 
 T = TypeVar("T")
 
@@ -39,6 +40,9 @@ _RUN_COLUMNS = (
     "successor_id, cancel_requested, crashes, lock_owner, lock_expires, journal_len, signal_seq, "
     "parked_seq"
 )
+
+
+_TERMINAL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
 
 
 def _j(value: Any) -> bytes:
@@ -68,8 +72,11 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 class SQLiteBase:
     """The connection side of SQLiteStore."""
 
-    #: How long a waiter trusts that no other process finished the run (seconds).
+    #: The longest a result waiter's loop goes without looking whether runs it waits for
+    #: ended in another process (seconds); it looks every 5 ms while ends keep coming.
     RESULT_POLL_MAX = 0.25
+    #: How often each waiter also re-checks its own run (a safety net under EndWatch).
+    RESULT_CHECK_S = 1.0
 
     def __init__(
         self,
@@ -101,6 +108,7 @@ class SQLiteBase:
         #: The batch the store thread is running, on that thread.
         self._local = threading.local()
         self._waiters = ResultWaiters()
+        self._ends = EndWatch(self._waiters, self._ended_among, self.RESULT_POLL_MAX)
         self._connection()  # fail fast on an unusable path
 
     @classmethod
@@ -480,6 +488,22 @@ class SQLiteBase:
             "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL WHERE run_id=?",
             (status.value, _j(result), None if error is None else _j(error), now, now, run_id),
         )
+
+    async def _ended_among(self, run_ids: list[str]) -> dict[str, RunInfo]:
+        """Those of ``run_ids`` that have ended (one query per 500 of them)."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, RunInfo]:
+            ended: dict[str, RunInfo] = {}
+            for i in range(0, len(run_ids), 500):
+                chunk = run_ids[i:i + 500]
+                for row in conn.execute(
+                    f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id IN "
+                    f"({','.join('?' * len(chunk))}) AND status IN ({_TERMINAL})", chunk,
+                ):
+                    ended[row["run_id"]] = self._info(row)
+            return ended
+
+        return await self._call(lambda: self._read(op))
 
     def _notify_after(self, run_id: str) -> None:
         self._waiters.notify(run_id)
