@@ -216,3 +216,49 @@ async def test_a_call_cancelled_before_it_ran_is_skipped(store: SQLiteStore) -> 
     with pytest.raises(asyncio.CancelledError):
         await append
     assert len(await store.read_events(run.run_id)) == 2
+
+
+def _file_size(path: str) -> int:
+    return Path(path).stat().st_size
+
+
+async def test_the_wal_is_checkpointed_off_the_store_thread(store: SQLiteStore) -> None:
+    # Far fewer pages than wal_autocheckpoint (1,000): only the Checkpointer's own thread
+    # copies them into the database file, shortly after the commits.
+    runs = await _running(store, 20)
+    for _ in range(3):
+        await asyncio.gather(
+            *(store.append(r.run_id, r.token, _step(1), now=T, lock_ttl=60) for r in runs)
+        )
+    commits = _commits(store)
+    size = _file_size(store.path)
+    grown = False
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        grown = _file_size(store.path) > size
+        if grown:
+            break
+    assert grown, "the WAL was not checkpointed into the database file"
+    assert commits == []  # nobody committed meanwhile: the checkpoint did it
+    conn = sqlite3.connect(store.path)
+    try:
+        assert conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
+async def test_a_failing_checkpointer_hands_back_to_sqlites_own_checkpoint(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyrula.workflows.stores.sqlite_thread import Checkpointer
+
+    def autocheckpoint() -> int:
+        return int(store._connection().execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+    runs = await _running(store, 2)
+    await store.append(runs[0].run_id, runs[0].token, _step(1), now=T, lock_ttl=60)
+    assert autocheckpoint() == 0  # the Checkpointer's thread checkpoints
+
+    monkeypatch.setattr(Checkpointer, "failed", property(lambda self: True))
+    await store.append(runs[1].run_id, runs[1].token, _step(1), now=T, lock_ttl=60)
+    assert autocheckpoint() == 1000  # SQLite's default again

@@ -29,7 +29,7 @@ from pyrula.workflows.records import (
     RunStatus,
 )
 from pyrula.workflows.stores.sqlite_schema import ADDITIVE_FROM, SCHEMA, SCHEMA_VERSION
-from pyrula.workflows.stores.sqlite_thread import Batch, Call, StoreThread
+from pyrula.workflows.stores.sqlite_thread import Batch, Call, Checkpointer, StoreThread
 from pyrula.workflows.stores.waiters import EndWatch, ResultWaiters
 
 T = TypeVar("T")
@@ -60,6 +60,9 @@ _SQLITE_BUSY = 5
 #: 10 ... ms, while a transaction here holds the lock for a fraction of a millisecond.
 _BUSY_SLEEP_MIN = 0.00005
 _BUSY_SLEEP_MAX = 0.001
+#: SQLite's default wal_autocheckpoint (pages), what a connection runs with while no
+#: Checkpointer of this store works.
+_AUTOCHECKPOINT = 1000
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -77,6 +80,8 @@ class SQLiteBase:
     RESULT_POLL_MAX = 0.25
     #: How often each waiter also re-checks its own run (a safety net under EndWatch).
     RESULT_CHECK_S = 1.0
+    #: A checkpoint runs on a thread of its own this long after a commit (see Checkpointer).
+    CHECKPOINT_AFTER_S = 0.1
 
     def __init__(
         self,
@@ -102,9 +107,12 @@ class SQLiteBase:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
-        #: Guards ``_thread`` only (held for no I/O).
+        #: The connection's wal_autocheckpoint (pages), as _commit set it.
+        self._autocheckpoint = _AUTOCHECKPOINT
+        #: Guards ``_thread`` and ``_checkpointer`` only (held for no I/O).
         self._thread_lock = threading.Lock()
         self._thread: StoreThread | None = None
+        self._checkpointer: Checkpointer | None = None
         #: The batch the store thread is running, on that thread.
         self._local = threading.local()
         self._waiters = ResultWaiters()
@@ -140,6 +148,8 @@ class SQLiteBase:
             )
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT}")
+            self._autocheckpoint = _AUTOCHECKPOINT
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             conn.execute("PRAGMA foreign_keys=OFF")
             conn.row_factory = sqlite3.Row
@@ -204,6 +214,17 @@ class SQLiteBase:
         # Only a file that is not in WAL mode can be busy here; the transaction then stays
         # open and COMMIT may be retried.
         self._retry_busy(lambda: conn.execute("COMMIT"), "committing")
+        checkpointer = self._checkpointer
+        if checkpointer is None or checkpointer.pid != os.getpid():
+            return
+        # While the Checkpointer works, no commit here pays for a checkpoint; if it
+        # fails, SQLite's automatic checkpoint takes over again.
+        pages = _AUTOCHECKPOINT if checkpointer.failed else 0
+        if pages != self._autocheckpoint:
+            conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
+            self._autocheckpoint = pages
+        if not pages:
+            checkpointer.committed()
 
     def _batch(self) -> Batch | None:
         batch: Batch | None = getattr(self._local, "batch", None)
@@ -344,6 +365,9 @@ class SQLiteBase:
             thread = self._thread
             if thread is None or thread.pid != os.getpid():
                 thread = self._thread = StoreThread(self._run_batch)
+                self._checkpointer = Checkpointer(
+                    self.path, self._synchronous, self.CHECKPOINT_AFTER_S
+                )
             # Submitted under the lock: close() detaches the thread under it, so no call
             # lands on a thread that is stopping (the store reopens on next use).
             thread.submit(call)
@@ -541,8 +565,11 @@ class SQLiteBase:
         a later call reopens it (a stopping worker closes it while others may use it)."""
         with self._thread_lock:
             thread, self._thread = self._thread, None
+            checkpointer, self._checkpointer = self._checkpointer, None
         if thread is not None and thread.pid == os.getpid():
             thread.stop()  # outside the lock: the calls in flight take it
+        if checkpointer is not None and checkpointer.pid == os.getpid():
+            checkpointer.stop()
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,12 +108,13 @@ def deliver(calls: list[Call]) -> None:
         by_loop.setdefault(call.loop, []).append(call)
     for loop, done in by_loop.items():
         try:
-            loop.call_soon_threadsafe(_resolve, done)
+            loop.call_soon_threadsafe(resolve, done)
         except RuntimeError:  # that loop is closed: nobody waits for these any more
             pass
 
 
-def _resolve(calls: list[Call]) -> None:
+def resolve(calls: list[Call]) -> None:
+    """Hand each call's outcome to its future (on the futures' own loop)."""
     for call in calls:
         if call.future.done():  # cancelled while it ran
             continue
@@ -120,3 +122,80 @@ def _resolve(calls: list[Call]) -> None:
             call.future.set_exception(call.error)
         else:
             call.future.set_result(call.value)
+
+
+class Checkpointer:
+    """Copies the WAL back into the database file (a PASSIVE checkpoint, with the fsyncs
+    ``synchronous`` asks for) on a thread and connection of its own, ``interval`` seconds
+    after this process last committed.
+
+    SQLite's automatic checkpoint runs inside the COMMIT that finds ``wal_autocheckpoint``
+    (1,000) pages in the WAL: that commit then copies them and syncs twice (tens of ms),
+    holding every call queued behind it. While
+    this thread is healthy the store turns the automatic checkpoint off on its connection;
+    after ``FAILURES`` failed checkpoints in a row (or if the thread ended) ``failed`` is
+    true and the store turns it back on, until a checkpoint here succeeds again. Under
+    ``synchronous=NORMAL`` a checkpoint is also when the WAL is synced: this one comes
+    ``interval`` after a commit, the automatic one only once 1,000 pages have gathered.
+    A checkpoint never waits for a lock (another process checkpointing: this one skips).
+    """
+
+    FAILURES = 3
+
+    def __init__(self, path: str, synchronous: str, interval: float) -> None:
+        self.pid = os.getpid()
+        self._path = path
+        self._synchronous = synchronous
+        self._interval = interval
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._failures = 0
+        self._thread = threading.Thread(
+            target=self._main, name="pyrula-sqlite-checkpoint", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def failed(self) -> bool:
+        """Checkpoints here are failing (or the thread ended): the store falls back on
+        SQLite's automatic checkpoint."""
+        return self._failures >= self.FAILURES or not self._thread.is_alive()
+
+    def committed(self) -> None:
+        """This process committed a transaction: checkpoint ``interval`` from now."""
+        if not self._dirty.is_set():
+            self._dirty.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _main(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._dirty.wait()
+                if self._stop.wait(self._interval):  # let the commits of a while gather
+                    return
+                self._dirty.clear()
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(
+                            self._path, isolation_level=None, check_same_thread=False
+                        )
+                        conn.execute("PRAGMA busy_timeout=0")
+                        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self._failures = 0
+                except sqlite3.Error:  # the automatic checkpoint covers meanwhile
+                    self._failures += 1
+                    self._dirty.set()  # try again after the interval
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+        finally:
+            self._failures = self.FAILURES
+            if conn is not None:
+                conn.close()
