@@ -262,3 +262,45 @@ async def test_a_failing_checkpointer_hands_back_to_sqlites_own_checkpoint(
     monkeypatch.setattr(Checkpointer, "failed", property(lambda self: True))
     await store.append(runs[1].run_id, runs[1].token, _step(1), now=T, lock_ttl=60)
     assert autocheckpoint() == 1000  # SQLite's default again
+
+
+async def test_a_store_nobody_closed_ends_its_thread_once_collected(tmp_path: Path) -> None:
+    import gc
+    import weakref
+
+    store = SQLiteStore(tmp_path / "g.db")
+    await store._call(lambda: None)  # a call for the store thread: it starts
+    assert store._thread is not None
+    thread = store._thread._thread
+    collected = weakref.ref(store)
+    del store
+    gc.collect()
+    assert collected() is None
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_a_checkpointer_ends_when_idle_and_stops_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyrula.workflows.stores.sqlite_thread import Checkpointer
+
+    path = str(tmp_path / "c.db")
+    SQLiteStore(path).close()
+    monkeypatch.setattr(Checkpointer, "IDLE_S", 0.05)
+    idle = Checkpointer(path, "NORMAL", 0.01)
+    idle.committed()
+    first = idle._thread
+    assert first is not None
+    first.join(5)
+    assert not first.is_alive() and idle._thread is None  # ended, idle
+    idle.committed()  # the next commit starts it again
+    assert idle._thread is not None and idle._thread is not first
+    idle.stop()
+    for _ in range(50):  # stop() right after a commit, whatever the thread was doing
+        checkpointer = Checkpointer(path, "NORMAL", 0.001)
+        checkpointer.committed()
+        time.sleep(0.001)
+        started = time.monotonic()
+        checkpointer.stop()
+        assert time.monotonic() - started < 2.0

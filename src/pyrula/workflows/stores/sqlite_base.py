@@ -8,6 +8,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -365,6 +366,7 @@ class SQLiteBase:
             thread = self._thread
             if thread is None or thread.pid != os.getpid():
                 thread = self._thread = StoreThread(self._run_batch)
+                weakref.finalize(self, thread.stop_soon)
                 self._checkpointer = Checkpointer(
                     self.path, self._synchronous, self.CHECKPOINT_AFTER_S
                 )

@@ -18,6 +18,7 @@ import os
 import queue
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,11 +59,20 @@ class Batch:
 
 
 class StoreThread:
-    """One thread that runs ``run_batch`` over the calls queued for it, oldest first."""
+    """One thread that runs ``run_batch`` over the calls queued for it, oldest first.
+
+    It holds ``run_batch`` weakly, as the executor it replaces did: a store nobody closed
+    and nobody refers to any more is collected, and its thread ends (``stop_soon`` by a
+    finalizer of the store).
+    """
 
     def __init__(self, run_batch: Callable[[list[Call]], None]) -> None:
         self.pid = os.getpid()
-        self._run_batch = run_batch
+        self._run_batch: Callable[[], Callable[[list[Call]], None] | None]
+        try:
+            self._run_batch = weakref.WeakMethod(run_batch)
+        except TypeError:  # not a bound method: held as it is
+            self._run_batch = lambda: run_batch
         self._queue: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         # A daemon, like the executors' threads it replaces it must not keep a process
         # alive; a commit cut short at exit is rolled back by SQLite.
@@ -72,10 +82,14 @@ class StoreThread:
     def submit(self, call: Call) -> None:
         self._queue.put(call)
 
+    def stop_soon(self) -> None:
+        """End the thread once it has run the calls queued so far."""
+        self._queue.put(None)
+
     def stop(self) -> None:
         """Run the calls queued so far, then end the thread (wait for that unless it is
         the caller)."""
-        self._queue.put(None)
+        self.stop_soon()
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
@@ -95,7 +109,11 @@ class StoreThread:
                     stopping = True
                     break
                 batch.append(call)
-            self._run_batch(batch)
+            run_batch = self._run_batch()
+            if run_batch is None:  # cannot be while calls hold their store: for mypy
+                return
+            run_batch(batch)
+            del run_batch
             deliver(batch)
             if stopping:
                 return
@@ -131,16 +149,18 @@ class Checkpointer:
 
     SQLite's automatic checkpoint runs inside the COMMIT that finds ``wal_autocheckpoint``
     (1,000) pages in the WAL: that commit then copies them and syncs twice (tens of ms),
-    holding every call queued behind it. While
-    this thread is healthy the store turns the automatic checkpoint off on its connection;
-    after ``FAILURES`` failed checkpoints in a row (or if the thread ended) ``failed`` is
-    true and the store turns it back on, until a checkpoint here succeeds again. Under
+    holding every call queued behind it.
+    While this thread is healthy the store turns the automatic checkpoint off on its
+    connection; after ``FAILURES`` failed checkpoints in a row ``failed`` is true and the
+    store turns it back on, until a checkpoint here succeeds again. Under
     ``synchronous=NORMAL`` a checkpoint is also when the WAL is synced: this one comes
     ``interval`` after a commit, the automatic one only once 1,000 pages have gathered.
     A checkpoint never waits for a lock (another process checkpointing: this one skips).
+    The thread starts with the first commit and ends after ``IDLE_S`` without one.
     """
 
     FAILURES = 3
+    IDLE_S = 5.0
 
     def __init__(self, path: str, synchronous: str, interval: float) -> None:
         self.pid = os.getpid()
@@ -150,36 +170,49 @@ class Checkpointer:
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._failures = 0
-        self._thread = threading.Thread(
-            target=self._main, name="pyrula-sqlite-checkpoint", daemon=True
-        )
-        self._thread.start()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     @property
     def failed(self) -> bool:
-        """Checkpoints here are failing (or the thread ended): the store falls back on
-        SQLite's automatic checkpoint."""
-        return self._failures >= self.FAILURES or not self._thread.is_alive()
+        """Checkpoints here keep failing: the store falls back on SQLite's automatic
+        checkpoint."""
+        return self._failures >= self.FAILURES
 
     def committed(self) -> None:
         """This process committed a transaction: checkpoint ``interval`` from now."""
         if not self._dirty.is_set():
             self._dirty.set()
+        with self._start_lock:  # an idle thread ends under this lock, looking at _dirty
+            thread = self._thread
+            if (thread is None or not thread.is_alive()) and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._main, name="pyrula-sqlite-checkpoint", daemon=True
+                )
+                self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stop.set()  # before _dirty: _main looks at _stop after each wake-up
         self._dirty.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+        with self._start_lock:
+            thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join()
 
     def _main(self) -> None:
         conn: sqlite3.Connection | None = None
         try:
             while True:
-                self._dirty.wait()
-                if self._stop.wait(self._interval):  # let the commits of a while gather
+                if not self._dirty.wait(self.IDLE_S):
+                    with self._start_lock:  # idle: end (a commit starts a new thread)
+                        if not self._dirty.is_set():
+                            self._thread = None
+                            return
+                if self._stop.is_set() or self._stop.wait(self._interval):
                     return
                 self._dirty.clear()
+                if self._stop.is_set():  # stop() may have set _dirty just before
+                    return
                 try:
                     if conn is None:
                         conn = sqlite3.connect(
@@ -195,7 +228,9 @@ class Checkpointer:
                     if conn is not None:
                         conn.close()
                     conn = None
-        finally:
+        except BaseException:
             self._failures = self.FAILURES
+            raise
+        finally:
             if conn is not None:
                 conn.close()
