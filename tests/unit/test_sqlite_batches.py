@@ -264,6 +264,43 @@ async def test_a_failing_checkpointer_hands_back_to_sqlites_own_checkpoint(
     assert autocheckpoint() == 1000  # SQLite's default again
 
 
+async def test_calls_run_on_the_loop_when_nothing_makes_them_wait(store: SQLiteStore) -> None:
+    runs = await _running(store, 10)
+    results = await asyncio.gather(
+        *(store.append(r.run_id, r.token, _step(1), now=T, lock_ttl=60) for r in runs)
+    )
+    assert [r.last_seq for r in results] == [3] * 10
+    assert store._thread is None  # no call needed the store thread: it never started
+
+
+async def test_many_calls_at_once_leave_the_loop_turns_in_between(store: SQLiteStore) -> None:
+    turns = 0
+    stop = False
+
+    async def turn() -> None:
+        nonlocal turns
+        while not stop:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(turn())
+    await asyncio.gather(*(store.submit("wf", {"i": i}, now=T) for i in range(300)))
+    stop = True
+    await ticker
+    # 300 submits run 32 at a time at most (and 2 ms at most) per turn of the loop.
+    assert turns >= 300 // 32
+    assert len(await store.list_runs(limit=1000)) == 300
+
+
+async def test_with_synchronous_full_no_call_runs_on_the_loop(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "full.db", synchronous="FULL")  # a commit syncs
+    try:
+        await store.submit("wf", {}, now=T)
+        assert store._thread is not None
+    finally:
+        store.close()
+
+
 async def test_a_store_nobody_closed_ends_its_thread_once_collected(tmp_path: Path) -> None:
     import gc
     import weakref

@@ -3,11 +3,14 @@
 WAL mode; every state change is atomic under SQLite's write lock (``BEGIN IMMEDIATE``),
 so claims are atomic across processes and no run is claimed twice. Each store object
 holds one connection, used from one private thread (``sqlite_thread``), so async callers
-never block their event loop on the file lock. The async calls queued on that thread
+never wait for the file lock on their event loop. The async calls queued on that thread
 together run in one transaction, each in its own savepoint (a group commit): each call
 is still all or nothing and fenced inside the transaction, and none returns before the
-transaction has committed. The semantics are those of MemoryStore, checked by the same
-conformance suite.
+transaction has committed. Short calls (a run's state change, a small claim, a read of
+one run) made in one turn of an event loop run the same way on the loop itself, right
+after that turn, when the write lock is free at once (``SQLiteBase._call``): no thread
+hop; a lock held elsewhere sends them to the thread. The semantics are those of
+MemoryStore, checked by the same conformance suite.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ from pyrula.workflows.stores.common import (
 )
 from pyrula.workflows.stores.sqlite_admin import SQLiteAdmin
 from pyrula.workflows.stores.sqlite_base import _RUN_COLUMNS, _j, _uj
+
+#: Claims of at most this many runs may run on the caller's event loop (see _call).
+_INLINE_CLAIM = 64
 
 
 class SQLiteStore(SQLiteAdmin):
@@ -98,7 +104,7 @@ class SQLiteStore(SQLiteAdmin):
                 )
                 return RunHandle(name, run_id), True
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     # --- attempt writes -------------------------------------------------------------
 
@@ -115,7 +121,7 @@ class SQLiteStore(SQLiteAdmin):
                 self._insert_events(conn, run_id, last - len(events), events)
                 return AppendResult(last, bool(cancel_requested))
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     async def park(
         self,
@@ -152,7 +158,7 @@ class SQLiteStore(SQLiteAdmin):
                 )
                 return ParkResult(True, last)
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     async def finish(
         self,
@@ -198,7 +204,7 @@ class SQLiteStore(SQLiteAdmin):
                 self._end(conn, run_id, status, now, result, error)
                 return FinishResult(last, successor_id)
 
-        finished = await self._call(op)
+        finished = await self._call(op, inline=True)
         self._notify_after(run_id)
         return finished
 
@@ -220,7 +226,7 @@ class SQLiteStore(SQLiteAdmin):
                 length = self._append(conn, run_id, row["journal_len"], events, now)
                 return self._requeue(conn, row, length, now, reason, crash, poison, crash_detail)
 
-        outcome = await self._call(op)
+        outcome = await self._call(op, inline=True)
         self._notify_after(run_id)
         return outcome
 
@@ -280,7 +286,8 @@ class SQLiteStore(SQLiteAdmin):
 
         if not names or limit <= 0:
             return []
-        return await self._call(op)
+        # A claim of many runs takes milliseconds: only small ones run on the loop.
+        return await self._call(op, inline=limit <= _INLINE_CLAIM)
 
     async def claim_run(
         self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
@@ -292,7 +299,7 @@ class SQLiteStore(SQLiteAdmin):
                     return None
                 return self._take(conn, run_id, worker_id, now, lock_ttl)
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     def _pick(
         self, conn: sqlite3.Connection, queue: _NameQueue, now: float, blocked: set[str],
@@ -387,7 +394,7 @@ class SQLiteStore(SQLiteAdmin):
 
         if not held:
             return RenewResult()
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     async def wake_due(self, *, now: float, limit: int) -> int:
         def op() -> int:
@@ -495,7 +502,7 @@ class SQLiteStore(SQLiteAdmin):
                 if status is RunStatus.WAITING and name in waiting:
                     self._enqueue(conn, run_id, row["name"], row["owner"])
 
-        await self._call(op)
+        await self._call(op, inline=True)
 
     async def cancel(self, run_id: str, *, now: float) -> bool:
         def op() -> bool:
@@ -515,7 +522,7 @@ class SQLiteStore(SQLiteAdmin):
                 self._end(conn, run_id, RunStatus.CANCELLED, now)
                 return True
 
-        done = await self._call(op)
+        done = await self._call(op, inline=True)
         self._notify_after(run_id)
         return done
 
@@ -530,12 +537,12 @@ class SQLiteStore(SQLiteAdmin):
                 self._enqueue(conn, run_id, row["name"], row["owner"])
                 return True
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     # --- reads ----------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> RunInfo | None:
-        return await self._call(lambda: self._get_sync(run_id))
+        return await self._call(lambda: self._get_sync(run_id), inline=True)
 
     def _get_sync(self, run_id: str) -> RunInfo | None:
         def op(conn: sqlite3.Connection) -> RunInfo | None:

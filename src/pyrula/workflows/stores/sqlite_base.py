@@ -30,7 +30,14 @@ from pyrula.workflows.records import (
     RunStatus,
 )
 from pyrula.workflows.stores.sqlite_schema import ADDITIVE_FROM, SCHEMA, SCHEMA_VERSION
-from pyrula.workflows.stores.sqlite_thread import Batch, Call, Checkpointer, StoreThread
+from pyrula.workflows.stores.sqlite_thread import (
+    Batch,
+    Call,
+    Checkpointer,
+    StoreThread,
+    WouldBlock,
+    resolve,
+)
 from pyrula.workflows.stores.waiters import EndWatch, ResultWaiters
 
 T = TypeVar("T")
@@ -64,6 +71,10 @@ _BUSY_SLEEP_MAX = 0.001
 #: SQLite's default wal_autocheckpoint (pages), what a connection runs with while no
 #: Checkpointer of this store works.
 _AUTOCHECKPOINT = 1000
+#: Calls run on an event loop in one turn: at most this many, for at most this long
+#: (the rest run in the next turns), so the loop is never held for long.
+_INLINE_MAX_CALLS = 32
+_INLINE_BUDGET_S = 0.002
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -108,13 +119,18 @@ class SQLiteBase:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
+        #: Whether calls may run on their event loop (see _call): the file is in WAL mode
+        #: (known once the connection is open) and a commit does not wait for a sync.
+        self._wal = False
         #: The connection's wal_autocheckpoint (pages), as _commit set it.
         self._autocheckpoint = _AUTOCHECKPOINT
         #: Guards ``_thread`` and ``_checkpointer`` only (held for no I/O).
         self._thread_lock = threading.Lock()
         self._thread: StoreThread | None = None
         self._checkpointer: Checkpointer | None = None
-        #: The batch the store thread is running, on that thread.
+        #: Calls made on each event loop since it last ran them (see _call).
+        self._on_loop: dict[asyncio.AbstractEventLoop, list[Call]] = {}
+        #: The batch this thread is running (the store thread, or a loop running its calls).
         self._local = threading.local()
         self._waiters = ResultWaiters()
         self._ends = EndWatch(self._waiters, self._ended_among, self.RESULT_POLL_MAX)
@@ -148,7 +164,8 @@ class SQLiteBase:
                 check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            self._wal = mode is not None and str(mode[0]).lower() == "wal"
             conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT}")
             self._autocheckpoint = _AUTOCHECKPOINT
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
@@ -208,8 +225,20 @@ class SQLiteBase:
                 time.sleep(min(delay, deadline - now))
                 delay = min(delay * 2, _BUSY_SLEEP_MAX)
 
-    def _begin(self, conn: sqlite3.Connection) -> None:
+    def _begin(self, conn: sqlite3.Connection, batch: Batch | None = None) -> None:
+        if batch is not None and batch.inline:
+            self._once(lambda: conn.execute("BEGIN IMMEDIATE"))
+            return
         self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), "waiting for its write lock")
+
+    def _once(self, attempt: Callable[[], T]) -> T:
+        """``attempt()`` on an event loop: WouldBlock instead of waiting for a lock."""
+        try:
+            return attempt()
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise WouldBlock from exc
+            raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
 
     def _commit(self, conn: sqlite3.Connection) -> None:
         # Only a file that is not in WAL mode can be busy here; the transaction then stays
@@ -268,7 +297,7 @@ class SQLiteBase:
             if batch.locked_out is not None:  # the batch waited busy_timeout already
                 raise StoreUnavailable(str(batch.locked_out))
             try:
-                self._begin(conn)
+                self._begin(conn, batch)
             except StoreUnavailable as exc:
                 batch.locked_out = exc
                 raise
@@ -355,13 +384,39 @@ class SQLiteBase:
                     if not conn.in_transaction:
                         self._fail_batch(batch, "SQLite rolled the transaction back")
                     raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+            if batch is not None and batch.inline:
+                return self._once(lambda: fn(conn))
             return self._retry_busy(lambda: fn(conn), "reading")
 
-    async def _call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the store's thread (never on the event loop: a lock held by
-        another process is waited for there), with the calls queued beside it."""
+    async def _call(self, fn: Callable[[], T], *, inline: bool = False) -> T:
+        """Run ``fn`` with the calls made beside it, in one transaction (see
+        sqlite_thread), never waiting for a lock on the event loop.
+
+        ``inline`` (short calls: a state change of one run, a claim, a read of one row)
+        lets the calls made during one turn of the loop run on the loop itself, right after
+        that turn, when nothing makes them wait: no other thread of this store holds the
+        connection and the write lock is free at once. Otherwise, or as soon as one of them
+        finds a lock taken, they go to the store thread, which waits. (Calls in flight
+        together may so run in another order than they were made; a call made after
+        another returned always runs after it.) Only in WAL mode with ``synchronous`` OFF
+        or NORMAL, where a commit does not wait for a sync (and the WAL's checkpoints run
+        on a thread of their own: Checkpointer).
+        """
         loop = asyncio.get_running_loop()
         call = Call(fn, loop, loop.create_future())
+        if inline and self._wal and self._synchronous in ("OFF", "NORMAL"):
+            queued = self._on_loop.get(loop)
+            if queued is None:
+                self._on_loop[loop] = [call]
+                loop.call_soon(self._run_on_loop, loop)
+            else:
+                queued.append(call)
+        else:
+            self._to_thread([call])
+        result: T = await call.future
+        return result
+
+    def _to_thread(self, calls: list[Call]) -> None:
         with self._thread_lock:
             thread = self._thread
             if thread is None or thread.pid != os.getpid():
@@ -372,9 +427,71 @@ class SQLiteBase:
                 )
             # Submitted under the lock: close() detaches the thread under it, so no call
             # lands on a thread that is stopping (the store reopens on next use).
-            thread.submit(call)
-        result: T = await call.future
-        return result
+            for call in calls:
+                thread.submit(call)
+
+    def _run_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        calls = self._on_loop.pop(loop, [])
+        try:
+            later, blocked = self._run_inline(calls)
+        except BaseException as exc:  # a bug here must not leave callers waiting
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(exc)
+            raise
+        if blocked:
+            self._to_thread(blocked)
+        if later:  # past this turn's budget: the next turn runs them (with any new ones)
+            queued = self._on_loop.get(loop)
+            if queued is None:
+                self._on_loop[loop] = later
+                loop.call_soon(self._run_on_loop, loop)
+            else:
+                queued[:0] = later
+
+    def _run_inline(self, calls: list[Call]) -> tuple[list[Call], list[Call]]:
+        """Run ``calls`` on this loop as the store thread would, within this turn's
+        budget; return (those left for the next turn, those that would have to wait: for
+        the store thread)."""
+        with self._thread_lock:
+            if self._checkpointer is None or self._checkpointer.pid != os.getpid():
+                self._checkpointer = Checkpointer(
+                    self.path, self._synchronous, self.CHECKPOINT_AFTER_S
+                )
+        if self._conn is None or self._pid != os.getpid():
+            return [], calls  # opening the file may wait: the store thread opens it
+        if not self._lock.acquire(blocking=False):
+            return [], calls  # another thread uses the connection
+        batch = Batch(inline=True)
+        self._local.batch = batch
+        ran: list[Call] = []
+        later: list[Call] = []
+        blocked: list[Call] = []
+        deadline = time.monotonic() + _INLINE_BUDGET_S
+        try:
+            for index, call in enumerate(calls):
+                if len(ran) >= _INLINE_MAX_CALLS or (ran and time.monotonic() > deadline):
+                    later = calls[index:]
+                    break
+                if call.future.done():  # cancelled before it started: skip it
+                    continue
+                batch.current = call
+                try:
+                    call.value = call.fn()
+                except WouldBlock:
+                    blocked = calls[index:]
+                    break
+                except BaseException as exc:  # the caller's to handle
+                    call.error = exc
+                ran.append(call)
+            batch.current = None
+            if batch.open:
+                self._commit_batch(batch)
+        finally:
+            self._local.batch = None
+            self._lock.release()
+        resolve(ran)
+        return later, blocked
 
     # --- row helpers ----------------------------------------------------------------
 
@@ -529,7 +646,7 @@ class SQLiteBase:
                     ended[row["run_id"]] = self._info(row)
             return ended
 
-        return await self._call(lambda: self._read(op))
+        return await self._call(lambda: self._read(op), inline=True)
 
     def _notify_after(self, run_id: str) -> None:
         self._waiters.notify(run_id)

@@ -45,6 +45,8 @@ class Batch:
     call has begun it) and the calls whose outcome depends on its commit."""
 
     open: bool = False
+    #: Run on the caller's event loop: a lock it would wait for raises WouldBlock instead.
+    inline: bool = False
     #: Savepoints currently open (a call inside a transaction of the batch).
     depth: int = 0
     current: Call | None = None
@@ -56,6 +58,13 @@ class Batch:
         """The current call's outcome stands or falls with the batch's commit."""
         if self.current is not None and (not self.pending or self.pending[-1] is not self.current):
             self.pending.append(self.current)
+
+
+class WouldBlock(BaseException):  # noqa: N818 - not an error: a change of thread
+    """Raised inside a call run on an event loop where it would have to wait for a lock
+    (another process's write lock, say): that call and the rest of its batch go to the
+    store thread instead, which waits. Only a call that has written nothing yet raises it.
+    """
 
 
 class StoreThread:
@@ -149,7 +158,7 @@ class Checkpointer:
 
     SQLite's automatic checkpoint runs inside the COMMIT that finds ``wal_autocheckpoint``
     (1,000) pages in the WAL: that commit then copies them and syncs twice (tens of ms),
-    holding every call queued behind it.
+    holding every call queued behind it (or, for calls run on an event loop, the loop).
     While this thread is healthy the store turns the automatic checkpoint off on its
     connection; after ``FAILURES`` failed checkpoints in a row ``failed`` is true and the
     store turns it back on, until a checkpoint here succeeds again. Under
