@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from pyrula.workflows import SQLiteStore, SyncWorkflowClient
 from tests.conftest import wait_until
@@ -74,3 +75,49 @@ def test_two_processes_claiming_from_one_file_never_get_the_same_run(tmp_path: P
         info = client.get(run_id)
         assert info.status == "completed" and info.attempt == 1
     store.close()
+
+
+def test_a_process_waiting_on_many_results_learns_of_ends_in_other_processes(
+    tmp_path: Path,
+) -> None:
+    # The waiting process's event loop looks up the runs its waiters wait for together
+    # (EndWatch), rather than each waiter polling its run on its own.
+    import asyncio
+
+    path = str(tmp_path / "shared.db")
+    store = SQLiteStore(path)
+    client = SyncWorkflowClient(store)
+    submitted = [client.submit("pc_job", {"i": i}).run_id for i in range(200)]
+    go = str(tmp_path / "go")
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CLAIMER, path, f"w{n}", go],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for n in range(2)
+    ]
+    lookups = 0
+    real = store._ends._ended
+
+    async def counted(run_ids: list[str]) -> Any:
+        nonlocal lookups
+        lookups += 1
+        return await real(run_ids)
+
+    store._ends._ended = counted  # type: ignore[method-assign]
+
+    async def wait_all() -> list[str]:
+        waits = [store.wait_result(run_id, timeout=60) for run_id in submitted]
+        gathered = asyncio.gather(*waits)
+        await asyncio.sleep(0.05)  # every waiter is waiting before any run ends
+        await asyncio.to_thread(Path(go).touch)
+        return [info.status for info in await gathered]
+
+    wait_until(lambda: all(Path(f"{go}.w{n}").exists() for n in range(2)), 30, what="ready")
+    try:
+        statuses = asyncio.run(wait_all())
+    finally:
+        for proc in procs:
+            out, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err
+        store.close()
+    assert statuses == ["completed"] * 200
+    assert 1 <= lookups < 200, lookups

@@ -72,3 +72,41 @@ async def test_closing_a_store_others_still_use_lets_their_calls_finish(tmp_path
         assert await store.get_run(handle.run_id) is not None  # reopened on use
     finally:
         store.close()
+
+
+def _claim_steps(store: SQLiteStore, queued: int, tmp: Path) -> int:
+    """SQLite VM steps of one claim of 10 runs with ``queued`` runs of two owners queued."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    async def main() -> None:
+        for i in range(queued):
+            await store.submit("wf", {"i": i}, now=1.0 + i, owner=("a", "b")[i % 2])
+        conn = store._connection()
+        conn.set_progress_handler(count, 1)
+        try:
+            claimed = await store.claim("w", ["wf"], limit=10, now=1e6, lock_ttl=60)
+        finally:
+            conn.set_progress_handler(None, 1)
+        # Deficit round robin over the two owners, FIFO within each.
+        assert [r.params["i"] for r in claimed] == list(range(10))
+
+    asyncio.run(main())
+    return steps
+
+
+def test_a_claim_does_not_read_every_queued_run(tmp_path: Path) -> None:
+    # The claim finds each owner's oldest queued run by index seeks: its cost must not
+    # grow with the backlog (it once scanned every queued run for every run it took).
+    costs = []
+    for queued in (50, 2000):
+        store = SQLiteStore(tmp_path / f"backlog-{queued}.db")
+        try:
+            costs.append(_claim_steps(store, queued, tmp_path))
+        finally:
+            store.close()
+    assert costs[1] < costs[0] * 1.5, costs

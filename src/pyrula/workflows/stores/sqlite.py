@@ -1,16 +1,23 @@
 """SQLiteStore: one file on one host, shared safely by several processes.
 
-WAL mode; every state change is one ``BEGIN IMMEDIATE`` transaction, so claims are atomic
-across processes (SQLite's write lock serialises them) and no run is claimed twice.
-Each store object holds one connection, used from one private thread, so async callers
-never block their event loop on the file lock. The semantics are those of MemoryStore,
-checked by the same conformance suite.
+WAL mode; every state change is atomic under SQLite's write lock (``BEGIN IMMEDIATE``),
+so claims are atomic across processes and no run is claimed twice. Each store object
+holds one connection, used from one private thread (``sqlite_thread``), so async callers
+never wait for the file lock on their event loop. The async calls queued on that thread
+together run in one transaction, each in its own savepoint (a group commit): each call
+is still all or nothing and fenced inside the transaction, and none returns before the
+transaction has committed. Short calls (a run's state change, a small claim, a read of
+one run) made in one turn of an event loop run the same way on the loop itself, right
+after that turn, when the write lock is free at once (``SQLiteBase._call``): no thread
+hop; a lock held elsewhere sends them to the thread. The semantics are those of
+MemoryStore, checked by the same conformance suite.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,6 +52,9 @@ from pyrula.workflows.stores.common import (
 )
 from pyrula.workflows.stores.sqlite_admin import SQLiteAdmin
 from pyrula.workflows.stores.sqlite_base import _RUN_COLUMNS, _j, _uj
+
+#: Claims of at most this many runs may run on the caller's event loop (see _call).
+_INLINE_CLAIM = 64
 
 
 class SQLiteStore(SQLiteAdmin):
@@ -94,7 +104,7 @@ class SQLiteStore(SQLiteAdmin):
                 )
                 return RunHandle(name, run_id), True
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     # --- attempt writes -------------------------------------------------------------
 
@@ -103,14 +113,15 @@ class SQLiteStore(SQLiteAdmin):
     ) -> AppendResult:
         def op() -> AppendResult:
             with self._tx() as conn:
-                row = self._fenced(conn, run_id, token)
-                last = self._append(conn, run_id, row["journal_len"], events, now)
-                conn.execute(
-                    "UPDATE runs SET lock_expires=? WHERE run_id=?", (now + lock_ttl, run_id)
+                last, cancel_requested = self._fenced_update(
+                    conn, run_id, token,
+                    "journal_len=journal_len+?, updated_at=?, lock_expires=?",
+                    (len(events), now, now + lock_ttl), "journal_len, cancel_requested",
                 )
-                return AppendResult(last, bool(row["cancel_requested"]))
+                self._insert_events(conn, run_id, last - len(events), events)
+                return AppendResult(last, bool(cancel_requested))
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     async def park(
         self,
@@ -147,7 +158,7 @@ class SQLiteStore(SQLiteAdmin):
                 )
                 return ParkResult(True, last)
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     async def finish(
         self,
@@ -164,6 +175,19 @@ class SQLiteStore(SQLiteAdmin):
         status = RunStatus(status)
         def op() -> FinishResult:
             with self._tx() as conn:
+                if status is not RunStatus.CONTINUED:
+                    # The fence, the end and the journal length in one statement.
+                    (last,) = self._fenced_update(
+                        conn, run_id, token,
+                        "status=?, result=?, error=?, lock_owner=NULL, wake_at=NULL, "
+                        "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL, "
+                        "journal_len=journal_len+?",
+                        (status.value, _j(result), None if error is None else _j(error), now,
+                         now, len(events)),
+                        "journal_len",
+                    )
+                    self._insert_events(conn, run_id, last - len(events), events)
+                    return FinishResult(last, None)
                 row = self._fenced(conn, run_id, token)
                 batch = [dict(e) for e in events]
                 successor_id = None
@@ -180,7 +204,7 @@ class SQLiteStore(SQLiteAdmin):
                 self._end(conn, run_id, status, now, result, error)
                 return FinishResult(last, successor_id)
 
-        finished = await self._call(op)
+        finished = await self._call(op, inline=True)
         self._notify_after(run_id)
         return finished
 
@@ -202,7 +226,7 @@ class SQLiteStore(SQLiteAdmin):
                 length = self._append(conn, run_id, row["journal_len"], events, now)
                 return self._requeue(conn, row, length, now, reason, crash, poison, crash_detail)
 
-        outcome = await self._call(op)
+        outcome = await self._call(op, inline=True)
         self._notify_after(run_id)
         return outcome
 
@@ -242,62 +266,54 @@ class SQLiteStore(SQLiteAdmin):
         def op() -> list[ClaimedRun]:
             claimed: list[ClaimedRun] = []
             with self._tx() as conn:
+                flow = conn.execute("SELECT 1 FROM flow_control LIMIT 1").fetchone() is not None
+                queues = [_NameQueue(conn, name, limit) for name in names]
                 blocked: set[str] = set()
                 progress = True
                 while len(claimed) < limit and progress:
                     progress = False
-                    for name in names:
+                    for queue in queues:
                         if len(claimed) >= limit:
                             break
-                        run_id = self._pick(conn, name, now, blocked)
+                        run_id = self._pick(conn, queue, now, blocked, flow)
                         if run_id is None:
                             continue
                         progress = True
                         claimed.append(self._take(conn, run_id, worker_id, now, lock_ttl))
+                for queue in queues:
+                    queue.record_served()
             return claimed
 
         if not names or limit <= 0:
             return []
-        return await self._call(op)
+        # A claim of many runs takes milliseconds: only small ones run on the loop.
+        return await self._call(op, inline=limit <= _INLINE_CLAIM)
 
     async def claim_run(
         self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
     ) -> ClaimedRun | None:
         def op() -> ClaimedRun | None:
             with self._tx() as conn:
-                row = self._row(conn, run_id)
-                if row is None or row["status"] != RunStatus.QUEUED:
+                row = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+                if row is None or row[0] != RunStatus.QUEUED:
                     return None
                 return self._take(conn, run_id, worker_id, now, lock_ttl)
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     def _pick(
-        self, conn: sqlite3.Connection, name: str, now: float, blocked: set[str]
+        self, conn: sqlite3.Connection, queue: _NameQueue, now: float, blocked: set[str],
+        flow: bool,
     ) -> str | None:
-        rows = conn.execute(
-            "SELECT r.owner, r.run_id, r.created_at, COALESCE(s.served, 0) FROM runs r "
-            "LEFT JOIN served s ON s.name=r.name AND s.owner=r.owner "
-            "WHERE r.name=? AND r.status='queued' AND r.queue_seq=(SELECT MIN(q.queue_seq) "
-            "FROM runs q WHERE q.name=r.name AND q.owner=r.owner AND q.status='queued')",
-            (name,),
-        ).fetchall()
-        heads = {owner: run_id for owner, run_id, _, _ in rows if owner not in blocked}
-        candidates = {
-            owner: (float(served), float(created)) for owner, _, created, served in rows
-            if owner in heads
-        }
+        """The next run of ``queue`` by deficit round robin over its owners (as
+        MemoryStore._pick), honouring flow control (``flow``: some owner has a limit)."""
+        candidates = queue.candidates(blocked)
         while candidates:
             owner = pick_owner(candidates)
             if owner is None:
                 break
-            if self._flow_allows(conn, owner, now):
-                conn.execute(
-                    "INSERT INTO served(name, owner, served) VALUES (?, ?, 1) "
-                    "ON CONFLICT(name, owner) DO UPDATE SET served=served+1",
-                    (name, owner),
-                )
-                return str(heads[owner])
+            if not flow or self._flow_allows(conn, owner, now):
+                return queue.take(owner)
             blocked.add(owner)
             del candidates[owner]
         return None
@@ -330,27 +346,28 @@ class SQLiteStore(SQLiteAdmin):
     def _take(
         self, conn: sqlite3.Connection, run_id: str, worker_id: str, now: float, lock_ttl: float
     ) -> ClaimedRun:
-        row = self._require(conn, run_id)
-        attempt = row["attempt"] + 1
-        conn.execute(
-            "UPDATE runs SET status='running', attempt=?, lock_owner=?, lock_expires=?, "
-            "started_at=COALESCE(started_at, ?), queue_seq=NULL WHERE run_id=?",
-            (attempt, worker_id, now + lock_ttl, now, run_id),
-        )
-        self._append(
-            conn, run_id, row["journal_len"], [started_event(now, attempt, worker_id)], now
-        )
-        base = int(row["parked_seq"])
+        """Start the next attempt of this queued run: one UPDATE and its ``run:started``."""
+        row = conn.execute(
+            "UPDATE runs SET status='running', attempt=attempt+1, lock_owner=?, lock_expires=?, "
+            "started_at=COALESCE(started_at, ?), queue_seq=NULL, journal_len=journal_len+1, "
+            "updated_at=? WHERE run_id=? RETURNING name, params, owner, attempt, journal_len, "
+            "parked_seq, start_id, created_at",
+            (worker_id, now + lock_ttl, now, now, run_id),
+        ).fetchone()
+        if row is None:
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        name, params, owner, attempt, length, base, start_id, created_at = row
+        self._insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id)])
         return ClaimedRun(
             run_id=run_id,
-            name=row["name"],
-            params=_uj(row["params"]),
-            owner=row["owner"] or None,
+            name=name,
+            params=_uj(params),
+            owner=owner or None,
             token=attempt,
             journal=self._journal(conn, run_id, base),
             base_seq=base,
-            start_id=row["start_id"],
-            created_at=row["created_at"],
+            start_id=start_id,
+            created_at=created_at,
         )
 
     async def renew(
@@ -377,7 +394,7 @@ class SQLiteStore(SQLiteAdmin):
 
         if not held:
             return RenewResult()
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     async def wake_due(self, *, now: float, limit: int) -> int:
         def op() -> int:
@@ -485,7 +502,7 @@ class SQLiteStore(SQLiteAdmin):
                 if status is RunStatus.WAITING and name in waiting:
                     self._enqueue(conn, run_id, row["name"], row["owner"])
 
-        await self._call(op)
+        await self._call(op, inline=True)
 
     async def cancel(self, run_id: str, *, now: float) -> bool:
         def op() -> bool:
@@ -505,7 +522,7 @@ class SQLiteStore(SQLiteAdmin):
                 self._end(conn, run_id, RunStatus.CANCELLED, now)
                 return True
 
-        done = await self._call(op)
+        done = await self._call(op, inline=True)
         self._notify_after(run_id)
         return done
 
@@ -520,12 +537,12 @@ class SQLiteStore(SQLiteAdmin):
                 self._enqueue(conn, run_id, row["name"], row["owner"])
                 return True
 
-        return await self._call(op)
+        return await self._call(op, inline=True)
 
     # --- reads ----------------------------------------------------------------------
 
     async def get_run(self, run_id: str) -> RunInfo | None:
-        return await self._call(lambda: self._get_sync(run_id))
+        return await self._call(lambda: self._get_sync(run_id), inline=True)
 
     def _get_sync(self, run_id: str) -> RunInfo | None:
         def op(conn: sqlite3.Connection) -> RunInfo | None:
@@ -578,11 +595,88 @@ class SQLiteStore(SQLiteAdmin):
 
     async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
         async def check(rid: str) -> RunInfo | None:
-            info = await self.get_run(rid)
+            info = self._ends.found(rid)
+            if info is None:
+                info = await self.get_run(rid)
             if info is None:
                 raise WorkflowNotFound(f"no run with id {rid!r}")
             return info if info.status.terminal else None
 
-        # Other processes finish runs too; re-check at most every RESULT_POLL_MAX.
-        return await self._waiters.wait(run_id, check, timeout, poll=self.RESULT_POLL_MAX)
+        # Other processes finish runs too: this loop's EndWatch looks them up together,
+        # and each waiter re-checks on its own only every RESULT_CHECK_S.
+        with self._ends.watching(run_id):
+            return await self._waiters.wait(
+                run_id, check, timeout, poll=self.RESULT_CHECK_S, first_poll=self.RESULT_CHECK_S
+            )
 
+
+class _NameQueue:
+    """The queued runs of one workflow name, as one claim transaction sees them.
+
+    The owners with queued runs are found by a skip scan of the ``runs_queue`` index (one
+    index seek per owner, not a pass over every queued run), each owner's next runs are
+    read in queue order a batch at a time, and the served counts are kept here and written
+    once at the end of the claim (``record_served``).
+    """
+
+    _OWNERS = (
+        "WITH RECURSIVE o(owner) AS ("
+        "SELECT (SELECT MIN(owner) FROM runs WHERE name=?1 AND status='queued') "
+        "UNION ALL SELECT (SELECT MIN(owner) FROM runs WHERE name=?1 AND status='queued' "
+        "AND owner>o.owner) FROM o WHERE o.owner IS NOT NULL) "
+        "SELECT o.owner, COALESCE(s.served, 0) FROM o "
+        "LEFT JOIN served s ON s.name=?1 AND s.owner=o.owner WHERE o.owner IS NOT NULL"
+    )
+    _NEXT = (
+        "SELECT run_id, created_at, queue_seq FROM runs WHERE name=? AND owner=? "
+        "AND status='queued' AND queue_seq>? ORDER BY queue_seq LIMIT ?"
+    )
+
+    def __init__(self, conn: sqlite3.Connection, name: str, limit: int) -> None:
+        self._conn = conn
+        self.name = name
+        self._limit = limit
+        self._served: dict[str, float] = {}
+        self._taken: dict[str, int] = {}
+        # owner -> its next queued runs (run_id, created_at, queue_seq), oldest first.
+        self._next: dict[str, deque[tuple[str, float, int]]] = {}
+        self._after: dict[str, int] = {}
+        for owner, served in conn.execute(self._OWNERS, (name,)).fetchall():
+            self._served[owner] = float(served)
+            self._after[owner] = -1
+            self._fill(owner, 1)
+
+    def _fill(self, owner: str, count: int) -> None:
+        rows = self._conn.execute(
+            self._NEXT, (self.name, owner, self._after[owner], count)
+        ).fetchall()
+        if rows:
+            self._next[owner] = deque((str(r), float(c), int(q)) for r, c, q in rows)
+            self._after[owner] = int(rows[-1][2])
+        else:
+            self._next.pop(owner, None)
+
+    def candidates(self, blocked: set[str]) -> dict[str, tuple[float, float]]:
+        """owner -> (served, created_at of its oldest queued run), for ``pick_owner``."""
+        return {
+            owner: (self._served[owner], runs[0][1])
+            for owner, runs in self._next.items() if owner not in blocked
+        }
+
+    def take(self, owner: str) -> str:
+        """Take ``owner``'s oldest queued run and charge the owner one run served."""
+        runs = self._next[owner]
+        run_id = runs.popleft()[0]
+        self._served[owner] += 1.0
+        self._taken[owner] = self._taken.get(owner, 0) + 1
+        if not runs:
+            self._fill(owner, max(1, self._limit - sum(self._taken.values())))
+        return run_id
+
+    def record_served(self) -> None:
+        if self._taken:
+            self._conn.executemany(
+                "INSERT INTO served(name, owner, served) VALUES (?, ?, ?) "
+                "ON CONFLICT(name, owner) DO UPDATE SET served=served+excluded.served",
+                [(self.name, owner, float(n)) for owner, n in self._taken.items()],
+            )

@@ -7,8 +7,9 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -24,11 +25,20 @@ from pyrula.workflows.errors import (
 )
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import (
+    TERMINAL_STATUSES,
     RunInfo,
     RunStatus,
 )
 from pyrula.workflows.stores.sqlite_schema import ADDITIVE_FROM, SCHEMA, SCHEMA_VERSION
-from pyrula.workflows.stores.waiters import ResultWaiters
+from pyrula.workflows.stores.sqlite_thread import (
+    Batch,
+    Call,
+    Checkpointer,
+    StoreThread,
+    WouldBlock,
+    resolve,
+)
+from pyrula.workflows.stores.waiters import EndWatch, ResultWaiters
 
 T = TypeVar("T")
 
@@ -40,6 +50,9 @@ _RUN_COLUMNS = (
 )
 
 
+_TERMINAL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
+
+
 def _j(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
 
@@ -48,11 +61,39 @@ def _uj(data: bytes | str | None) -> Any:
     return None if data is None else orjson.loads(data)
 
 
+#: SQLITE_BUSY, the primary code of every "database is locked" (extended codes add bits).
+_SQLITE_BUSY = 5
+#: Waiting for another process's write lock: the first retry comes after this long,
+#: doubling up to _BUSY_SLEEP_MAX. SQLite's own busy handler sleeps 1 ms, then 2, 5,
+#: 10 ... ms, while a transaction here holds the lock for a fraction of a millisecond.
+_BUSY_SLEEP_MIN = 0.00005
+_BUSY_SLEEP_MAX = 0.001
+#: SQLite's default wal_autocheckpoint (pages), what a connection runs with while no
+#: Checkpointer of this store works.
+_AUTOCHECKPOINT = 1000
+#: Calls run on an event loop in one turn: at most this many, for at most this long
+#: (the rest run in the next turns), so the loop is never held for long.
+_INLINE_MAX_CALLS = 32
+_INLINE_BUDGET_S = 0.002
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF == _SQLITE_BUSY
+    return "locked" in str(exc)
+
+
 class SQLiteBase:
     """The connection side of SQLiteStore."""
 
-    #: How long a waiter trusts that no other process finished the run (seconds).
+    #: The longest a result waiter's loop goes without looking whether runs it waits for
+    #: ended in another process (seconds); it looks every 5 ms while ends keep coming.
     RESULT_POLL_MAX = 0.25
+    #: How often each waiter also re-checks its own run (a safety net under EndWatch).
+    RESULT_CHECK_S = 1.0
+    #: A checkpoint runs on a thread of its own this long after a commit (see Checkpointer).
+    CHECKPOINT_AFTER_S = 0.1
 
     def __init__(
         self,
@@ -73,11 +114,26 @@ class SQLiteBase:
         self.path = str(Path(path).expanduser())
         self._busy_ms = int(busy_timeout * 1000)
         self._synchronous = synchronous.upper()
+        #: Guards the connection; held by a transaction (or a whole batch) and by reads.
+        #: Never taken on an event loop.
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
-        self._executor: ThreadPoolExecutor | None = None
+        #: Whether calls may run on their event loop (see _call): the file is in WAL mode
+        #: (known once the connection is open) and a commit does not wait for a sync.
+        self._wal = False
+        #: The connection's wal_autocheckpoint (pages), as _commit set it.
+        self._autocheckpoint = _AUTOCHECKPOINT
+        #: Guards ``_thread`` and ``_checkpointer`` only (held for no I/O).
+        self._thread_lock = threading.Lock()
+        self._thread: StoreThread | None = None
+        self._checkpointer: Checkpointer | None = None
+        #: Calls made on each event loop since it last ran them (see _call).
+        self._on_loop: dict[asyncio.AbstractEventLoop, list[Call]] = {}
+        #: The batch this thread is running (the store thread, or a loop running its calls).
+        self._local = threading.local()
         self._waiters = ResultWaiters()
+        self._ends = EndWatch(self._waiters, self._ended_among, self.RESULT_POLL_MAX)
         self._connection()  # fail fast on an unusable path
 
     @classmethod
@@ -96,9 +152,9 @@ class SQLiteBase:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
-        # A forked child must never reuse its parent's connection or thread.
+        # A forked child must never reuse its parent's connection (nor its thread: _call
+        # starts a new one).
         self._pid = os.getpid()
-        self._executor = None
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise ConfigurationError(f"SQLite store directory does not exist: {directory}")
@@ -108,11 +164,17 @@ class SQLiteBase:
                 check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            self._wal = mode is not None and str(mode[0]).lower() == "wal"
+            conn.execute(f"PRAGMA wal_autocheckpoint={_AUTOCHECKPOINT}")
+            self._autocheckpoint = _AUTOCHECKPOINT
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             conn.execute("PRAGMA foreign_keys=OFF")
             conn.row_factory = sqlite3.Row
             self._migrate(conn)
+            # From here on a lock held by another process is waited for by _begin and
+            # _read, in finer steps than SQLite's own busy handler takes.
+            conn.execute("PRAGMA busy_timeout=0")
         except sqlite3.DatabaseError as exc:
             raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
         self._conn = conn
@@ -142,41 +204,294 @@ class SQLiteBase:
             conn.execute("ROLLBACK")
             raise
 
+    def _retry_busy(self, attempt: Callable[[], T], what: str) -> T:
+        """``attempt()``, retried while another connection holds a lock it needs, for up
+        to ``busy_timeout`` (then StoreUnavailable)."""
+        deadline: float | None = None
+        delay = _BUSY_SLEEP_MIN
+        while True:
+            try:
+                return attempt()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._busy_ms / 1000
+                if now >= deadline:
+                    raise StoreUnavailable(
+                        f"SQLite store {self.path} is locked ({what}): {exc}"
+                    ) from exc
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, _BUSY_SLEEP_MAX)
+
+    def _begin(self, conn: sqlite3.Connection, batch: Batch | None = None) -> None:
+        if batch is not None and batch.inline:
+            self._once(lambda: conn.execute("BEGIN IMMEDIATE"))
+            return
+        self._retry_busy(lambda: conn.execute("BEGIN IMMEDIATE"), "waiting for its write lock")
+
+    def _once(self, attempt: Callable[[], T]) -> T:
+        """``attempt()`` on an event loop: WouldBlock instead of waiting for a lock."""
+        try:
+            return attempt()
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise WouldBlock from exc
+            raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        # Only a file that is not in WAL mode can be busy here; the transaction then stays
+        # open and COMMIT may be retried.
+        self._retry_busy(lambda: conn.execute("COMMIT"), "committing")
+        checkpointer = self._checkpointer
+        if checkpointer is None or checkpointer.pid != os.getpid():
+            return
+        # While the Checkpointer works, no commit here pays for a checkpoint; if it
+        # fails, SQLite's automatic checkpoint takes over again.
+        pages = _AUTOCHECKPOINT if checkpointer.failed else 0
+        if pages != self._autocheckpoint:
+            conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
+            self._autocheckpoint = pages
+        if not pages:
+            checkpointer.committed()
+
+    def _batch(self) -> Batch | None:
+        batch: Batch | None = getattr(self._local, "batch", None)
+        return batch
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One state change, atomic: its own transaction, or on the store thread its own
+        savepoint in the transaction of the batch it is part of (committed before any
+        call of the batch returns)."""
+        batch = self._batch()
         with self._lock:
             conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailable(f"SQLite store {self.path} is locked: {exc}") from exc
-            try:
-                yield conn
-            except BaseException:
+            if batch is None:
+                with self._own_tx(conn):
+                    yield conn
+            else:
+                with self._savepoint(conn, batch):
+                    yield conn
+
+    @contextmanager
+    def _own_tx(self, conn: sqlite3.Connection) -> Iterator[None]:
+        self._begin(conn)
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            raise
+        try:
+            self._commit(conn)
+        except (sqlite3.Error, StoreUnavailable) as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise StoreUnavailable(f"SQLite commit failed: {exc}") from exc
+
+    @contextmanager
+    def _savepoint(self, conn: sqlite3.Connection, batch: Batch) -> Iterator[None]:
+        if not batch.open:
+            if batch.locked_out is not None:  # the batch waited busy_timeout already
+                raise StoreUnavailable(str(batch.locked_out))
+            try:
+                self._begin(conn, batch)
+            except StoreUnavailable as exc:
+                batch.locked_out = exc
                 raise
+            batch.open = True
+        conn.execute("SAVEPOINT pyrula_call")
+        batch.depth += 1
+        try:
+            yield
+        except BaseException:
+            batch.depth -= 1
+            self._undo_savepoint(conn, batch)
+            raise
+        batch.depth -= 1
+        conn.execute("RELEASE pyrula_call")
+        batch.depends()
+
+    def _undo_savepoint(self, conn: sqlite3.Connection, batch: Batch) -> None:
+        """Roll one call back to its savepoint; if SQLite dropped the whole transaction
+        (an I/O error, say), every call that depended on it fails too."""
+        if conn.in_transaction:
             try:
-                conn.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                conn.execute("ROLLBACK")
-                raise StoreUnavailable(f"SQLite commit failed: {exc}") from exc
+                conn.execute("ROLLBACK TO pyrula_call")
+                conn.execute("RELEASE pyrula_call")
+                return
+            except sqlite3.Error:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+        self._fail_batch(batch, "SQLite rolled the transaction back")
+
+    def _fail_batch(self, batch: Batch, why: str) -> None:
+        batch.open = False
+        pending, batch.pending = batch.pending, []
+        for call in pending:
+            call.value = None
+            call.error = StoreUnavailable(f"SQLite store {self.path}: {why}")
+
+    def _run_batch(self, calls: list[Call]) -> None:
+        """On the store thread: run ``calls`` in order, those that write in one
+        transaction, and commit it before any of them is reported."""
+        batch = Batch()
+        self._local.batch = batch
+        try:
+            with self._lock:
+                for call in calls:
+                    if call.future.done():  # cancelled before it started: skip it
+                        continue
+                    batch.current = call
+                    try:
+                        call.value = call.fn()
+                    except BaseException as exc:  # the caller's to handle
+                        call.error = exc
+                batch.current = None
+                if batch.open:
+                    self._commit_batch(batch)
+        finally:
+            self._local.batch = None
+
+    def _commit_batch(self, batch: Batch) -> None:
+        conn = self._connection()
+        try:
+            self._commit(conn)
+        except (sqlite3.Error, StoreUnavailable) as exc:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            self._fail_batch(batch, f"commit failed: {exc}")
+            return
+        batch.open = False
+        batch.pending = []
 
     def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        batch = self._batch()
         with self._lock:
-            try:
-                return fn(self._connection())
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+            conn = self._connection()
+            if batch is not None and batch.open:
+                # Inside the batch's transaction: what it reads is only true once that
+                # commits, so it is reported with the writes.
+                batch.depends()
+                try:
+                    return fn(conn)
+                except sqlite3.OperationalError as exc:
+                    if not conn.in_transaction:
+                        self._fail_batch(batch, "SQLite rolled the transaction back")
+                    raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+            if batch is not None and batch.inline:
+                return self._once(lambda: fn(conn))
+            return self._retry_busy(lambda: fn(conn), "reading")
 
-    async def _call(self, fn: Callable[[], T]) -> T:
-        with self._lock:
-            self._connection()
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="pyrula-sqlite")
-            # Submitted under the lock: close() detaches the executor under it, so no call
-            # lands on an executor that is shutting down (the store reopens on next use).
-            future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
-        return await future
+    async def _call(self, fn: Callable[[], T], *, inline: bool = False) -> T:
+        """Run ``fn`` with the calls made beside it, in one transaction (see
+        sqlite_thread), never waiting for a lock on the event loop.
+
+        ``inline`` (short calls: a state change of one run, a claim, a read of one row)
+        lets the calls made during one turn of the loop run on the loop itself, right after
+        that turn, when nothing makes them wait: no other thread of this store holds the
+        connection and the write lock is free at once. Otherwise, or as soon as one of them
+        finds a lock taken, they go to the store thread, which waits. (Calls in flight
+        together may so run in another order than they were made; a call made after
+        another returned always runs after it.) Only in WAL mode with ``synchronous`` OFF
+        or NORMAL, where a commit does not wait for a sync (and the WAL's checkpoints run
+        on a thread of their own: Checkpointer).
+        """
+        loop = asyncio.get_running_loop()
+        call = Call(fn, loop, loop.create_future())
+        if inline and self._wal and self._synchronous in ("OFF", "NORMAL"):
+            queued = self._on_loop.get(loop)
+            if queued is None:
+                self._on_loop[loop] = [call]
+                loop.call_soon(self._run_on_loop, loop)
+            else:
+                queued.append(call)
+        else:
+            self._to_thread([call])
+        result: T = await call.future
+        return result
+
+    def _to_thread(self, calls: list[Call]) -> None:
+        with self._thread_lock:
+            thread = self._thread
+            if thread is None or thread.pid != os.getpid():
+                thread = self._thread = StoreThread(self._run_batch)
+                weakref.finalize(self, thread.stop_soon)
+                self._checkpointer = Checkpointer(
+                    self.path, self._synchronous, self.CHECKPOINT_AFTER_S
+                )
+            # Submitted under the lock: close() detaches the thread under it, so no call
+            # lands on a thread that is stopping (the store reopens on next use).
+            for call in calls:
+                thread.submit(call)
+
+    def _run_on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        calls = self._on_loop.pop(loop, [])
+        try:
+            later, blocked = self._run_inline(calls)
+        except BaseException as exc:  # a bug here must not leave callers waiting
+            for call in calls:
+                if not call.future.done():
+                    call.future.set_exception(exc)
+            raise
+        if blocked:
+            self._to_thread(blocked)
+        if later:  # past this turn's budget: the next turn runs them (with any new ones)
+            queued = self._on_loop.get(loop)
+            if queued is None:
+                self._on_loop[loop] = later
+                loop.call_soon(self._run_on_loop, loop)
+            else:
+                queued[:0] = later
+
+    def _run_inline(self, calls: list[Call]) -> tuple[list[Call], list[Call]]:
+        """Run ``calls`` on this loop as the store thread would, within this turn's
+        budget; return (those left for the next turn, those that would have to wait: for
+        the store thread)."""
+        with self._thread_lock:
+            if self._checkpointer is None or self._checkpointer.pid != os.getpid():
+                self._checkpointer = Checkpointer(
+                    self.path, self._synchronous, self.CHECKPOINT_AFTER_S
+                )
+        if self._conn is None or self._pid != os.getpid():
+            return [], calls  # opening the file may wait: the store thread opens it
+        if not self._lock.acquire(blocking=False):
+            return [], calls  # another thread uses the connection
+        batch = Batch(inline=True)
+        self._local.batch = batch
+        ran: list[Call] = []
+        later: list[Call] = []
+        blocked: list[Call] = []
+        deadline = time.monotonic() + _INLINE_BUDGET_S
+        try:
+            for index, call in enumerate(calls):
+                if len(ran) >= _INLINE_MAX_CALLS or (ran and time.monotonic() > deadline):
+                    later = calls[index:]
+                    break
+                if call.future.done():  # cancelled before it started: skip it
+                    continue
+                batch.current = call
+                try:
+                    call.value = call.fn()
+                except WouldBlock:
+                    blocked = calls[index:]
+                    break
+                except BaseException as exc:  # the caller's to handle
+                    call.error = exc
+                ran.append(call)
+            batch.current = None
+            if batch.open:
+                self._commit_batch(batch)
+        finally:
+            self._local.batch = None
+            self._lock.release()
+        resolve(ran)
+        return later, blocked
 
     # --- row helpers ----------------------------------------------------------------
 
@@ -225,18 +540,45 @@ class SQLiteBase:
         self, conn: sqlite3.Connection, run_id: str, length: int, events: Sequence[Event],
         now: float,
     ) -> int:
+        length = self._insert_events(conn, run_id, length, events)
+        conn.execute(
+            "UPDATE runs SET journal_len=?, updated_at=? WHERE run_id=?", (length, now, run_id)
+        )
+        return length
+
+    @staticmethod
+    def _insert_events(
+        conn: sqlite3.Connection, run_id: str, length: int, events: Sequence[Event]
+    ) -> int:
+        """Insert ``events`` after seq ``length`` (the caller moves ``journal_len``)."""
         rows = []
         for event in events:
             length += 1
             stored = dict(event)
             stored["seq"] = length
             rows.append((run_id, length, _j(stored)))
-        if rows:
+        if len(rows) == 1:
+            conn.execute("INSERT INTO events(run_id, seq, data) VALUES (?, ?, ?)", rows[0])
+        elif rows:
             conn.executemany("INSERT INTO events(run_id, seq, data) VALUES (?, ?, ?)", rows)
-        conn.execute(
-            "UPDATE runs SET journal_len=?, updated_at=? WHERE run_id=?", (length, now, run_id)
-        )
         return length
+
+    def _fenced_update(
+        self, conn: sqlite3.Connection, run_id: str, token: int, assignments: str,
+        args: Sequence[Any], returning: str,
+    ) -> sqlite3.Row:
+        """``UPDATE runs SET assignments`` if this attempt holds the run (the fence and the
+        write in one statement); returns the ``returning`` columns, or raises StaleToken
+        (or WorkflowNotFound) and changes nothing."""
+        row: sqlite3.Row | None = conn.execute(
+            f"UPDATE runs SET {assignments} WHERE run_id=? AND status='running' AND attempt=? "
+            f"RETURNING {returning}",
+            (*args, run_id, token),
+        ).fetchone()
+        if row is None:
+            self._fenced(conn, run_id, token)  # raises: the run is unknown or not ours
+            raise AssertionError("unreachable: the fenced update matched no row")
+        return row
 
     def _journal(self, conn: sqlite3.Connection, run_id: str, after: int = 0) -> list[Event]:
         rows = conn.execute(
@@ -290,6 +632,22 @@ class SQLiteBase:
             (status.value, _j(result), None if error is None else _j(error), now, now, run_id),
         )
 
+    async def _ended_among(self, run_ids: list[str]) -> dict[str, RunInfo]:
+        """Those of ``run_ids`` that have ended (one query per 500 of them)."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, RunInfo]:
+            ended: dict[str, RunInfo] = {}
+            for i in range(0, len(run_ids), 500):
+                chunk = run_ids[i:i + 500]
+                for row in conn.execute(
+                    f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id IN "
+                    f"({','.join('?' * len(chunk))}) AND status IN ({_TERMINAL})", chunk,
+                ):
+                    ended[row["run_id"]] = self._info(row)
+            return ended
+
+        return await self._call(lambda: self._read(op), inline=True)
+
     def _notify_after(self, run_id: str) -> None:
         self._waiters.notify(run_id)
 
@@ -324,10 +682,13 @@ class SQLiteBase:
     def close(self) -> None:
         """Finish the calls in flight and close the connection. The store stays usable:
         a later call reopens it (a stopping worker closes it while others may use it)."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None and self._pid == os.getpid():
-            executor.shutdown(wait=True)  # outside the lock: the calls in flight take it
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+            checkpointer, self._checkpointer = self._checkpointer, None
+        if thread is not None and thread.pid == os.getpid():
+            thread.stop()  # outside the lock: the calls in flight take it
+        if checkpointer is not None and checkpointer.pid == os.getpid():
+            checkpointer.stop()
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
