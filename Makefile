@@ -33,5 +33,8 @@ bench: install
 	PYTHONPATH=src:. $(PY) -m benchmarks.peers
 	PYTHONPATH=src:. $(PY) -m benchmarks.scaling
 
+soak: install
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

@@ -2,7 +2,7 @@
 
 from pyrula.workflows.client import SyncWorkflowClient, WorkflowClient
 from pyrula.workflows.context import WorkflowContext
-from pyrula.workflows.definition import step, workflow
+from pyrula.workflows.definition import StepInfo, step, step_info, workflow
 from pyrula.workflows.errors import (
     ArchiveSchemaMismatch,
     ConfigurationError,
@@ -47,6 +47,7 @@ __all__ = [
     "SQLiteStore",
     "StaleToken",
     "StepFailed",
+    "StepInfo",
     "StoreUnavailable",
     "SyncWorkflowClient",
     "WorkflowClient",
@@ -57,6 +58,7 @@ __all__ = [
     "WorkflowWorker",
     "make_archiving_postgres",
     "step",
+    "step_info",
     "store_from_url",
     "workflow",
 ]

@@ -36,6 +36,38 @@ current_engine: ContextVar[StepCaller | None] = ContextVar("pyrula_current_engin
 
 
 @dataclass(frozen=True, slots=True)
+class StepInfo:
+    """Which execution of which journaled step is running (see :func:`step_info`).
+
+    ``(run_id, call)`` names the step itself and is the same on every attempt that runs
+    it, so a service the step calls can use it to drop a duplicate: the one key to hand
+    downstream. ``attempt`` (the run's attempt, its fencing token) and ``step_attempt``
+    (1 for the first try of the step, more on its retries) say which execution this is.
+    """
+
+    run_id: str
+    workflow: str
+    step: str
+    call: int
+    attempt: int
+    step_attempt: int
+
+    @property
+    def idempotency_key(self) -> str:
+        """``<run_id>:<call>``, stable across attempts and retries of this step."""
+        return f"{self.run_id}:{self.call}"
+
+
+current_step: ContextVar[StepInfo | None] = ContextVar("pyrulacurrent_step", default=None)
+
+
+def step_info() -> StepInfo | None:
+    """The step executing in this task or thread, or None outside a journaled step (a
+    step function called directly, in a unit test say)."""
+    return current_step.get()
+
+
+@dataclass(frozen=True, slots=True)
 class StepSpec:
     name: str
     fn: Callable[..., Any]

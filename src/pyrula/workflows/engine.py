@@ -28,7 +28,13 @@ from typing import Any, Protocol
 
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.context import WorkflowContext
-from pyrula.workflows.definition import StepSpec, WorkflowSpec, current_engine
+from pyrula.workflows.definition import (
+    StepInfo,
+    StepSpec,
+    WorkflowSpec,
+    current_engine,
+    current_step,
+)
 from pyrula.workflows.errors import (
     ContinueAsNew,
     ControlFlow,
@@ -356,7 +362,8 @@ class Attempt:
             attempt = failures + 1
             self._emit(EventType.STEP_STARTED, step=spec.name, call=call, attempt=attempt)
             try:
-                result = await self._execute(spec, args, kwargs)
+                info = StepInfo(self.run_id, self.name, spec.name, call, self.token, attempt)
+                result = await self._execute(spec, info, args, kwargs)
             except Exception as exc:  # the step's own failure: record it, maybe retry
                 will_retry = failures < spec.retries
                 error_type = type(exc).__name__
@@ -409,11 +416,14 @@ class Attempt:
             )
         await self._block(_Blocker(call, self._future(), wake_at=retry_at, kind="retry"))
 
-    async def _execute(self, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def _execute(
+        self, spec: StepSpec, info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         # Step code runs outside the workflow context: a step calling another @step
-        # calls the plain function.
+        # calls the plain function; step_info() tells it which step it is.
         context = contextvars.copy_context()
         context.run(current_engine.set, None)
+        context.run(current_step.set, info)
         loop = asyncio.get_running_loop()
         with self._step_in_progress():
             future: asyncio.Future[Any]
