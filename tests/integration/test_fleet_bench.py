@@ -133,6 +133,27 @@ def test_kill_every_kills_children_and_every_run_still_completes(tmp_path: Path)
     assert "SIGKILLs" in proc.stdout and "kills" in proc.stderr
 
 
+def test_verify_checks_journals_and_ledger_under_kills(tmp_path: Path) -> None:
+    # 300 runs at 100/s keep the load going for 3 s: two kills land while steps run.
+    ledger = tmp_path / "ledger"
+    proc, figures = bench(tmp_path, "-n", "2", "--rate", "100", "--runs", "300", "--steps",
+                          "2", "--kill-every", "1", "--verify", "--ledger", str(ledger))
+    figures = assert_ok(proc, figures, 300)
+    assert figures["kills"]
+    invariants = figures["invariants"]
+    assert invariants["ok"] and invariants["runs"] == 300
+    assert invariants["executions"] >= 600  # every step recorded itself in the ledger
+    for count in ("lost", "double_completion", "rerun_after_record", "wrong_result",
+                  "unattributed"):
+        assert invariants[count] == 0, invariants
+    assert set(invariants["faults"]) <= {"orphaned"}  # re-runs only where a kill was
+    line = figures["invariants_line"]
+    assert line.startswith("runs=300 lost=0 double_completion=0 rerun_after_record=0 "
+                           "rerun_in_window=") and "stale_writes_refused=" in line
+    assert f"invariants     {line}" in proc.stdout
+    assert list(ledger.glob("ledger-*.jsonl"))
+
+
 def test_valkey_store_commands_shards_and_kills(tmp_path: Path, valkey_url: str,
                                                 valkey_namespace: str) -> None:
     proc, figures = bench(tmp_path, "-n", "2", "--store", valkey_url, "--namespace",
@@ -162,6 +183,7 @@ def test_valkey_store_commands_shards_and_kills(tmp_path: Path, valkey_url: str,
     (["--attach", "not-a-url"], "--attach 'not-a-url' is not the http://HOST:PORT"),
     (["--step-kind", "threads"], "'threads' is not one of"),
     (["--store", "memory://"], "a fleet cannot share it"),
+    (["--ledger", "/tmp/x"], "--ledger is only used with --verify"),
 ])
 def test_usage_errors_exit_2_with_one_clear_message(tmp_path: Path, args: list[str],
                                                     message: str) -> None:

@@ -245,6 +245,13 @@ usage error. See docs/deployment.md, "Load-testing a fleet with pyrula-fleet ben
               "--attach: the fleet must run on this host)")
 @click.option("--lost-after", default=30.0, show_default=True, type=float, metavar="SECONDS",
               help="runs still open when no run has ended for this long are lost")
+@click.option("--verify", is_flag=True,
+              help="each step records what it ran in a side-effect ledger; after the load "
+              "check journals and ledger: nothing lost, nothing completed twice, no recorded "
+              "step run again (exit 1 otherwise)")
+@click.option("--ledger", default=None, metavar="DIR",
+              help="with --verify: the ledger's directory (default: a temporary one); an "
+              "attached fleet's processes must be able to write there")
 @click.option("--json", "json_path", default=None, metavar="PATH",
               help="also write every figure here as JSON ('-': print the JSON instead of "
               "the report)")
@@ -252,7 +259,8 @@ usage error. See docs/deployment.md, "Load-testing a fleet with pyrula-fleet ben
 def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str | None,
           namespace: str | None, step_kind: str, payload_bytes: int, rate: float | None,
           concurrency: int | None, attach: str | None, kill_every: float | None,
-          lost_after: float, json_path: str | None) -> None:
+          lost_after: float, verify: bool, ledger: str | None,
+          json_path: str | None) -> None:
     """Load a fleet with RUNS runs of STEPS steps and measure it.
 
     Starts a fleet of N children on the store (or attaches to a running one), submits the
@@ -265,7 +273,7 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
             children=children, runs=runs, steps=steps, store_url=store, namespace=namespace,
             step_kind=step_kind, payload_bytes=payload_bytes, rate=rate,
             concurrency=concurrency, attach=attach, kill_every=kill_every,
-            lost_after=lost_after,
+            lost_after=lost_after, verify=verify, ledger=ledger,
         )
     except BenchError as exc:
         raise click.UsageError(str(exc)) from None

@@ -39,6 +39,11 @@ class BenchConfig:
     kill_every: float | None = None
     #: Runs still not ended when no run has ended for this long are reported lost.
     lost_after: float = 30.0
+    #: Check the invariants over journals and the side-effect ledger after the load.
+    verify: bool = False
+    #: Where the steps write the ledger (with ``verify``); None: the bench's temporary
+    #: directory. An attached fleet's processes must be able to write there.
+    ledger: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -58,6 +63,7 @@ class BenchConfig:
              f"--kill-every must be > 0 seconds, got {self.kill_every}"),
             (0 < self.lost_after < math.inf,
              f"--lost-after must be > 0 seconds, got {self.lost_after}"),
+            (self.ledger is None or self.verify, "--ledger is only used with --verify"),
         ]
         for ok, message in checks:
             if not ok:

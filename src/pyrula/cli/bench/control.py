@@ -147,12 +147,14 @@ class OwnFleet(Fleet):
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def log_tail(self, lines: int = 15) -> str:
+    def log_text(self) -> str:
         try:
-            text = self.log_path.read_text(errors="replace")
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+
+    def log_tail(self, lines: int = 15) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def _exited(self, what: str) -> BenchError:
         code = self.exit_code()

@@ -75,6 +75,8 @@ class Load:
         self.reason: str | None = None  # why the bench gave up waiting
         self.fatal: BenchError | None = None  # stops the bench once the load is wound down
         self._payload = "p" * config.payload_bytes
+        #: The side-effect ledger's directory, when the bench verifies the invariants.
+        self.ledger: str | None = None
 
     @property
     def in_flight(self) -> int:
@@ -85,6 +87,8 @@ class Load:
                                      "kind": self.config.step_kind}
         if self.config.payload_bytes:
             params["payload"] = self._payload
+        if self.ledger is not None:
+            params["ledger"] = self.ledger
         return params
 
     def abandon(self, reason: str, fatal: BenchError | None = None) -> None:

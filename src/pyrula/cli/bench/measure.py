@@ -9,10 +9,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pyrula.cli.bench.load import Load, RunRecord
 from pyrula.workflows import RunStatus
+
+if TYPE_CHECKING:
+    from pyrula.invariants import Report
 
 #: Run ids named in a failed verification, per kind of failure.
 EXAMPLES = 5
@@ -92,6 +95,20 @@ def verify(records: Iterable[RunRecord], steps: int) -> Verification:
         else:
             completed += 1
     return Verification(runs, completed, lost, failed, wrong, not_submitted)
+
+
+async def invariants(load: Load, fleet_log: str | None) -> Report:
+    """The invariant checker over every submitted run's journal and the ledger its steps
+    wrote (``bench --verify``)."""
+    from pyrula.invariants import check, collect_journals, count_stale_refusals, read_ledger
+
+    expected = {r.run_id: r.x + load.config.steps for r in load.records if r.run_id}
+    journals = await collect_journals(load.store, expected)
+    # Reading the ledger is file I/O: off the loop.
+    executions = await asyncio.to_thread(lambda: list(read_ledger(load.ledger))
+                                         if load.ledger else [])
+    return check(journals, expected, executions,
+                 stale_writes_refused=count_stale_refusals(fleet_log or ""))
 
 
 # --- who ran what ---------------------------------------------------------------------------

@@ -57,6 +57,8 @@ def render(f: dict[str, Any]) -> str:
                      + f"; {f['runs_retried']} runs ran more than once (attempt > 1)")
     elif f["runs_retried"]:
         lines.append(f"  retries        {f['runs_retried']} runs ran more than once (attempt > 1)")
+    if f.get("invariants_line"):
+        lines.append(f"  invariants     {f['invariants_line']}")
     v = f["verification"]
     if v["ok"]:
         lines.append(f"  verified       all {v['runs']} runs completed with x + {f['steps']}")

@@ -20,6 +20,7 @@ from pyrula.cli.bench.measure import (
     Progress,
     child_shares,
     command_calls,
+    invariants,
     is_valkey,
     percentiles,
     shard_balance,
@@ -64,6 +65,8 @@ class _Bench:
         # A waiter holds a Valkey connection while it blocks; SQLite waiters poll.
         self.waiters = 256 if self.valkey else 64
         self.commands_error: str | None = None
+        #: The side-effect ledger's directory (absolute: the fleet runs elsewhere).
+        self.ledger = os.path.abspath(config.ledger or tmp / "ledger") if config.verify else None
 
     def _open_store(self) -> Store:
         if self.url.split("://", 1)[0].lower() == "memory":
@@ -114,6 +117,7 @@ class _Bench:
             fleet = OwnFleet(config.children, self.url, self.namespace, self.tmp / "fleet.log")
             children = config.children
         load = Load(client, config, self.waiters)
+        load.ledger = self.ledger
         await load.check_params()
         commands_before = await self._commands()
         stop = asyncio.Event()
@@ -197,6 +201,18 @@ class _Bench:
 
         figures = self._figures(load, children, started, ended, submit_seconds,
                                 commands_before, commands_after, final_status, counts, killer)
+        if config.verify:
+            log = fleet.log_text() if isinstance(fleet, OwnFleet) else None
+            report = await invariants(load, log)
+            figures["invariants"] = report.as_dict()
+            figures["invariants_line"] = report.line()
+            figures["invariants_note"] = (
+                None if log is not None else
+                "stale_writes_refused is counted from the fleet's log: an attached fleet's "
+                "is not read, so it shows 0")
+            if not report.ok:
+                figures["verification"]["ok"] = False
+                figures["problems"] = [*figures["problems"], *report.problems[:5]]
         if not figures["verification"]["ok"] and isinstance(fleet, OwnFleet):
             figures["fleet_log_tail"] = fleet.log_tail(40)  # its temporary directory goes
         return figures
