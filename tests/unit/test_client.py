@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,6 +126,19 @@ def test_store_from_url() -> None:
         store_from_url("foo://x")
     with pytest.raises(ConfigurationError):
         store_from_url("no-scheme-here")
+
+
+def test_a_sqlite_url_sets_synchronous_and_refuses_other_options(tmp_path: Path) -> None:
+    store = store_from_url(f"sqlite:///{tmp_path}/a.db?synchronous=full")
+    try:
+        with store._tx() as conn:  # type: ignore[attr-defined]
+            assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    finally:
+        store.close()  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match="unknown option 'sync'"):
+        store_from_url(f"sqlite:///{tmp_path}/b.db?sync=1")
+    with pytest.raises(ConfigurationError, match="synchronous must be"):
+        store_from_url(f"sqlite:///{tmp_path}/c.db?synchronous=always")
 
 
 async def test_idempotency_key_returns_the_first_handle(store_runner: InlineWorkflowRunner) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
@@ -138,13 +138,20 @@ class SQLiteBase:
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> Self:
-        """``sqlite:///relative.db``, ``sqlite:////absolute/path.db``."""
+        """``sqlite:///relative.db``, ``sqlite:////absolute/path.db``; the query may set
+        ``synchronous`` (``?synchronous=FULL``: commits survive a power loss too)."""
         parts = urlsplit(url)
         path = unquote(parts.netloc + parts.path)
         if path.startswith("/") and not parts.netloc:
             path = path[1:]  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
         if not path:
             raise ConfigurationError(f"store URL {url!r} names no SQLite file")
+        for key, values in parse_qs(parts.query, keep_blank_values=True).items():
+            if key != "synchronous":
+                raise ConfigurationError(
+                    f"store URL {url!r}: unknown option {key!r} (a SQLite URL takes "
+                    "?synchronous=OFF|NORMAL|FULL|EXTRA)")
+            options.setdefault("synchronous", values[-1])
         return cls(path, **options)
 
     # --- connection and transactions ------------------------------------------------
