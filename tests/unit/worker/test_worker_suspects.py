@@ -248,3 +248,28 @@ async def test_a_suspect_waiting_for_the_gate_at_shutdown_goes_back_uncharged(
     assert of_type(await client.events(waited.run_id), "step:started") == []
     again = await store.claim_run(waited.run_id, "next", now=time.time(), lock_ttl=30)
     assert again is not None and len(again.crashes) == 1
+
+
+async def test_a_suspect_cancelled_while_waiting_for_the_gate_ends_without_running(
+    store: Any,
+) -> None:
+    RELEASE["held"] = False
+    client = WorkflowClient(store)
+    first, second = [await client.submit(holding, {"tag": t}) for t in ("first", "second")]
+    await make_suspects(store, [first.run_id, second.run_id])
+    worker = reporting_worker(store, [holding])
+    async with serving(worker):
+        reporter = REPORTER[-1]
+        await await_until(lambda: worker.in_flight == 2
+                          and reporter.user_code & {first.run_id, second.run_id},
+                          what="one suspect in its code, the other waiting")
+        [running] = reporter.user_code & {first.run_id, second.run_id}
+        waiting = second if running == first.run_id else first
+        assert await client.cancel(waiting.run_id)
+        await await_until(
+            lambda: worker.in_flight == 1, timeout=30, what="the waiting suspect cancelled")
+        RELEASE["held"] = True
+        assert await worker.client.result(running, timeout=30) in ("first", "second")
+    info = await client.get(waiting.run_id)
+    assert info.status is RunStatus.CANCELLED
+    assert of_type(await client.events(waiting.run_id), "step:started") == []
