@@ -6,8 +6,15 @@ supervisor import it, and it imports nothing of pyrula.
 Child -> supervisor:
     {"type": "heartbeat", "state": "starting"|"ready"|"draining", "worker_id", "pid",
      "in_flight", "runs_done", "shards": {workflow: n}, "held": {run_id: token},
+     "user_code": [run_id...], "suspects": [run_id...],
      "claim_tick_age": seconds, "free": slots}
     {"type": "boot_error", "message": "..."}      before exiting without becoming ready
+
+A heartbeat goes out every HEARTBEAT_INTERVAL, and also right after a claim and whenever a
+run is about to enter its code unreported: ``user_code`` names every run that may be inside
+its own code until the next message (the runs a crash may be charged to), ``suspects`` the
+held runs with a crash counted against them. A message without ``user_code`` (a child of an
+older build) leaves every held run chargeable.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ class Heartbeat:
     runs_done: int = 0
     shards: dict[str, int] = field(default_factory=dict)
     held: dict[str, int] = field(default_factory=dict)
+    user_code: list[str] | None = None
+    suspects: list[str] = field(default_factory=list)
     claim_tick_age: float = 0.0
     free: int = 0
 
@@ -60,6 +69,9 @@ def parse_heartbeat(message: dict[str, Any]) -> Heartbeat:
         runs_done=int(message.get("runs_done", 0)),
         shards={str(k): int(v) for k, v in dict(message.get("shards", {})).items()},
         held={str(k): int(v) for k, v in dict(message.get("held", {})).items()},
+        user_code=(None if message.get("user_code") is None
+                   else [str(r) for r in message["user_code"]]),
+        suspects=[str(r) for r in message.get("suspects", [])],
         claim_tick_age=float(message.get("claim_tick_age", 0.0)),
         free=int(message.get("free", 0)),
     )

@@ -43,3 +43,42 @@ async def test_reclaim_worker_counts_a_crash_and_quarantines_with_the_evidence(
     detail = ended.error["detail"]
     assert detail["exit_signal"] == "SIGKILL" and detail["rss_bytes"] == 4096
     assert detail["worker"] == "w1" and detail["cause"] == "worker_crash"
+
+
+async def test_reclaim_worker_charges_only_the_runs_it_is_told_to(store: Store) -> None:
+    policy = PoisonPolicy(max_retries=1)
+    culprit, suspect, fresh, spared = [await submit(store, now=T0) for _ in range(4)]
+    for run_id in (culprit, suspect):  # each has one crash counted already
+        await take(store, run_id, now=T0, worker="before")
+    await store.reclaim_worker("before", now=T0 + 1, poison=policy, charge=[culprit, suspect])
+    for run_id in (culprit, suspect, fresh, spared):
+        await take(store, run_id, now=T0 + 2, worker="dead")
+    alive = await take(store, await submit(store, now=T0), now=T0 + 2, worker="alive")
+
+    outcomes = await store.reclaim_worker(
+        "dead", now=T0 + 3, poison=policy, crash_detail={"exit_signal": "SIGKILL"},
+        charge=[culprit, fresh, alive.run_id],
+    )
+
+    # All four are requeued at once; a crash is counted against the two named only (the
+    # culprit's second quarantines it). A named run the worker does not hold is left alone.
+    assert {o.run_id: o.quarantined for o in outcomes} == {
+        culprit: True, suspect: False, fresh: False, spared: False}
+    ended = await info(store, culprit)
+    assert ended.status == RunStatus.FAILED
+    assert ended.error is not None and ended.error["code"] == "max_retries"
+    assert ended.error["detail"]["crashes"] == 2
+    assert ended.error["detail"]["exit_signal"] == "SIGKILL"
+    for run_id, crashes in ((suspect, None), (fresh, 1), (spared, None)):
+        assert (await info(store, run_id)).status == RunStatus.QUEUED
+        last = (await journal(store, run_id))[-1]
+        assert last["type"] == "run:requeued" and last["reason"] == "orphaned"
+        assert last.get("crashes") == crashes, run_id
+    assert (await info(store, alive.run_id)).status == RunStatus.RUNNING
+
+    # Claimed again, each run comes with the crashes counted against it.
+    again = {run_id: await take(store, run_id, now=T0 + 4, worker="next")
+             for run_id in (suspect, fresh, spared)}
+    assert again[suspect].crashes == (T0 + 1,)
+    assert again[fresh].crashes == (T0 + 3,)
+    assert again[spared].crashes == ()

@@ -44,6 +44,7 @@ APP = textwrap.dedent(
     '''
     """The workflow app of the fleet tests (written by tests/fleet/fleetprocs.py)."""
 
+    import asyncio
     import os
     import signal
     import time
@@ -108,6 +109,17 @@ APP = textwrap.dedent(
     async def poison(ctx, params):
         await die(params["tag"], params.get("delay", 0.0))
         return "unreachable"
+
+
+    @step
+    async def dwell(tag: str, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return f"{tag} dwelt {seconds:g} s"
+
+
+    @workflow(name="fa_dwell")
+    async def dwelling(ctx, params):
+        return await dwell(params["tag"], params["seconds"])
     '''
 )
 

@@ -189,8 +189,9 @@ class Supervisor:
                 slot.restarts += 1
                 slot.respawn_at = time.monotonic()
             return
-        held = dict(child.beat.held) if child.beat is not None else {}
-        worker_id = child.beat.worker_id if child.beat is not None else ""
+        beat = child.beat
+        held = dict(beat.held) if beat is not None else {}
+        worker_id = beat.worker_id if beat is not None else ""
         level = logging.ERROR if signame == "SIGKILL" or child.killed_for else logging.WARNING
         logger.log(level, "child_exited: slot %d pid %d died (%s%s) after %.1f s holding %d "
                    "runs", child.slot, child.pid, text,
@@ -201,8 +202,10 @@ class Supervisor:
             evidence = {"exit": text, "exit_code": child.exitcode, "exit_signal": signame,
                         "pid": child.pid, "rss_bytes": child.rss_bytes,
                         "killed_for": child.killed_for}
+            user_code = None if beat is None or beat.user_code is None else list(beat.user_code)
+            suspects = [] if beat is None else list(beat.suspects)
             task = asyncio.get_running_loop().create_task(
-                self._recover(worker_id, held, evidence))
+                self._recover(worker_id, held, evidence, user_code, suspects))
             self._recoveries.add(task)
             task.add_done_callback(self._recoveries.discard)
         if self.draining or slot is None:
@@ -218,13 +221,16 @@ class Supervisor:
             slot.restarts += 1
             slot.respawn_at = time.monotonic() + decision.delay
 
-    async def _recover(self, worker_id: str, held: dict[str, int],
-                       evidence: dict[str, Any]) -> None:
-        requeued, quarantined = await self.recovery.child_died(worker_id, held, evidence)
+    async def _recover(self, worker_id: str, held: dict[str, int], evidence: dict[str, Any],
+                       user_code: list[str] | None, suspects: list[str]) -> None:
+        requeued, quarantined, charged = await self.recovery.child_died(
+            worker_id, held, evidence, user_code, suspects)
         if requeued or quarantined:
-            logger.warning("runs_recovered: %d runs of dead child %s requeued, %d quarantined",
-                           requeued, worker_id, quarantined,
-                           extra={"event": "runs_recovered", "worker_id": worker_id})
+            logger.warning("runs_recovered: %d runs of dead child %s requeued, %d quarantined; "
+                           "a crash counted against %d of them (the others were not in their "
+                           "code)", requeued, worker_id, quarantined, charged,
+                           extra={"event": "runs_recovered", "worker_id": worker_id,
+                                  "charged": charged})
 
     # --- commands ---------------------------------------------------------------
 

@@ -68,6 +68,35 @@ class EngineStore(AttemptStore, Protocol):
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]: ...
 
 
+class UserCodeMonitor(Protocol):
+    """Told, on the event loop, when a run's own code starts and stops being in progress:
+    its workflow body (except while the body itself waits on the store or on a durable
+    sleep or wait) and each of its steps (a sync step until its thread returns). Sections
+    nest and overlap (parallel steps); a run is in user code while any is open. ``enter``
+    is called before the code can run, and the code runs only once it returned (a fleet
+    child reports the run to its supervisor there first)."""
+
+    def enter(self, run_id: str) -> None: ...
+
+    def leave(self, run_id: str) -> None: ...
+
+
+class _Unmonitored:
+    def enter(self, run_id: str) -> None:
+        pass
+
+    def leave(self, run_id: str) -> None:
+        pass
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:
+    """``fn(arg)`` on ``loop`` from any thread; dropped if the loop has closed."""
+    try:
+        loop.call_soon_threadsafe(fn, arg)
+    except RuntimeError:  # the loop is closed: nobody is left to tell
+        pass
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptSettings:
     lock_ttl: float = 15.0
@@ -145,6 +174,7 @@ class Attempt:
         executor: Executor | None = None,
         clock: Clock = SYSTEM_CLOCK,
         settings: AttemptSettings | None = None,
+        user_code: UserCodeMonitor | None = None,
     ) -> None:
         self.spec = spec
         self.run_id = claimed.run_id
@@ -157,6 +187,7 @@ class Attempt:
         self._executor = executor
         self._clock = clock
         self._settings = settings or AttemptSettings()
+        self._user_code: UserCodeMonitor = user_code or _Unmonitored()
         self.journal: list[Event] = []
         self._by_call: dict[int, list[Event]] = {}
         self._signals: list[Event] = []
@@ -257,23 +288,42 @@ class Attempt:
         self._index(written)
 
     async def flush(self) -> None:
-        async with self._writing:
-            self._boundary_due = False
-            if not self._pending:
-                return
-            batch, self._pending = self._pending, []
-            result = await self._write(
-                lambda: self._store.append(
-                    self.run_id,
-                    self.token,
-                    batch,
-                    now=self._clock.now(),
-                    lock_ttl=self._settings.lock_ttl,
+        if not self._pending and not self._writing.locked():
+            self._boundary_due = False  # nothing to write nor to wait for
+            return
+        with self._waiting_on_engine():
+            async with self._writing:
+                self._boundary_due = False
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending, []
+                result = await self._write(
+                    lambda: self._store.append(
+                        self.run_id,
+                        self.token,
+                        batch,
+                        now=self._clock.now(),
+                        lock_ttl=self._settings.lock_ttl,
+                    )
                 )
-            )
-            await self._absorb(batch, result.last_seq)
+                await self._absorb(batch, result.last_seq)
         if result.cancel_requested:
             self.request_cancel()
+
+    @contextlib.contextmanager
+    def _waiting_on_engine(self) -> Iterator[None]:
+        """The workflow body waits here on the store or on a durable sleep or wait, not in
+        its own code, and is not counted as in user code meanwhile. Only the body's own
+        task counts so: a branch of an ``asyncio.gather`` (a task of its own) waiting here
+        leaves the body, which awaits the gather, in progress."""
+        body = self._task is not None and asyncio.current_task() is self._task
+        if body:
+            self._user_code.leave(self.run_id)
+        try:
+            yield
+        finally:
+            if body:  # before the body's code goes on (its finally blocks included)
+                self._user_code.enter(self.run_id)
 
     async def _boundary(self) -> None:
         """A step boundary: the step's events become durable before anything follows it.
@@ -402,7 +452,8 @@ class Attempt:
             return
         if remaining <= self._settings.inline_retry_max:
             await self.flush()
-            with self._step_in_progress():  # so the attempt does not park under it
+            with self._step_in_progress(), self._waiting_on_engine():
+                # A step in progress, so the attempt does not park under it.
                 await self._clock.sleep(remaining)
             return
         already = any(
@@ -427,14 +478,15 @@ class Attempt:
         loop = asyncio.get_running_loop()
         with self._step_in_progress():
             future: asyncio.Future[Any]
+            run_id, monitor = self.run_id, self._user_code
+            monitor.enter(run_id)
             if spec.is_async:
                 future = loop.create_task(
                     spec.fn(*args, **kwargs), name=RUN_TASK_PREFIX + self.run_id, context=context
                 )
+                future.add_done_callback(lambda _: monitor.leave(run_id))
             else:
-                future = loop.run_in_executor(
-                    self._executor, lambda: context.run(spec.fn, *args, **kwargs)
-                )
+                future = self._in_thread(loop, lambda: context.run(spec.fn, *args, **kwargs))
             try:
                 return await asyncio.wait_for(future, spec.timeout)
             except TimeoutError:
@@ -443,6 +495,25 @@ class Attempt:
                         f"step {spec.name!r} timed out after {spec.timeout:g} s"
                     ) from None
                 raise
+
+    def _in_thread(
+        self, loop: asyncio.AbstractEventLoop, call: Callable[[], Any]
+    ) -> asyncio.Future[Any]:
+        """Run a sync step's ``call`` on the executor, its user-code section entered by the
+        caller. The section ends when the thread returns (or the call is cancelled before
+        it began), not when the step is given up: a timed-out step's thread runs on."""
+        run_id, monitor = self.run_id, self._user_code
+        if self._executor is None:  # the loop's default executor
+            future = loop.run_in_executor(None, call)
+            future.add_done_callback(lambda _: monitor.leave(run_id))
+            return future
+        try:
+            done = self._executor.submit(call)
+        except BaseException:
+            monitor.leave(run_id)
+            raise
+        done.add_done_callback(lambda _: _call_soon(loop, monitor.leave, run_id))
+        return asyncio.wrap_future(done, loop=loop)
 
     @contextlib.contextmanager
     def _step_in_progress(self) -> Iterator[None]:
@@ -466,7 +537,8 @@ class Attempt:
         self._blockers[blocker.call] = blocker
         self._wake.set()
         try:
-            return await blocker.future
+            with self._waiting_on_engine():
+                return await blocker.future
         finally:
             self._blockers.pop(blocker.call, None)
 
@@ -608,24 +680,58 @@ class Attempt:
         first = float(started["ts"]) if started is not None else self._clock.now()
         return first + self.spec.timeout
 
-    async def run(self) -> Outcome:
+    async def run(self, *, admission: Awaitable[Any] | None = None) -> Outcome:
+        """Run the attempt to its next frontier.
+
+        With ``admission``, the workflow's code starts only once it is done (the worker's
+        gate for suspect runs); a cancel, a stand-down or a lost lock meanwhile ends the
+        attempt without running any of the run's code.
+        """
         self._loop = asyncio.get_running_loop()
         try:
-            return await self._run()
+            return await self._run(admission)
         except _Halt as halt:
             await self._stop_task()
             return Outcome(halt.kind, self.journal)
 
-    async def _run(self) -> Outcome:
+    async def _admitted(self, admission: Awaitable[Any]) -> Outcome | None:
+        """Wait for ``admission``; None once admitted, else how the attempt ended."""
+        turn = asyncio.ensure_future(admission)
+        try:
+            while not turn.done():
+                self._wake.clear()
+                if self._halted is not None:
+                    raise _Halt(self._halted)
+                if self._stand is not None:
+                    return await self._requeue(self._stand)
+                if self._cancel_requested:
+                    return await self._finish_cancelled()
+                woken = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait((turn, woken), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
+            turn.result()
+            return None
+        finally:
+            turn.cancel()
+
+    async def _run(self, admission: Awaitable[Any] | None) -> Outcome:
         deadline = self._deadline()
         if deadline is not None and deadline <= self._clock.now():
             return await self._fail(self._timeout_error())
+        if admission is not None:
+            ended = await self._admitted(admission)
+            if ended is not None:
+                return ended
+            if deadline is not None and deadline <= self._clock.now():  # it passed meanwhile
+                return await self._fail(self._timeout_error())
         context = contextvars.copy_context()
         context.run(current_engine.set, self)
         ctx = WorkflowContext(self)
         self._task = asyncio.get_running_loop().create_task(
-            _body(self.spec.fn(ctx, self.params)), name=RUN_TASK_PREFIX + self.run_id,
-            context=context,
+            _body(self.spec.fn(ctx, self.params), self._user_code, self.run_id),
+            name=RUN_TASK_PREFIX + self.run_id, context=context,
         )
         self._task.add_done_callback(lambda _: self._wake.set())
         while True:
@@ -848,8 +954,14 @@ class Attempt:
         )
 
 
-async def _body(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
+async def _body(awaitable: Awaitable[Any], monitor: UserCodeMonitor, run_id: str) -> Any:
+    # The body's code is in progress from its first line to its end (left before the task
+    # is done, so the attempt never writes the run's end while it still counts).
+    monitor.enter(run_id)
+    try:
+        return await awaitable
+    finally:
+        monitor.leave(run_id)
 
 
 class StepTimeout(TimeoutError):

@@ -75,6 +75,10 @@ class ClaimedRun:
     ``run:started``. ``base_seq`` is where the run last parked (0 for a run that never
     did), so a worker that cached the journal when it parked the run reads only what is
     new; any other reader fetches events 1..base_seq by offset.
+
+    ``crashes`` are the times of the crashes counted against the run, as the store keeps
+    them (older ones than ``poison_retry_ttl_s`` no longer count but may still be listed):
+    a run with a crash that counts is a *suspect*, which its worker runs apart.
     """
 
     run_id: str
@@ -86,6 +90,7 @@ class ClaimedRun:
     base_seq: int
     start_id: str
     created_at: float
+    crashes: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

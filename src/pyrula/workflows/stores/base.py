@@ -11,7 +11,7 @@ The memory store is the reference implementation; ``tests/conformance`` runs aga
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pyrula.workflows.events import Event
@@ -163,9 +163,16 @@ class WorkQueue(Protocol):
         now: float,
         poison: PoisonPolicy,
         crash_detail: Mapping[str, Any] | None = None,
+        charge: Collection[str] | None = None,
     ) -> list[RequeueOutcome]:
         """Requeue every run whose lock ``worker_id`` holds (its process is known to be
-        dead), counting a crash against each, at once rather than after ``lock_ttl``."""
+        dead), reason ``orphaned``, at once rather than after ``lock_ttl``.
+
+        A crash is counted (as ``requeue`` with ``crash`` does: past the poison limit the
+        run is quarantined) against the runs named in ``charge``, the ones that could have
+        caused it; the others are requeued without one. ``charge`` None counts a crash
+        against every run. Ids in ``charge`` the worker does not hold are ignored. Atomic
+        per run (one transaction on SQLite, one script per shard on Valkey)."""
         ...
 
     async def reclaim(
@@ -176,7 +183,8 @@ class WorkQueue(Protocol):
         limit: int,
         poison: PoisonPolicy,
     ) -> list[RequeueOutcome]:
-        """Requeue running runs whose lock expired (reason ``orphaned``), counting a crash.
+        """Requeue running runs whose lock expired (reason ``orphaned``), counting a crash
+        against each: nothing tells which of a vanished worker's runs caused its end.
 
         ``names`` None means every workflow name.
         """

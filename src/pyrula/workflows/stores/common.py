@@ -37,8 +37,12 @@ def started_event(now: float, attempt: int, worker_id: str) -> Event:
     return make_event(EventType.RUN_STARTED, now, attempt=attempt, worker=worker_id)
 
 
-def requeued_event(now: float, reason: str) -> Event:
-    return make_event(EventType.RUN_REQUEUED, now, reason=reason)
+def requeued_event(now: float, reason: str, crashes: int | None = None) -> Event:
+    """``run:requeued``; a requeue that counted a crash against the run also says how many
+    of its crashes count now (``crashes``)."""
+    if crashes is None:
+        return make_event(EventType.RUN_REQUEUED, now, reason=reason)
+    return make_event(EventType.RUN_REQUEUED, now, reason=reason, crashes=crashes)
 
 
 def quarantine_error(crashes: int, detail: Mapping[str, Any] | None) -> dict[str, Any]:

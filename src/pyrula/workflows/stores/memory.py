@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -350,11 +350,13 @@ class MemoryStore:
         poison: PoisonPolicy | None,
         crash_detail: Mapping[str, Any] | None,
     ) -> RequeueOutcome:
+        counted = None
         if crash:
             policy = poison or PoisonPolicy()
             run.crashes = live_crashes(run.crashes, now, policy.retry_ttl_s) + [now]
-            if len(run.crashes) > policy.max_retries:
-                error = quarantine_error(len(run.crashes), crash_detail)
+            counted = len(run.crashes)
+            if counted > policy.max_retries:
+                error = quarantine_error(counted, crash_detail)
                 run.append([error_event(now, error)], now)
                 self._end(run, RunStatus.FAILED, now, error=error)
                 return RequeueOutcome(run.run_id, True)
@@ -362,7 +364,7 @@ class MemoryStore:
             run.append([make_event(EventType.RUN_CANCELLED, now)], now)
             self._end(run, RunStatus.CANCELLED, now)
             return RequeueOutcome(run.run_id, False)
-        run.append([requeued_event(now, reason)], now)
+        run.append([requeued_event(now, reason, counted)], now)
         self._enqueue(run)
         return RequeueOutcome(run.run_id, False)
 
@@ -421,6 +423,7 @@ class MemoryStore:
             base_seq=run.parked_seq,
             start_id=run.start_id,
             created_at=run.created_at,
+            crashes=tuple(run.crashes),
         )
 
     def _pick(self, name: str, now: float, blocked: set[str]) -> _Run | None:
@@ -524,14 +527,17 @@ class MemoryStore:
         now: float,
         poison: PoisonPolicy,
         crash_detail: Mapping[str, Any] | None = None,
+        charge: Collection[str] | None = None,
     ) -> list[RequeueOutcome]:
+        charged = None if charge is None else set(charge)
         with self._lock:
             out = []
             for run in list(self._runs.values()):
                 if run.status is RunStatus.RUNNING and run.lock_owner == worker_id:
+                    crash = charged is None or run.run_id in charged
                     detail = {"cause": "worker_crash", "worker": worker_id,
                               "attempt": run.attempt, **dict(crash_detail or {})}
-                    out.append(self._requeue(run, now, "orphaned", True, poison, detail))
+                    out.append(self._requeue(run, now, "orphaned", crash, poison, detail))
             return out
 
     def recover_pending_runs(self, name: str) -> int:

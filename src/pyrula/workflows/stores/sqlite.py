@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyrula.workflows.errors import (
@@ -235,12 +235,14 @@ class SQLiteStore(SQLiteAdmin):
         crash: bool, poison: PoisonPolicy | None, crash_detail: Mapping[str, Any] | None,
     ) -> RequeueOutcome:
         run_id = row["run_id"]
+        counted = None
         if crash:
             policy = poison or PoisonPolicy()
             crashes = live_crashes(_uj(row["crashes"]) or [], now, policy.retry_ttl_s) + [now]
             conn.execute("UPDATE runs SET crashes=? WHERE run_id=?", (_j(crashes), run_id))
-            if len(crashes) > policy.max_retries:
-                error = quarantine_error(len(crashes), crash_detail)
+            counted = len(crashes)
+            if counted > policy.max_retries:
+                error = quarantine_error(counted, crash_detail)
                 self._append(conn, run_id, length, [error_event(now, error)], now)
                 self._end(conn, run_id, RunStatus.FAILED, now, error=error)
                 return RequeueOutcome(run_id, True)
@@ -248,7 +250,7 @@ class SQLiteStore(SQLiteAdmin):
             self._append(conn, run_id, length, [make_event(EventType.RUN_CANCELLED, now)], now)
             self._end(conn, run_id, RunStatus.CANCELLED, now)
             return RequeueOutcome(run_id, False)
-        self._append(conn, run_id, length, [requeued_event(now, reason)], now)
+        self._append(conn, run_id, length, [requeued_event(now, reason, counted)], now)
         self._enqueue(conn, run_id, row["name"], row["owner"])
         return RequeueOutcome(run_id, False)
 
@@ -351,12 +353,12 @@ class SQLiteStore(SQLiteAdmin):
             "UPDATE runs SET status='running', attempt=attempt+1, lock_owner=?, lock_expires=?, "
             "started_at=COALESCE(started_at, ?), queue_seq=NULL, journal_len=journal_len+1, "
             "updated_at=? WHERE run_id=? RETURNING name, params, owner, attempt, journal_len, "
-            "parked_seq, start_id, created_at",
+            "parked_seq, start_id, created_at, crashes",
             (worker_id, now + lock_ttl, now, now, run_id),
         ).fetchone()
         if row is None:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
-        name, params, owner, attempt, length, base, start_id, created_at = row
+        name, params, owner, attempt, length, base, start_id, created_at, crashes = row
         self._insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id)])
         return ClaimedRun(
             run_id=run_id,
@@ -368,6 +370,7 @@ class SQLiteStore(SQLiteAdmin):
             base_seq=base,
             start_id=start_id,
             created_at=created_at,
+            crashes=tuple(_uj(crashes) or ()),
         )
 
     async def renew(
@@ -457,7 +460,10 @@ class SQLiteStore(SQLiteAdmin):
         now: float,
         poison: PoisonPolicy,
         crash_detail: Mapping[str, Any] | None = None,
+        charge: Collection[str] | None = None,
     ) -> list[RequeueOutcome]:
+        charged = None if charge is None else set(charge)
+
         def op() -> list[RequeueOutcome]:
             with self._tx() as conn:
                 rows = conn.execute(
@@ -466,10 +472,11 @@ class SQLiteStore(SQLiteAdmin):
                 ).fetchall()
                 out = []
                 for row in rows:
+                    crash = charged is None or row["run_id"] in charged
                     detail = {"cause": "worker_crash", "worker": worker_id,
                               "attempt": row["attempt"], **dict(crash_detail or {})}
                     out.append(self._requeue(conn, row, row["journal_len"], now, "orphaned",
-                                             True, poison, detail))
+                                             crash, poison, detail))
                 return out
 
         outcomes = await self._call(op)

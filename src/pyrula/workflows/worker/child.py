@@ -76,10 +76,13 @@ def main(config: dict[str, Any], conn: Connection) -> None:
         options = WorkerOptions(**config.get("worker_options", {}), health_port=None)
 
         def report_claim(_: dict[str, int]) -> None:
-            _send(conn, _heartbeat(worker))
+            _send(conn, _heartbeat(worker, periodic=False))
+
+        def report_user_code() -> None:
+            _send(conn, _heartbeat(worker, periodic=False))
 
         worker = WorkflowWorker(store=store, workflows=chosen, options=options,
-                                on_claimed=report_claim)
+                                on_claimed=report_claim, on_user_code=report_user_code)
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
         _boot_failed(conn, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
         return
@@ -88,7 +91,10 @@ def main(config: dict[str, Any], conn: Connection) -> None:
     os._exit(code)
 
 
-def _heartbeat(worker: Any) -> bytes:
+def _heartbeat(worker: Any, *, periodic: bool) -> bytes:
+    """A heartbeat to send now: ``periodic`` for the loop's regular one (it names exactly
+    the runs in user code), else one sent at a claim or before a run enters its code."""
+    user_code, suspects = worker.user_code_report(heartbeat=periodic)
     return heartbeat_message(Heartbeat(
         state=worker.state,
         worker_id=worker.worker_id,
@@ -97,6 +103,8 @@ def _heartbeat(worker: Any) -> bytes:
         runs_done=worker.runs_done,
         shards=worker.shards(),
         held=worker.held_runs(),
+        user_code=user_code,
+        suspects=suspects,
         claim_tick_age=round(worker.claim_tick_age(), 3),
         free=worker.free_slots,
     ))
@@ -117,12 +125,13 @@ async def _serve(worker: Any, conn: Connection) -> int:
 
     async def beat() -> None:
         # Stamped by this loop: a child whose loop is stuck stops sending, and is replaced.
-        # A heartbeat also goes out after every claim (``on_claimed``), so the supervisor
-        # knows each run this child holds before the run's code can crash it.
+        # A heartbeat also goes out after every claim (``on_claimed``) and before a run
+        # enters its code unreported (``on_user_code``), so the supervisor knows each run
+        # this child holds, and each that is in its own code, before that code can crash it.
         # While starting it beats often, so that the supervisor sees it ready within
         # milliseconds (a respawn, a recycle and a reload wait for that), not a beat later.
         while True:
-            if not _send(conn, _heartbeat(worker)):
+            if not _send(conn, _heartbeat(worker, periodic=True)):
                 worker.stop()  # the supervisor is gone: drain and leave
                 return
             starting = worker.state == "starting"

@@ -28,11 +28,13 @@ from pyrula.workflows.events import Event
 from pyrula.workflows.records import ClaimedRun, PoisonPolicy
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.cache import JournalCache
+from pyrula.workflows.worker.gate import SuspectGate
 from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S, LoopState, backoff_delays, run_loop
 from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.renewal import LockRenewer
 from pyrula.workflows.worker.schedules import ScheduleLoop
+from pyrula.workflows.worker.usercode import UserCodeTracker
 
 logger = logging.getLogger("pyrula.workflows.worker")
 
@@ -62,6 +64,12 @@ class WorkflowWorker:
 
     ``on_claimed`` (for a process that reports to a supervisor) is called on the event loop
     with ``held_runs()`` right after a claim returned runs, before any of them starts.
+    ``on_user_code`` (likewise) is called on the event loop when the supervisor must hear
+    of the runs in user code before a run's code goes on; it sends a report built with
+    ``user_code_report()`` before it returns (see ``worker.usercode``).
+
+    A claimed run with a crash counted against it (a suspect) waits for the worker's
+    suspect gate before any of its code runs: one suspect in user code at a time.
     """
 
     def __init__(
@@ -74,6 +82,7 @@ class WorkflowWorker:
         clock: Clock = SYSTEM_CLOCK,
         registry: Registry = REGISTRY,
         on_claimed: Callable[[dict[str, int]], None] | None = None,
+        on_user_code: Callable[[], None] | None = None,
     ) -> None:
         self.options = (options if options is not None else WorkerOptions()).resolve()
         self.store: Store = store if store is not None else _default_store()
@@ -118,6 +127,8 @@ class WorkflowWorker:
         # before the attempt's task (and any user code) runs, so a crash report is complete.
         self._held: dict[str, int] = {}
         self._on_claimed = on_claimed
+        self._user_code = UserCodeTracker(on_user_code)
+        self._gate = SuspectGate()
         self._run_tasks: set[asyncio.Task[None]] = set()
         self._capacity = asyncio.Event()
         # The soonest timer of a run this worker parked, and the nudge that shortens the
@@ -158,6 +169,12 @@ class WorkflowWorker:
         """The runs this worker holds, from the claim that returned them until their attempt
         ends: run id -> attempt (its fencing token)."""
         return dict(self._held)
+
+    def user_code_report(self, *, heartbeat: bool) -> tuple[list[str], list[str]]:
+        """(the runs to report as in user code, the suspects among the held runs), for a
+        report about to be sent to a supervisor; ``heartbeat`` for the periodic one (it
+        names exactly the runs in user code now). See ``worker.usercode``."""
+        return self._user_code.snapshot(heartbeat=heartbeat)
 
     def claim_tick_age(self) -> float:
         """Seconds since the claim loop last made progress (a fleet's stall watchdog)."""
@@ -333,7 +350,9 @@ class WorkflowWorker:
             self._start_attempt(run)
         if claimed and self._on_claimed is not None:
             # Before any claimed run starts: whoever watches this process (a fleet's
-            # supervisor) then knows every run to requeue should it die from here on.
+            # supervisor) then knows every run to requeue should it die from here on, and
+            # that the runs other than suspects are about to enter their code.
+            self._user_code.claimed(run.run_id for run in claimed)
             self._on_claimed(self.held_runs())
         # A full batch means there is more: claim again at once.
         self._backlog = bool(claimed) and len(claimed) >= free
@@ -477,10 +496,18 @@ class WorkflowWorker:
 
     # --- runs -----------------------------------------------------------------------
 
+    def _crashes(self, claimed: ClaimedRun) -> int:
+        """How many crashes counted against the run still count (a suspect has some)."""
+        now, ttl = self._clock.now(), self.options.poison_retry_ttl_s
+        return sum(1 for t in claimed.crashes if now - t < ttl)
+
     def _start_attempt(self, claimed: ClaimedRun) -> None:
         self._held[claimed.run_id] = claimed.token
+        crashes = self._crashes(claimed)
+        if crashes:
+            self._user_code.suspect(claimed.run_id, claimed.token)
         task = asyncio.create_task(
-            self._run_attempt(claimed), name=f"pyrula-attempt:{claimed.run_id}"
+            self._run_attempt(claimed, crashes), name=f"pyrula-attempt:{claimed.run_id}"
         )
         self._run_tasks.add(task)
         task.add_done_callback(self._run_tasks.discard)
@@ -501,7 +528,7 @@ class WorkflowWorker:
                 )
         return journal
 
-    async def _run_attempt(self, claimed: ClaimedRun) -> None:
+    async def _run_attempt(self, claimed: ClaimedRun, crashes: int) -> None:
         assert self._renewer is not None
         spec = self._specs[claimed.name]
         run_log = {"run_id": claimed.run_id, "workflow": claimed.name, **self._log}
@@ -518,12 +545,16 @@ class WorkflowWorker:
                 return
             attempt = Attempt(
                 spec, claimed, journal, self.store, executor=self._pool, clock=self._clock,
-                settings=self._settings,
+                settings=self._settings, user_code=self._user_code,
             )
             self._attempts[claimed.run_id] = attempt
             if self._renewer.was_stood_down(claimed.run_id, claimed.token):
                 attempt.abandon()  # stood down while its journal was being read
-            outcome = await attempt.run()
+            admission = None
+            if crashes:
+                # A suspect: its code runs apart from the other suspects' (worker.gate).
+                admission = self._gate.enter(claimed.run_id, claimed.token, crashes)
+            outcome = await attempt.run(admission=admission)
             await self._after(claimed, outcome, run_log)
         except StoreUnavailable as exc:
             logger.warning("run %s: store unavailable before the attempt began (%s)",
@@ -532,6 +563,8 @@ class WorkflowWorker:
         finally:
             # A newer attempt of the same run may be in flight here already (this one was
             # stood down): forget only this attempt.
+            self._gate.leave(claimed.run_id, claimed.token)
+            self._user_code.attempt_ended(claimed.run_id, claimed.token)
             if attempt is not None and self._attempts.get(claimed.run_id) is attempt:
                 del self._attempts[claimed.run_id]
             if self._held.get(claimed.run_id) == claimed.token:

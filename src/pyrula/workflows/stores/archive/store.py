@@ -12,7 +12,7 @@ died right after a terminal write).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyrula.errors import ConfigurationError, RunNotActive, WorkflowNotFound
@@ -236,9 +236,10 @@ class ArchivingStore:
         now: float,
         poison: PoisonPolicy,
         crash_detail: Mapping[str, Any] | None = None,
+        charge: Collection[str] | None = None,
     ) -> list[RequeueOutcome]:
         outcomes = await self.live.reclaim_worker(
-            worker_id, now=now, poison=poison, crash_detail=crash_detail
+            worker_id, now=now, poison=poison, crash_detail=crash_detail, charge=charge
         )
         await self.archiver.archive_now([o.run_id for o in outcomes])
         return outcomes

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyrula.errors import (
@@ -476,7 +476,7 @@ class ValkeyStore(ValkeyAdmin):
 
     def _claimed(self, row: Sequence[Any]) -> ClaimedRun:
         (run_id, name, params, owner, attempt, start_id, created, base_seq, journal, idem,
-         predecessor, started_at, first_worker) = row
+         predecessor, started_at, first_worker, crashes) = row
         values = _loads(params)
         record = {"name": name, "params": params, "owner": owner, "created_at": created,
                   "idem": idem, "predecessor": predecessor, "started_at": started_at,
@@ -491,6 +491,7 @@ class ValkeyStore(ValkeyAdmin):
             base_seq=int(base_seq),
             start_id=str(start_id),
             created_at=float(created),
+            crashes=tuple(float(t) for t in _loads(crashes)),
         )
 
     async def claim_run(
@@ -671,14 +672,23 @@ class ValkeyStore(ValkeyAdmin):
         now: float,
         poison: PoisonPolicy,
         crash_detail: Mapping[str, Any] | None = None,
+        charge: Collection[str] | None = None,
     ) -> list[RequeueOutcome]:
         targets = [(n, s) for n in await self._names() for s in range(self.shard_count)]
         detail = _dumps(dict(crash_detail or {}))
-        calls = [
-            (self.keys.base_of(n, s), ("reclaim_worker", worker_id, now, poison.max_retries,
-                                      poison.retry_ttl_s, detail, self.completed_ttl))
-            for n, s in targets
-        ]
+        # Each shard's script is told the runs of that shard to charge (a run id names its
+        # shard), or to charge every run it finds.
+        listed: dict[str, list[str]] = {}
+        for run_id in charge or ():
+            base = self.keys.base_of_run(run_id)
+            if base is not None:
+                listed.setdefault(base, []).append(run_id)
+        calls = []
+        for n, s in targets:
+            base = self.keys.base_of(n, s)
+            which = ("all",) if charge is None else ("listed", *listed.get(base, ()))
+            calls.append((base, ("reclaim_worker", worker_id, now, poison.max_retries,
+                                 poison.retry_ttl_s, detail, self.completed_ttl, *which)))
         outcomes: list[RequeueOutcome] = []
         rung: dict[str, list[int]] = {}
         for (name, shard), result in zip(targets, await self._batch(calls), strict=True):

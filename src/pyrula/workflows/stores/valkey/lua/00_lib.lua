@@ -153,6 +153,7 @@ local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl,
   local f = redis.call('HMGET', run, 'crashes', 'cancel', 'owner', 'idem', 'waiter', 'jnl')
   if not f[6] then redis.call('HSET', run, 'jnl', 1) end
   local function push(ev) journal_push(base, id, f[6], true, ev); f[6] = '1' end
+  local requeued = {reason = reason}
   if crash == '1' then
     local crashes = cjson.decode(f[1] or '[]')
     local live = {}
@@ -161,6 +162,7 @@ local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl,
     end
     live[#live + 1] = tonumber(now)
     redis.call('HSET', run, 'crashes', cjson.encode(live))
+    requeued.crashes = #live
     if #live > tonumber(max_retries) then
       local d = cjson.decode(detail)
       if d == cjson.null or type(d) ~= 'table' then d = {} end
@@ -182,7 +184,7 @@ local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl,
     finish_run(base, id, 'cancelled', now, 'null', '', ttl, true, f[4], f[5])
     return 0
   end
-  push(event('run:requeued', now, {reason = reason}))
+  push(event('run:requeued', now, requeued))
   enqueue(base, id, f[3], now)
   return 0
 end

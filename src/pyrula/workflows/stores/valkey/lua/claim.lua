@@ -4,7 +4,7 @@ local function take(base, id, worker, now, expires)
   -- Lock one dequeued run for `worker` (its entry in :times is the caller's to add).
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
-    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1')
+    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1', 'crashes')
   local attempt = tonumber(f[7] or '0') + 1
   local fields = {'status', 'running', 'attempt', attempt, 'lock_owner', worker,
     'lock_expires', expires, 'updated_at', now}
@@ -24,7 +24,7 @@ local function take(base, id, worker, now, expires)
     journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   end
   return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or '',
-    f[8] or '', f[12] or ''}
+    f[8] or '', f[12] or '', f[13] or '[]'}
 end
 
 local function older(a, b)
@@ -40,7 +40,7 @@ end
 -- take at most cap runs; cap 0 blocks the owner)
 -- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
 --           {journal after base_seq}, idempotency_key, predecessor, started_at,
---           first worker}...}, owners still queued}
+--           first worker, crashes (JSON list of times)}...}, owners still queued}
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
   local caps = {}

@@ -100,11 +100,16 @@ ops.fail_stranded = function(k, a)
   return failed
 end
 
--- reclaim_worker: requeue every run of this shard whose lock a dead worker holds.
--- ARGV: op, worker, now, max_retries, retry_ttl, detail_json, completed_ttl
+-- reclaim_worker: requeue every run of this shard whose lock a dead worker holds,
+-- counting a crash against those it is told to charge (all of them, or the ids listed).
+-- ARGV: op, worker, now, max_retries, retry_ttl, detail_json, completed_ttl,
+--       charge ('all' | 'listed'), run_id... (with 'listed': the runs to charge)
 -- returns {{run_id, quarantined}...}
 ops.reclaim_worker = function(k, a)
   local base, worker, now = k[1], a[2], a[3]
+  local listed = a[8] == 'listed'
+  local charged = {}
+  for i = 9, #a do charged[a[i]] = true end
   local out = {}
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', base .. ':times', 0, '+inf')) do
     local f = redis.call('HMGET', runk(base, id), 'status', 'lock_owner', 'attempt')
@@ -114,7 +119,9 @@ ops.reclaim_worker = function(k, a)
       d.cause = d.cause or 'worker_crash'
       d.worker = worker
       d.attempt = tonumber(f[3])
-      out[#out + 1] = {id, requeue_run(base, id, now, 'orphaned', '1', a[4], a[5],
+      local crash = '1'
+      if listed and not charged[id] then crash = '0' end
+      out[#out + 1] = {id, requeue_run(base, id, now, 'orphaned', crash, a[4], a[5],
         cjson.encode(d), a[7])}
     end
   end

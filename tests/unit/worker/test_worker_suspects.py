@@ -1,0 +1,275 @@
+"""What a worker tells its supervisor about the runs inside their own code, and how it runs
+suspects (runs with a crash counted against them) apart.
+
+The supervisor charges a dead child's crash to the runs its last report named in user
+code, or, if a suspect was among them, to that suspect alone. So the report must name every
+run before any of its code runs, must not name a run whose body waits on the store, and a
+worker may let only one suspect into its code at a time. ``Reporter`` plays the child and
+its supervisor: it keeps the last report, as the supervisor would read it after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from pyrula.workflows import (
+    RunStatus,
+    WorkflowClient,
+    WorkflowContext,
+    WorkflowWorker,
+    step,
+    step_info,
+    workflow,
+)
+from pyrula.workflows.records import PoisonPolicy
+from tests.conftest import await_until
+from tests.unit.worker.worker_support import fast_options, of_type, serving
+
+
+class Reporter:
+    """Sends the worker's reports (claims, entries, heartbeats) and keeps the last one."""
+
+    def __init__(self) -> None:
+        self.worker: WorkflowWorker | None = None
+        self.user_code: frozenset[str] = frozenset()
+        self.suspects: frozenset[str] = frozenset()
+        self.lock = threading.Lock()
+
+    def claimed(self, _: dict[str, int]) -> None:
+        self.send(heartbeat=False)
+
+    def entering(self) -> None:
+        self.send(heartbeat=False)
+
+    def send(self, *, heartbeat: bool) -> None:
+        assert self.worker is not None
+        user_code, suspects = self.worker.user_code_report(heartbeat=heartbeat)
+        with self.lock:
+            self.user_code, self.suspects = frozenset(user_code), frozenset(suspects)
+
+    def names(self, run_id: str) -> bool:
+        with self.lock:
+            return run_id in self.user_code
+
+    async def beat(self) -> None:
+        """The periodic heartbeat (often, so that runs keep dropping out of the report)."""
+        while True:
+            self.send(heartbeat=True)
+            await asyncio.sleep(0.003)
+
+
+REPORTER: list[Reporter] = []
+UNREPORTED: list[str] = []  # code that ran while the last report did not name its run
+
+
+def _check(where: str, run_id: str | None = None) -> None:
+    if run_id is None:
+        info = step_info()
+        assert info is not None
+        run_id = info.run_id
+    if not REPORTER[-1].names(run_id):
+        UNREPORTED.append(f"{where} of {run_id}")
+
+
+@step(name="wsusp_sync")
+def sync_part(tag: str) -> str:
+    _check("sync step")
+    time.sleep(0.002)
+    _check("sync step")
+    return tag
+
+
+@step(name="wsusp_async")
+async def async_part(tag: str) -> str:
+    _check("async step")
+    await asyncio.sleep(0.002)
+    _check("async step")
+    return tag
+
+
+@workflow(name="wsusp_mixed")
+async def mixed(ctx: WorkflowContext, params: Any) -> Any:
+    _check("body", ctx.run_id)
+    a = await sync_part("a")
+    _check("body", ctx.run_id)
+    b = await async_part("b")
+    _check("body", ctx.run_id)
+    c, d = await asyncio.gather(sync_part("c"), async_part("d"))
+    _check("body", ctx.run_id)
+    await ctx.sleep(0.05)
+    _check("body", ctx.run_id)
+    return [a, b, c, d, await sync_part("e")]
+
+
+def reporting_worker(store: Any, workflows: list[Any], **options: Any) -> WorkflowWorker:
+    reporter = Reporter()
+    REPORTER.append(reporter)
+    worker = WorkflowWorker(store=store, workflows=workflows, options=fast_options(**options),
+                            on_claimed=reporter.claimed, on_user_code=reporter.entering)
+    reporter.worker = worker
+    return worker
+
+
+async def test_every_run_is_reported_before_any_of_its_code_runs(store: Any) -> None:
+    UNREPORTED.clear()
+    client = WorkflowClient(store)
+    runs = [await client.submit(mixed, {}) for _ in range(20)]
+    worker = reporting_worker(store, [mixed], max_concurrent_runs=10)
+    async with serving(worker):
+        beating = asyncio.create_task(REPORTER[-1].beat())
+        try:
+            for run in runs:
+                assert await worker.client.result(run.run_id, timeout=30) == list("abcde")
+        finally:
+            beating.cancel()
+    assert UNREPORTED == []
+
+
+@workflow(name="wsusp_steps")
+async def steps(ctx: WorkflowContext, params: Any) -> Any:
+    first = await sync_part("a")
+    await ctx.sleep(0.01)
+    return [first, await async_part("b")]
+
+
+async def test_a_run_whose_body_waits_on_the_store_is_not_in_user_code(store: Any) -> None:
+    UNREPORTED.clear()
+    worker = reporting_worker(store, [steps])
+    seen: list[tuple[str, bool]] = []
+    for method in ("append", "park", "finish"):
+        real = getattr(store, method)
+
+        def spy(real: Any = real, method: str = method) -> Any:
+            async def call(run_id: str, *args: Any, **kwargs: Any) -> Any:
+                # A heartbeat sent now would name exactly the runs in user code.
+                in_code, _ = worker.user_code_report(heartbeat=True)
+                seen.append((method, run_id in in_code))
+                return await real(run_id, *args, **kwargs)
+            return call
+
+        setattr(store, method, spy())
+    run = await WorkflowClient(store).submit(steps, {})
+    async with serving(worker):
+        assert await worker.client.result(run.run_id, timeout=30) == ["a", "b"]
+    assert {m for m, _ in seen} == {"append", "park", "finish"}
+    assert [m for m, in_code in seen if in_code] == []
+    assert UNREPORTED == []
+
+
+IN_CODE = {"suspects": 0, "most": 0, "beside": 0}
+
+
+@step(name="wsusp_dwell")
+async def dwell(tag: str, suspect: bool) -> str:
+    if suspect:
+        IN_CODE["suspects"] += 1
+        IN_CODE["most"] = max(IN_CODE["most"], IN_CODE["suspects"])
+        await asyncio.sleep(0.02)
+        IN_CODE["suspects"] -= 1
+    else:  # an ordinary run is not held back while a suspect runs
+        await await_until(lambda: IN_CODE["suspects"] > 0, timeout=20, what="a suspect")
+        IN_CODE["beside"] += 1
+    return tag
+
+
+@workflow(name="wsusp_dwelling")
+async def dwelling(ctx: WorkflowContext, params: Any) -> Any:
+    return await dwell(params["tag"], params["suspect"])
+
+
+async def make_suspects(store: Any, run_ids: list[str]) -> None:
+    """Each of these queued runs crashed a worker once (its crash counted)."""
+    for run_id in run_ids:
+        assert await store.claim_run(run_id, "dead", now=time.time(), lock_ttl=30) is not None
+    outcomes = await store.reclaim_worker("dead", now=time.time(), charge=run_ids,
+                                          poison=PoisonPolicy(max_retries=100))
+    assert sorted(o.run_id for o in outcomes) == sorted(run_ids)
+
+
+async def test_suspects_run_one_at_a_time_and_ordinary_runs_beside_them(store: Any) -> None:
+    IN_CODE.update(suspects=0, most=0, beside=0)
+    client = WorkflowClient(store)
+    suspects = [await client.submit(dwelling, {"tag": f"s{i}", "suspect": True})
+                for i in range(4)]
+    ordinary = [await client.submit(dwelling, {"tag": f"o{i}", "suspect": False})
+                for i in range(4)]
+    await make_suspects(store, [r.run_id for r in suspects])
+    worker = reporting_worker(store, [dwelling], max_concurrent_runs=8)
+    async with serving(worker):
+        for i, run in enumerate(suspects):
+            assert await worker.client.result(run.run_id, timeout=30) == f"s{i}"
+        for i, run in enumerate(ordinary):
+            assert await worker.client.result(run.run_id, timeout=30) == f"o{i}"
+    assert IN_CODE["most"] == 1
+    assert IN_CODE["beside"] == 4
+
+
+RELEASE = {"held": False}
+
+
+@step(name="wsusp_hold")
+async def hold(tag: str) -> str:
+    while not RELEASE["held"]:
+        await asyncio.sleep(0.01)
+    return tag
+
+
+@workflow(name="wsusp_holding")
+async def holding(ctx: WorkflowContext, params: Any) -> Any:
+    return await hold(params["tag"])
+
+
+async def test_a_suspect_waiting_for_the_gate_at_shutdown_goes_back_uncharged(
+    store: Any,
+) -> None:
+    RELEASE["held"] = False
+    client = WorkflowClient(store)
+    first, second = [await client.submit(holding, {"tag": t}) for t in ("first", "second")]
+    await make_suspects(store, [first.run_id, second.run_id])
+    worker = reporting_worker(store, [holding], shutdown_grace=0.1)
+    async with serving(worker):
+        await await_until(lambda: worker.in_flight == 2, what="both suspects claimed")
+        reporter = REPORTER[-1]
+        await await_until(lambda: reporter.user_code & {first.run_id, second.run_id},
+                          what="one suspect in its code")
+        assert reporter.suspects == {first.run_id, second.run_id}
+        [running] = reporter.user_code & {first.run_id, second.run_id}
+    RELEASE["held"] = True
+    for run in (first, second):
+        info = await client.get(run.run_id)
+        assert info.status is RunStatus.QUEUED
+        journal = await client.events(run.run_id)
+        assert [(e["reason"], e.get("crashes")) for e in of_type(journal, "run:requeued")] == [
+            ("orphaned", 1), ("shutdown", None)]
+    waited = next(r for r in (first, second) if r.run_id != running)
+    assert of_type(await client.events(waited.run_id), "step:started") == []
+    again = await store.claim_run(waited.run_id, "next", now=time.time(), lock_ttl=30)
+    assert again is not None and len(again.crashes) == 1
+
+
+async def test_a_suspect_cancelled_while_waiting_for_the_gate_ends_without_running(
+    store: Any,
+) -> None:
+    RELEASE["held"] = False
+    client = WorkflowClient(store)
+    first, second = [await client.submit(holding, {"tag": t}) for t in ("first", "second")]
+    await make_suspects(store, [first.run_id, second.run_id])
+    worker = reporting_worker(store, [holding])
+    async with serving(worker):
+        reporter = REPORTER[-1]
+        await await_until(lambda: worker.in_flight == 2
+                          and reporter.user_code & {first.run_id, second.run_id},
+                          what="one suspect in its code, the other waiting")
+        [running] = reporter.user_code & {first.run_id, second.run_id}
+        waiting = second if running == first.run_id else first
+        assert await client.cancel(waiting.run_id)
+        await await_until(
+            lambda: worker.in_flight == 1, timeout=30, what="the waiting suspect cancelled")
+        RELEASE["held"] = True
+        assert await worker.client.result(running, timeout=30) in ("first", "second")
+    info = await client.get(waiting.run_id)
+    assert info.status is RunStatus.CANCELLED
+    assert of_type(await client.events(waiting.run_id), "step:started") == []
