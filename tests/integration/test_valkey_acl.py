@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from pyrula.workflows import ValkeyStore
 from tests.integration.valkey_support import (
     awaits_signal,
@@ -105,3 +107,31 @@ async def test_the_store_sends_exactly_the_documented_commands(
         f"not documented: {sorted(used - STORE_COMMANDS)}; "
         f"never used: {sorted(STORE_COMMANDS - used)}"
     )
+
+
+async def test_a_glob_in_a_namespace_cannot_widen_the_fence_to_another_namespace(
+    valkey_server_factory: Any,
+) -> None:
+    """The fence is the ACL pattern ``~<namespace>:*``: a namespace with a glob character
+    in it (``evid*x``) would make that pattern match other namespaces' keys
+    (``evidOTHERx:...``), run records and params included. Such namespaces are refused, so
+    the pattern an operator writes from a valid namespace is always a plain prefix."""
+    from pyrula.workflows import ConfigurationError
+
+    server: Server = valkey_server_factory(user=[
+        "default on nopass ~* &* +@all",
+        # The fence an operator would write for a store with namespace "evid*x".
+        acl_user("snoop", "s3cret", "evid*x", STORE_COMMANDS),
+    ])
+    victim = ValkeyStore(url=server.url, namespace="evidOTHERx", shard_count=1)
+    async with opened(victim):
+        handle = await victim.submit("vk.one_step", {"card": "4111-1111"}, now=0.0)
+    run_key = victim.keys.run(handle[0].run_id)
+    # The leak the refusal prevents: that pattern lets the user read the other
+    # namespace's run record, params included.
+    with server.client(decode_responses=True, username="snoop", password="s3cret") as snoop:
+        assert "4111-1111" in snoop.hgetall(run_key)["params"]
+    for bad in ("evid*x", "evid?x", "evid[O]x", "a]b"):
+        with pytest.raises(ConfigurationError, match="namespace") as refused:
+            ValkeyStore(url=f"redis://snoop:s3cret@127.0.0.1:{server.port}", namespace=bad)
+        assert repr(bad) in str(refused.value)

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.errors import (
     ConfigurationError,
     StaleToken,
@@ -101,7 +102,7 @@ def implied_of(fields: Mapping[str, str]) -> Callable[[int], Event]:
 def _url(url: str) -> tuple[str, bool]:
     """Normalise valkey:// and valkeys:// to what redis-py understands; say if TLS."""
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigurationError(f"ValkeyStore url {url!r} has no scheme (redis://host:port)")
+        raise ConfigurationError(f"ValkeyStore url {redact_url(url)!r} has no scheme (redis://host:port)")
     scheme = urlsplit(url).scheme.lower()
     if scheme not in SCHEMES:
         raise ConfigurationError(
@@ -132,13 +133,12 @@ class ValkeyConnection:
         max_connections: int = 256,
     ) -> None:
         self.url, self.tls = _url(url)
-        ns = namespace if namespace is not None else os.environ.get("PYRULA_VALKEY_NAMESPACE")
-        ns = (ns or "default").strip()
-        if not ns or any(c in ns for c in "{}: \n\t"):
-            raise ConfigurationError(
-                f"namespace must be a non-empty string without braces, colons or spaces, "
-                f"got {namespace!r}"
-            )
+        if namespace is not None:
+            ns = parse_namespace("namespace", namespace)
+        else:
+            from_env = os.environ.get("PYRULA_VALKEY_NAMESPACE")
+            ns = ("default" if not from_env else
+                  parse_namespace("PYRULA_VALKEY_NAMESPACE", from_env))
         self.namespace = ns
         if isinstance(shard_count, bool) or not isinstance(shard_count, int) or not (
             1 <= shard_count <= 4096
@@ -165,7 +165,7 @@ class ValkeyConnection:
         try:
             self._seed, self._link_options = parse_url(self.url, socket_timeout)
         except ValueError as exc:
-            raise ConfigurationError(f"ValkeyStore url {url!r}: {exc}") from None
+            raise ConfigurationError(f"ValkeyStore url {redact_url(url)!r}: {exc}") from None
         self._mode = ClusterMode(cluster)
         self._lock = threading.Lock()
         self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Router] = (
