@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pyrula.workflows.errors import JournalCorrupt
 from pyrula.workflows.events import Event
 
 
@@ -75,6 +76,9 @@ class ClaimedRun:
     ``run:started``. ``base_seq`` is where the run last parked (0 for a run that never
     did), so a worker that cached the journal when it parked the run reads only what is
     new; any other reader fetches events 1..base_seq by offset.
+
+    ``journal_error`` is set (and ``journal`` empty) when what the store holds for the run
+    is not a journal pyrula wrote: the claimer fails the run instead of executing it.
     """
 
     run_id: str
@@ -86,6 +90,7 @@ class ClaimedRun:
     base_seq: int
     start_id: str
     created_at: float
+    journal_error: JournalCorrupt | None = None
 
 
 @dataclass(frozen=True, slots=True)

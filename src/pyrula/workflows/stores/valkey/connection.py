@@ -18,6 +18,7 @@ import orjson
 from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.errors import (
     ConfigurationError,
+    JournalCorrupt,
     StaleToken,
     StoreUnavailable,
     WorkflowNotFound,
@@ -25,7 +26,7 @@ from pyrula.errors import (
 from pyrula.workflows._sync import SYNC_DRIVE, drive
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import FlowControl, RunInfo, RunStatus
-from pyrula.workflows.stores.common import started_event, submitted_event
+from pyrula.workflows.stores.common import journal_entry, started_event, submitted_event
 from pyrula.workflows.stores.valkey.functions import SCRIPT, SHA
 from pyrula.workflows.stores.valkey.keys import KeySpace
 from pyrula.workflows.stores.valkey.resp import AsyncIO, Command, ReplyError, SyncIO, parse_url
@@ -57,21 +58,26 @@ def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _events(raw: Sequence[Any], first_seq: int,
+def _events(run_id: str, raw: Sequence[Any], first_seq: int,
             implied: Callable[[int], Event] | None = None) -> list[Event]:
-    """Journal entries as events numbered from ``first_seq``. Empty entries are the
-    placeholders of events the run record holds (run:submitted at seq 1, a first
-    run:started at seq 2): ``implied(seq)`` builds them."""
+    """Journal entries of ``run_id`` as events numbered from ``first_seq``. Empty entries
+    are the placeholders of events the run record holds (run:submitted at seq 1, a first
+    run:started at seq 2): ``implied(seq)`` builds them. Raises JournalCorrupt for an
+    entry that is not an event."""
     out = []
     for offset, item in enumerate(raw):
         seq = first_seq + offset
         if item == "" and seq <= 2:
             if implied is None:
                 raise AssertionError("a read of the journal's first events needs the record")
-            event = implied(seq)
+            try:
+                event = implied(seq)
+            except (KeyError, ValueError) as exc:  # a record forged or cut short
+                raise JournalCorrupt(run_id, seq, f"(held by the run record) cannot be "
+                                     f"built from it: {type(exc).__name__}: {exc}") from None
+            event["seq"] = seq
         else:
-            event = orjson.loads(item)
-        event["seq"] = seq
+            event = journal_entry(run_id, seq, item)
         out.append(event)
     return out
 

@@ -70,7 +70,10 @@ def pack(commands: Sequence[Command]) -> bytes:
 
 
 def _reader() -> hiredis.Reader:
-    return hiredis.Reader(replyError=ReplyError, encoding="utf-8")
+    # Bytes that are not UTF-8 (only ever written behind the store's back) decode to lone
+    # surrogates rather than failing the whole reply stream: whoever parses that value as
+    # JSON then finds it is not, and says which value it was.
+    return hiredis.Reader(replyError=ReplyError, encoding="utf-8", errors="surrogateescape")
 
 
 @dataclass(frozen=True, slots=True)
