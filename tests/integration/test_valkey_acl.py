@@ -19,6 +19,7 @@ The reference's recipe grants ``+eval +evalsha +script|load``; the store itself 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,7 +82,8 @@ async def test_a_user_fenced_to_the_namespace_runs_workflows_end_to_end(
         assert admin.acl_dryrun("pyrula", "keys", "*") != "OK"
         admin.acl_log_reset()
         async with opened(store):
-            worker = make_worker(store, [two_steps, sleeps, awaits_signal])
+            worker = make_worker(store, [two_steps, sleeps, awaits_signal],
+                                 schedule_interval=0.2)
             async with serving(worker):
                 await exercise(store, worker)
         # Nothing the store sent was refused, save the handshake's CLIENT SETINFO.
@@ -96,7 +98,8 @@ async def test_the_store_sends_exactly_the_documented_commands(
         admin.config_resetstat()
         store = ValkeyStore(url=fresh_valkey_server.url, namespace=NAMESPACE)
         async with opened(store):
-            worker = make_worker(store, [two_steps, sleeps, awaits_signal])
+            worker = make_worker(store, [two_steps, sleeps, awaits_signal],
+                                 schedule_interval=0.2)
             async with serving(worker):
                 await exercise(store, worker)
         stats = admin.info("commandstats")
@@ -135,3 +138,14 @@ async def test_a_glob_in_a_namespace_cannot_widen_the_fence_to_another_namespace
         with pytest.raises(ConfigurationError, match="namespace") as refused:
             ValkeyStore(url=f"redis://snoop:s3cret@127.0.0.1:{server.port}", namespace=bad)
         assert repr(bad) in str(refused.value)
+
+
+def test_the_documented_grant_is_exactly_the_set_the_store_sends() -> None:
+    """docs/valkey.md lists what an ACL must grant; it is this file's STORE_COMMANDS."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "valkey.md").read_text()
+    block = doc.split("a user fenced to the namespace needs", 1)[1].split("```")[1]
+    granted = {word.removeprefix("+") for word in block.split()}
+    assert granted == STORE_COMMANDS, (
+        f"documented but not sent: {sorted(granted - STORE_COMMANDS)}; "
+        f"sent but not documented: {sorted(STORE_COMMANDS - granted)}"
+    )
