@@ -49,7 +49,7 @@ class FleetOptions:
         if self.log_format not in ("text", "json"):
             raise ConfigurationError(f"--log-format must be json or text, got {self.log_format!r}")
         if self.namespace is not None:
-            parse_namespace("--namespace", self.namespace)
+            parse_namespace("--namespace (or PYRULA_VALKEY_NAMESPACE)", self.namespace)
         if self.max_boot_failures < 1:
             raise ConfigurationError(
                 f"--max-boot-failures must be >= 1, got {self.max_boot_failures}"
