@@ -69,7 +69,10 @@ def open_store(url: str | None, namespace: str | None = None, *, archive: bool =
 
     options: dict[str, Any] = {}
     if namespace is not None:
-        options["namespace"] = parse_namespace("--namespace (or PYRULA_VALKEY_NAMESPACE)", namespace)
+        # click reads the flag or the variable: name both.
+        options["namespace"] = parse_namespace(
+            "--namespace (or PYRULA_VALKEY_NAMESPACE)", namespace
+        )
     try:
         store = store_from_url(store_url(url), **options)
     except TypeError:
