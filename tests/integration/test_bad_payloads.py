@@ -1,23 +1,28 @@
-"""What a workflow's own code hands back that is not JSON, or is over ``max_payload_bytes``,
-fails the step (or the run) at once with an error naming the step and the type or the
-limit: no retry of the step, no requeue, no crash counted; and the worker goes on serving.
-Over a real worker on SQLite and on Valkey."""
+"""Params that are not JSON are refused at submit with nothing written; what a workflow's
+own code hands back that is not JSON, or is over ``max_payload_bytes``, fails the step (or
+the run) at once with an error naming the step and the type or the limit: no retry of the
+step, no requeue, no crash counted; and the worker goes on serving. Over a real worker on
+SQLite and on Valkey."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import sqlite3
 import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from pyrula.workflows import (
     PayloadTooLarge,
     RunFailed,
     RunStatus,
     SQLiteStore,
+    SyncWorkflowClient,
     ValkeyStore,
     WorkflowClient,
     WorkflowContext,
@@ -147,3 +152,41 @@ async def test_a_signal_payload_over_the_limit_is_refused_and_the_run_goes_on(
         assert (await client.get(run.run_id)).status is RunStatus.WAITING
         await client.signal(run.run_id, "go", "small")
         assert await client.result(run.run_id, timeout=20) == "small"
+
+
+NOT_JSON_PARAMS = [{1, 2}, datetime.datetime(2024, 1, 1), b"raw", object(),
+                   {"ratio": float("nan")}, [float("inf")], 2**64]
+
+
+def _footprint(store: Any) -> Any:
+    """What the store holds: every key of a Valkey namespace, every row of SQLite's runs
+    and events tables."""
+    if isinstance(store, ValkeyStore):
+        with redis.Redis.from_url(store.url, decode_responses=True) as client:
+            return sorted(client.scan_iter(match=f"{store.namespace}:*", count=1000))
+    conn = sqlite3.connect(store.path)
+    try:
+        return [conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                for table in ("runs", "events")]
+    finally:
+        conn.close()
+
+
+async def test_params_that_are_not_json_are_refused_and_nothing_is_written(
+    store: Any,
+) -> None:
+    client = WorkflowClient(store)
+    sync_client = SyncWorkflowClient(store)
+    worker = make_worker(store, [one_step])
+    async with serving(worker):
+        warm = await client.submit(one_step, {"tag": "before"})
+        assert await client.result(warm.run_id, timeout=20) == "before"
+        before = _footprint(store)
+        for params in NOT_JSON_PARAMS:
+            with pytest.raises(ValueError, match="params for workflow 'vk.one_step' is not JSON"):
+                await client.submit(one_step, params)
+            with pytest.raises(ValueError, match="not JSON-serialisable"):
+                await asyncio.to_thread(sync_client.submit, one_step, params)
+        assert _footprint(store) == before
+        after = await client.submit(one_step, {"tag": "after"})
+        assert await client.result(after.run_id, timeout=20) == "after"
