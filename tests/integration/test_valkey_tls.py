@@ -198,5 +198,14 @@ def test_the_cli_worker_and_client_speak_tls(tls_server: TLSServer, tmp_path: Pa
         assert "certificate verify failed" in refused.stderr
         assert "Traceback" not in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
+        # A worker pointed at it stops at start, saying why (the store is unusable).
+        worker_refused = subprocess.run(
+            [sys.executable, "-m", "pyrula.cli", "worker", "--app", "tlsapp", "--store",
+             tls_server.url(ca=tls_server.other_ca), "--namespace", "tlscli", "--no-cloud"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )
+        assert worker_refused.returncode == 1, worker_refused.stderr
+        assert "certificate verify failed" in worker_refused.stderr.splitlines()[-1]
+        assert "Traceback" not in worker_refused.stderr
     finally:
         worker.reap()
