@@ -151,3 +151,52 @@ async def test_a_forged_entry_fails_its_run_and_the_worker_serves_the_others(
     # Reading the journal says what is wrong with it, rather than failing to parse.
     with pytest.raises(JournalCorrupt, match=f"run {read.run_id}: journal entry {step_seq} "):
         await client.events(read.run_id)
+
+
+@pytest.mark.postgres
+async def test_the_archive_leaves_out_a_run_whose_journal_is_forged(
+    valkey_url: str, valkey_namespace: str, postgres_archive_dsn: str
+) -> None:
+    """Under an ArchivingStore the failed run is not archived (``archive_failed`` names
+    it): neither the archiving at its end nor the reconcile loop stops the worker, and the
+    healthy runs around it are archived."""
+    from pyrula.workflows import ArchivingStore, PostgresArchive
+
+    live = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=1)
+    store = ArchivingStore(live=live, archive=PostgresArchive(dsn=postgres_archive_dsn),
+                           reconcile_grace=0.0)
+    client = WorkflowClient(store)
+    try:
+        first = make_worker(store, [awaits_signal], journal_cache_events=0)
+        async with serving(first):
+            forged = await client.submit(awaits_signal, {"tag": "forged"})
+            await await_until(lambda: _status(client, forged.run_id, RunStatus.WAITING),
+                              timeout=20, what="the run to wait for its signal")
+        step_seq = await _seq_of(client, forged.run_id, "step:completed")
+        with redis.Redis.from_url(valkey_url) as raw:
+            raw.lset(live.keys.journal(forged.run_id), step_seq - 1, TRUNCATED)
+        await client.signal(forged.run_id, "go", 1)
+        healthy = await client.submit(one_step, {"tag": "archived"})
+
+        second = make_worker(store, [one_step, awaits_signal], journal_cache_events=0,
+                             reconcile_interval=0.2)
+        with captured_logs() as logs:
+            async with serving(second):
+                assert await client.result(healthy.run_id, timeout=20) == "archived"
+                with pytest.raises(RunFailed) as failed:
+                    await client.result(forged.run_id, timeout=20)
+                assert failed.value.error["code"] == "corrupt_journal"
+                await await_until(
+                    lambda: any(r.getMessage().count(forged.run_id)
+                                for r in logs.events("archive_failed")),
+                    timeout=20, what="the reconcile loop to refuse the forged run")
+                after = await client.submit(one_step, {"tag": "after"})
+                assert await client.result(after.run_id, timeout=20) == "after"
+                assert second.state == "ready"
+            assert not logs.events("loop_died") and not logs.events("archive_lost")
+        for run_id in (healthy.run_id, after.run_id):
+            assert await store.archive.get_run(run_id, store.namespace) is not None
+        assert await store.archive.get_run(forged.run_id, store.namespace) is None
+    finally:
+        await store.aclose()
+        store.close()
