@@ -187,6 +187,10 @@ async def test_params_that_are_not_json_are_refused_and_nothing_is_written(
                 await client.submit(one_step, params)
             with pytest.raises(ValueError, match="not JSON-serialisable"):
                 await asyncio.to_thread(sync_client.submit, one_step, params)
+        small = WorkflowClient(store, max_payload_bytes=1000)
+        with pytest.raises(PayloadTooLarge, match=r"params for workflow 'vk.one_step' is "
+                                                  r"\d+ bytes, above max_payload_bytes \(1000\)"):
+            await small.submit(one_step, {"tag": "x" * 2000})
         assert _footprint(store) == before
         after = await client.submit(one_step, {"tag": "after"})
         assert await client.result(after.run_id, timeout=20) == "after"
