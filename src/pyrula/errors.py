@@ -41,6 +41,19 @@ class PayloadTooLarge(PyrulaError, ValueError):
     """Params, a step result or a signal payload exceeds ``max_payload_bytes``."""
 
 
+class JournalCorrupt(PyrulaError):
+    """An entry of a run's journal is not an event pyrula wrote (forged, truncated or
+    overwritten in the store behind its back). The worker that meets it fails the run
+    (``run:error`` code ``corrupt_journal``); readers of the journal get this error.
+    """
+
+    def __init__(self, run_id: str, seq: int, reason: str) -> None:
+        self.run_id = run_id
+        self.seq = seq
+        self.reason = reason
+        super().__init__(f"run {run_id}: journal entry {seq} {reason}")
+
+
 class StaleToken(PyrulaError):
     """A write carried a fencing token that is no longer the run's current attempt.
 

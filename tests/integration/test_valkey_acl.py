@@ -19,7 +19,10 @@ The reference's recipe grants ``+eval +evalsha +script|load``; the store itself 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from pyrula.workflows import ValkeyStore
 from tests.integration.valkey_support import (
@@ -79,7 +82,8 @@ async def test_a_user_fenced_to_the_namespace_runs_workflows_end_to_end(
         assert admin.acl_dryrun("pyrula", "keys", "*") != "OK"
         admin.acl_log_reset()
         async with opened(store):
-            worker = make_worker(store, [two_steps, sleeps, awaits_signal])
+            worker = make_worker(store, [two_steps, sleeps, awaits_signal],
+                                 schedule_interval=0.2)
             async with serving(worker):
                 await exercise(store, worker)
         # Nothing the store sent was refused, save the handshake's CLIENT SETINFO.
@@ -94,7 +98,8 @@ async def test_the_store_sends_exactly_the_documented_commands(
         admin.config_resetstat()
         store = ValkeyStore(url=fresh_valkey_server.url, namespace=NAMESPACE)
         async with opened(store):
-            worker = make_worker(store, [two_steps, sleeps, awaits_signal])
+            worker = make_worker(store, [two_steps, sleeps, awaits_signal],
+                                 schedule_interval=0.2)
             async with serving(worker):
                 await exercise(store, worker)
         stats = admin.info("commandstats")
@@ -104,4 +109,43 @@ async def test_the_store_sends_exactly_the_documented_commands(
     assert used == STORE_COMMANDS, (
         f"not documented: {sorted(used - STORE_COMMANDS)}; "
         f"never used: {sorted(STORE_COMMANDS - used)}"
+    )
+
+
+async def test_a_glob_in_a_namespace_cannot_widen_the_fence_to_another_namespace(
+    valkey_server_factory: Any,
+) -> None:
+    """The fence is the ACL pattern ``~<namespace>:*``: a namespace with a glob character
+    in it (``evid*x``) would make that pattern match other namespaces' keys
+    (``evidOTHERx:...``), run records and params included. Such namespaces are refused, so
+    the pattern an operator writes from a valid namespace is always a plain prefix."""
+    from pyrula.workflows import ConfigurationError
+
+    server: Server = valkey_server_factory(user=[
+        "default on nopass ~* &* +@all",
+        # The fence an operator would write for a store with namespace "evid*x".
+        acl_user("snoop", "s3cret", "evid*x", STORE_COMMANDS),
+    ])
+    victim = ValkeyStore(url=server.url, namespace="evidOTHERx", shard_count=1)
+    async with opened(victim):
+        handle = await victim.submit("vk.one_step", {"card": "4111-1111"}, now=0.0)
+    run_key = victim.keys.run(handle[0].run_id)
+    # The leak the refusal prevents: that pattern lets the user read the other
+    # namespace's run record, params included.
+    with server.client(decode_responses=True, username="snoop", password="s3cret") as snoop:
+        assert "4111-1111" in snoop.hgetall(run_key)["params"]
+    for bad in ("evid*x", "evid?x", "evid[O]x", "a]b"):
+        with pytest.raises(ConfigurationError, match="namespace") as refused:
+            ValkeyStore(url=f"redis://snoop:s3cret@127.0.0.1:{server.port}", namespace=bad)
+        assert repr(bad) in str(refused.value)
+
+
+def test_the_documented_grant_is_exactly_the_set_the_store_sends() -> None:
+    """docs/valkey.md lists what an ACL must grant; it is this file's STORE_COMMANDS."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "valkey.md").read_text()
+    block = doc.split("a user fenced to the namespace needs", 1)[1].split("```")[1]
+    granted = {word.removeprefix("+") for word in block.split()}
+    assert granted == STORE_COMMANDS, (
+        f"documented but not sent: {sorted(granted - STORE_COMMANDS)}; "
+        f"sent but not documented: {sorted(STORE_COMMANDS - granted)}"
     )

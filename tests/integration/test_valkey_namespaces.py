@@ -76,7 +76,8 @@ async def test_every_key_written_starts_with_its_namespace(fresh_valkey_server: 
     beta = ValkeyStore(url=url, namespace="beta")
     LEDGER.clear()
     async with opened(alpha, beta):
-        workers = [make_worker(s, [two_steps, sleeps, awaits_signal]) for s in (alpha, beta)]
+        workers = [make_worker(s, [two_steps, sleeps, awaits_signal], schedule_interval=0.2)
+                   for s in (alpha, beta)]
         async with serving(workers[0]), serving(workers[1]):
             await asyncio.gather(exercise(alpha, workers[0], "alpha-"),
                                  exercise(beta, workers[1], "beta-"))

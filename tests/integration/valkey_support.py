@@ -28,6 +28,12 @@ from pyrula.workflows import (
     step,
     workflow,
 )
+from pyrula.workflows.schedules import Schedule
+from pyrula.workflows.schedules.control import (
+    apause_schedule,
+    aresume_schedule,
+    arun_schedule_now,
+)
 from pyrula.workflows.stores.valkey.keys import name_hash
 from tests.conftest import await_until
 
@@ -242,7 +248,9 @@ def all_keys(url: str, match: str = "*") -> list[str]:
 
 async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") -> None:
     """Every kind of call the store makes, through a worker serving ``two_steps``,
-    ``sleeps`` and ``awaits_signal``, and its client. ``tag`` keeps ledger entries apart."""
+    ``sleeps`` and ``awaits_signal``, and its client. ``tag`` keeps ledger entries apart.
+    With the worker's ``schedule_interval`` under 5 s its schedule loop fires a schedule
+    too (otherwise the schedule runs only through ``run_schedule_now``)."""
     client = worker.client
     await store.aflow_control_set("metered", max_concurrent=2, max_starts_per_second=50.0)
     assert (await store.aflow_control_get("metered")) is not None
@@ -289,6 +297,25 @@ async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") ->
     listed = [info async for info in client.list_runs(name="vk.two_steps", limit=3)]
     assert len(listed) == 3
     assert await store.aflow_control_delete("metered")
+
+    # Schedules: created, listed, paused and resumed, run now, fired by the worker's loop
+    # (due a second after it is created, when the worker's schedule_interval is short).
+    sched = Schedule.create(two_steps, every=60, params={"tag": f"{tag}sched"},
+                            schedule_id=f"{tag}every-minute", created_at=time.time() - 59)
+    await store.aschedule_create(sched)
+    assert [s.schedule_id for s in await store.aschedule_list()] == [sched.schedule_id]
+    await apause_schedule(store, sched.schedule_id)
+    await aresume_schedule(store, sched.schedule_id)
+    now_run = await arun_schedule_now(store, sched.schedule_id)
+    assert await client.result(now_run.run_id, timeout=15) == [f"{tag}sched", f"{tag}sched!"]
+    if worker.options.schedule_interval < 5:
+
+        async def fired() -> bool:
+            got = await store.aschedule_get(sched.schedule_id)
+            return got is not None and got.last_run_id not in (None, now_run.run_id)
+
+        await await_until(fired, timeout=20, what="the schedule loop to fire the schedule")
+    assert await store.aschedule_delete(sched.schedule_id)
     store.ping()
 
 

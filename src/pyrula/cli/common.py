@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import json
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ from typing import Any
 
 import click
 
+from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
 
@@ -66,15 +68,37 @@ def open_store(url: str | None, namespace: str | None = None, *, archive: bool =
     from pyrula.workflows.stores.archive import archived_if_configured
 
     options: dict[str, Any] = {}
-    if namespace:
-        options["namespace"] = namespace
+    if namespace is not None:
+        # click reads the flag or the variable: name both.
+        options["namespace"] = parse_namespace(
+            "--namespace (or PYRULA_VALKEY_NAMESPACE)", namespace
+        )
     try:
         store = store_from_url(store_url(url), **options)
     except TypeError:
-        raise click.ClickException(
-            f"--namespace applies to Valkey stores only, not {store_url(url)!r}"
+        raise InputError(
+            f"--namespace applies to Valkey stores only, not {redact_url(store_url(url))!r}"
         ) from None
     return archived_if_configured(store) if archive else store
+
+
+class InputError(click.ClickException):
+    """A user's mistake on the command line: one line on stderr, exit 2, no traceback."""
+
+    exit_code = CONFIGURATION_ERROR_EXIT
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (JSON has no NaN or Infinity)")
+
+
+def json_argument(what: str, text: str) -> Any:
+    """``text`` parsed as JSON, strictly: ``NaN``/``Infinity``, which Python's parser
+    would take, are refused like any other text that is not JSON."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise InputError(f"{what} is not JSON: {exc}") from None
 
 
 def option_flags(func: Callable[..., Any]) -> Callable[..., Any]:

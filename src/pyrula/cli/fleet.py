@@ -19,7 +19,7 @@ from pyrula.config.fleet import (
     resolve_health_port,
     resolve_store_url,
 )
-from pyrula.config.parse import parse_int
+from pyrula.config.parse import parse_int, redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
 
@@ -162,7 +162,7 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
             f"{options.health_port}: {exc.strerror or exc} (choose another --health-port, "
             "or 0 for a free one)"
         ) from None
-    click.echo(f"pyrula-fleet: {options.children} children on {options.store_url}; "
+    click.echo(f"pyrula-fleet: {options.children} children on {redact_url(options.store_url)}; "
                f"health on http://{host}:{port} (/livez /readyz /status /metrics)", err=True)
     try:
         return await supervisor.run()

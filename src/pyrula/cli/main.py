@@ -15,6 +15,7 @@ import click
 from pyrula import logs
 from pyrula.cli.common import (
     CONFIGURATION_ERROR_EXIT,
+    json_argument,
     load_workflows,
     open_store,
     option_flags,
@@ -22,6 +23,7 @@ from pyrula.cli.common import (
     store_url,
     worker_options,
 )
+from pyrula.config.parse import redact_url
 
 LOG_FORMAT = click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text",
@@ -80,7 +82,8 @@ def _worker_command(dev: bool) -> Any:
                                 options=opts, cloud=cloud)
         archive = getattr(worker.store, "archive", None)
         archived = f" (archived to {archive.where()})" if archive is not None else ""
-        click.echo(f"pyrula worker {worker.worker_id} on {store_url(store)}{archived} serving "
+        where = redact_url(store_url(store))
+        click.echo(f"pyrula worker {worker.worker_id} on {where}{archived} serving "
                    f"{', '.join(worker.workflow_names)}", err=True)
         on_start = (lambda: _watch_for_changes(worker)) if dev else None
         code = serve(worker, on_start)
@@ -189,10 +192,7 @@ def _info_dict(info: Any) -> dict[str, Any]:
 def submit(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
            store: str | None, namespace: str | None) -> None:
     """Submit a run of WORKFLOW with PARAMS (JSON)."""
-    try:
-        value = json.loads(params)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"PARAMS is not JSON: {exc}") from None
+    value = json_argument("PARAMS", params)
     handle = _client(store, namespace).submit(
         workflow, value, owner=owner, idempotency_key=idempotency_key
     )
@@ -237,7 +237,7 @@ def events(run_id: str, store: str | None, namespace: str | None) -> None:
 def send_signal(run_id: str, name: str, payload: str, store: str | None,
                 namespace: str | None) -> None:
     """Send signal NAME with PAYLOAD (JSON) to a run."""
-    _client(store, namespace).signal(run_id, name, json.loads(payload))
+    _client(store, namespace).signal(run_id, name, json_argument("PAYLOAD", payload))
 
 
 @cli.command("cancel")
@@ -349,7 +349,7 @@ def db_check(store: str | None, namespace: str | None, postgres_dsn: str | None,
 
 
 def main() -> None:
-    from pyrula.errors import ConfigurationError, PyrulaError
+    from pyrula.errors import ConfigurationError, PayloadTooLarge, PyrulaError
 
     try:
         cli(standalone_mode=True)
@@ -357,7 +357,15 @@ def main() -> None:
         # The same words and exit code as a ConfigurationError raised by worker.run().
         click.echo(f"configuration error: {exc}", err=True)
         sys.exit(CONFIGURATION_ERROR_EXIT)
+    except PayloadTooLarge as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(CONFIGURATION_ERROR_EXIT)
     except PyrulaError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except ValueError as exc:
+        # What the client refuses in its arguments (a signal name, params that are not
+        # JSON): the user's mistake, so one line and the usage error's exit code.
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(CONFIGURATION_ERROR_EXIT)
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyrula.config.parse import env_value, parse_bytes, parse_float, parse_int
+from pyrula.config.parse import (
+    env_value,
+    parse_bytes,
+    parse_float,
+    parse_int,
+    parse_namespace,
+)
 from pyrula.errors import ConfigurationError
 
 DEFAULT_HEALTH_PORT = 8081
@@ -42,6 +48,8 @@ class FleetOptions:
             raise ConfigurationError("name what to serve: --app MODULE or --workflow MODULE:FN")
         if self.log_format not in ("text", "json"):
             raise ConfigurationError(f"--log-format must be json or text, got {self.log_format!r}")
+        if self.namespace is not None:
+            parse_namespace("--namespace (or PYRULA_VALKEY_NAMESPACE)", self.namespace)
         if self.max_boot_failures < 1:
             raise ConfigurationError(
                 f"--max-boot-failures must be >= 1, got {self.max_boot_failures}"

@@ -79,3 +79,37 @@ def parse_bytes(option: str, value: object, *, minimum: int = 1) -> int:
     if number < minimum:
         raise ConfigurationError(f"{option} must be >= {minimum} bytes, got {value!r}")
     return number
+
+
+#: What a Valkey namespace may be made of. Every key of a store starts with
+#: ``<namespace>:`` and the ACL that fences it is ``~<namespace>:*``: a character the
+#: ACL's glob reads (``*``, ``?``, ``[``, ``]``, ``\``) would widen that fence to other
+#: namespaces, and ``{``, ``}``, ``:`` and whitespace would change what a key means.
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,100}")
+NAMESPACE_RULE = "1 to 100 of the characters A-Z a-z 0-9 . _ -"
+
+
+def parse_namespace(option: str, value: object) -> str:
+    """A Valkey key namespace, checked against ``NAMESPACE_PATTERN`` (never trimmed: a
+    namespace with a stray space is refused rather than quietly made another)."""
+    if not isinstance(value, str) or NAMESPACE_PATTERN.fullmatch(value) is None:
+        raise ConfigurationError(
+            f"{option} {value!r} is not a valid namespace: use {NAMESPACE_RULE} "
+            "(no spaces, braces, colons or glob characters * ? [ ])"
+        )
+    return value
+
+
+def redact_url(url: object) -> str:
+    """``url`` as it may be shown in a message or a log: a password in it reads ``***``
+    (a lone name before ``@``, which the Valkey store reads as a password, too)."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    authority, slash, tail = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at:
+        return text
+    user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
+    return f"{scheme}://{user}:***@{host}{slash}{tail}"

@@ -49,12 +49,29 @@ def make_event(type_: EventType | str, ts: float, **fields: Any) -> Event:
     return event
 
 
+#: Payloads (params, step results, signal payloads, resume values) are JSON and nothing
+#: else: orjson's own encodings of datetimes and dataclasses are turned off, so such a
+#: value is refused rather than stored as something it reads back differently.
+_PAYLOAD_OPTIONS = (
+    orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+)
+
+
 def dumps(value: Any) -> bytes:
-    """Serialise a JSON value; raises ``TypeError`` naming the offending type."""
+    """Serialise a JSON value; raises ``TypeError`` naming the offending type.
+
+    ``NaN`` and the infinities are refused too: JSON has no such numbers (orjson would
+    write them as ``null``, so the value would read back as None).
+    """
     try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+        data = orjson.dumps(value, option=_PAYLOAD_OPTIONS)
     except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
         raise TypeError(f"not JSON-serialisable: {_describe(value, exc)}") from None
+    # A non-finite float is written as null, so only a payload with a null in it can hold
+    # one: the walk below costs nothing for the others.
+    if b"null" in data and _has_non_finite(value):
+        raise TypeError("not JSON-serialisable: NaN or Infinity (JSON has no such numbers)")
+    return data
 
 
 def loads(data: bytes | str) -> Any:
@@ -72,9 +89,29 @@ def loads_event(data: bytes | str) -> Event:
 
 def _describe(value: Any, exc: Exception) -> str:
     bad = _first_unserialisable(value)
+    if isinstance(bad, int) and not isinstance(bad, bool):
+        return f"the integer {bad} is outside the 64-bit range JSON payloads may hold"
     if bad is not None:
         return f"type {type(bad).__module__}.{type(bad).__qualname__}"
     return str(exc)
+
+
+def _has_non_finite(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if item != item or item in (_INF, -_INF):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+            stack.extend(k for k in item if isinstance(k, float))
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+_INF = float("inf")
 
 
 def _first_unserialisable(value: Any, depth: int = 0) -> Any:
@@ -95,7 +132,7 @@ def _first_unserialisable(value: Any, depth: int = 0) -> Any:
                 return found
         return None
     try:
-        orjson.dumps(value)
+        orjson.dumps(value, option=_PAYLOAD_OPTIONS)
     except TypeError:
         return value
     return None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pyrula.workflows.errors import JournalCorrupt
 from pyrula.workflows.events import Event
 
 
@@ -79,6 +80,9 @@ class ClaimedRun:
     ``crashes`` are the times of the crashes counted against the run, as the store keeps
     them (older ones than ``poison_retry_ttl_s`` no longer count but may still be listed):
     a run with a crash that counts is a *suspect*, which its worker runs apart.
+
+    ``journal_error`` is set (and ``journal`` empty) when what the store holds for the run
+    is not a journal pyrula wrote: the claimer fails the run instead of executing it.
     """
 
     run_id: str
@@ -91,6 +95,7 @@ class ClaimedRun:
     start_id: str
     created_at: float
     crashes: tuple[float, ...] = ()
+    journal_error: JournalCorrupt | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from pyrula.config.parse import redact_url
 from pyrula.workflows.errors import ConfigurationError
 from pyrula.workflows.stores.base import Store
 
@@ -19,7 +20,7 @@ def store_from_url(url: str, **options: Any) -> Store:
     """
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
-            f"store URL {url!r} has no scheme; use one of: "
+            f"store URL {redact_url(url)!r} has no scheme; use one of: "
             + ", ".join(f"{s}://" for s in SCHEMES)
         )
     scheme = urlsplit(url).scheme.lower()
@@ -36,7 +37,7 @@ def store_from_url(url: str, **options: Any) -> Store:
 
         return ValkeyStore(url=url, **options)
     raise ConfigurationError(
-        f"unknown store URL scheme {scheme!r} in {url!r}; use one of: "
+        f"unknown store URL scheme {scheme!r} in {redact_url(url)!r}; use one of: "
         + ", ".join(f"{s}://" for s in SCHEMES)
     )
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pyrula.workflows.errors import JournalCorrupt
 from pyrula.workflows.events import Event, EventType, dumps, loads, make_event
 from pyrula.workflows.schedules.schedule import Schedule
 
@@ -31,6 +32,38 @@ def submitted_event(
     if idempotency_key is not None:
         event["idempotency_key"] = idempotency_key
     return event
+
+
+def journal_entry(run_id: str, seq: int, raw: str | bytes) -> Event:
+    """Entry ``seq`` of a run's journal as stored, checked to be an event: a JSON object
+    with a ``type`` (and an integer ``call`` if any). Raises JournalCorrupt naming the
+    entry for anything else: the stores write only such entries, so another one was
+    forged, truncated or overwritten in the store."""
+    try:
+        event = loads(raw)
+    except ValueError as exc:  # orjson.JSONDecodeError
+        raise JournalCorrupt(run_id, seq, f"is not JSON ({exc})") from None
+    if not isinstance(event, dict):
+        raise JournalCorrupt(run_id, seq, f"is not a JSON object (a {type(event).__name__})")
+    type_ = event.get("type")
+    if not isinstance(type_, str) or not type_:
+        raise JournalCorrupt(run_id, seq, "has no type")
+    call = event.get("call")
+    if call is not None and (isinstance(call, bool) or not isinstance(call, int)):
+        raise JournalCorrupt(run_id, seq, f"has call {call!r}, not an integer")
+    event["seq"] = seq
+    return event
+
+
+def record_params(run_id: str, raw: str | bytes | None) -> Any:
+    """A run record's params (they are its journal's entry 1, run:submitted)."""
+    if raw is None or raw == "":
+        return None
+    try:
+        return loads(raw)
+    except ValueError as exc:
+        raise JournalCorrupt(run_id, 1, f"(the run record's params) is not JSON ({exc})"
+                             ) from None
 
 
 def started_event(now: float, attempt: int, worker_id: str) -> Event:

@@ -22,6 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyrula.workflows.errors import (
+    JournalCorrupt,
     RunNotActive,
     WorkflowNotFound,
 )
@@ -46,6 +47,7 @@ from pyrula.workflows.stores.common import (
     new_run_id,
     pick_owner,
     quarantine_error,
+    record_params,
     requeued_event,
     started_event,
     submitted_event,
@@ -360,17 +362,28 @@ class SQLiteStore(SQLiteAdmin):
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         name, params, owner, attempt, length, base, start_id, created_at, crashes = row
         self._insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id)])
+        values: Any = None
+        journal: list[Event] = []
+        corrupt: JournalCorrupt | None = None
+        try:
+            # Not a reason to fail the claim (and roll back the others it took): the
+            # worker fails this run, whose attempt and lock are taken like theirs.
+            values = record_params(run_id, params)
+            journal = self._journal(conn, run_id, base)
+        except JournalCorrupt as exc:
+            corrupt = exc
         return ClaimedRun(
             run_id=run_id,
             name=name,
-            params=_uj(params),
+            params=values,
             owner=owner or None,
             token=attempt,
-            journal=self._journal(conn, run_id, base),
+            journal=journal,
             base_seq=base,
             start_id=start_id,
             created_at=created_at,
             crashes=tuple(_uj(crashes) or ()),
+            journal_error=corrupt,
         )
 
     async def renew(

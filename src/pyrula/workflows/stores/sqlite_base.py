@@ -29,6 +29,7 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
+from pyrula.workflows.stores.common import journal_entry
 from pyrula.workflows.stores.sqlite_schema import ADDITIVE_FROM, SCHEMA, SCHEMA_VERSION
 from pyrula.workflows.stores.sqlite_thread import (
     Batch,
@@ -588,10 +589,11 @@ class SQLiteBase:
         return row
 
     def _journal(self, conn: sqlite3.Connection, run_id: str, after: int = 0) -> list[Event]:
+        """The run's events after seq ``after``; JournalCorrupt for a row that is not one."""
         rows = conn.execute(
-            "SELECT data FROM events WHERE run_id=? AND seq>? ORDER BY seq", (run_id, after)
+            "SELECT seq, data FROM events WHERE run_id=? AND seq>? ORDER BY seq", (run_id, after)
         ).fetchall()
-        return [orjson.loads(r[0]) for r in rows]
+        return [journal_entry(run_id, seq, data) for seq, data in rows]
 
     def _next_queue_seq(self, conn: sqlite3.Connection) -> int:
         row = conn.execute(

@@ -18,14 +18,20 @@ from typing import Any
 
 from pyrula.config.cloud import check_cloud
 from pyrula.config.worker import WorkerOptions
-from pyrula.errors import ConfigurationError, StaleToken, StoreUnavailable, WorkflowNotFound
+from pyrula.errors import (
+    ConfigurationError,
+    JournalCorrupt,
+    StaleToken,
+    StoreUnavailable,
+    WorkflowNotFound,
+)
 from pyrula.health_http import ProbeServer
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.definition import REGISTRY, Registry, WorkflowSpec, workflow_name
 from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
-from pyrula.workflows.events import Event
-from pyrula.workflows.records import ClaimedRun, PoisonPolicy
+from pyrula.workflows.events import Event, EventType, make_event
+from pyrula.workflows.records import ClaimedRun, PoisonPolicy, RunStatus
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.gate import SuspectGate
@@ -513,6 +519,8 @@ class WorkflowWorker:
         task.add_done_callback(self._run_tasks.discard)
 
     async def _journal_for(self, claimed: ClaimedRun) -> list[Event]:
+        if claimed.journal_error is not None:
+            raise claimed.journal_error
         if claimed.base_seq == 0:
             return list(claimed.journal)
         cached = self._cache.take(claimed.run_id, claimed.base_seq)
@@ -556,6 +564,8 @@ class WorkflowWorker:
                 admission = self._gate.enter(claimed.run_id, claimed.token, crashes)
             outcome = await attempt.run(admission=admission)
             await self._after(claimed, outcome, run_log)
+        except JournalCorrupt as exc:
+            await self._fail_corrupt(claimed, exc, run_log)
         except StoreUnavailable as exc:
             logger.warning("run %s: store unavailable before the attempt began (%s)",
                            claimed.run_id, exc, extra=run_log)
@@ -597,6 +607,30 @@ class WorkflowWorker:
                            extra={"event": "run_lock_lost", **run_log})
         elif kind is OutcomeKind.STORE_UNAVAILABLE:
             await self._requeue_unavailable(claimed, run_log)
+
+    async def _fail_corrupt(self, claimed: ClaimedRun, exc: JournalCorrupt,
+                            run_log: dict[str, Any]) -> None:
+        """Fail a run whose journal holds an entry pyrula did not write: replaying it could
+        only crash or run steps again, on every worker and every attempt. Its code is not
+        the cause, so this is a failure of the run, not a crash counted toward poison."""
+        logger.error("run_journal_corrupt: %s; the run fails", exc,
+                     extra={"event": "run_journal_corrupt", **run_log})
+        error = {"code": "corrupt_journal", "error_type": "JournalCorrupt",
+                 "message": str(exc), "detail": {"seq": exc.seq, "reason": exc.reason}}
+        now = self._clock.now()
+        event = make_event(EventType.RUN_ERROR, now, code=error["code"],
+                           error_type=error["error_type"], message=error["message"],
+                           detail=error["detail"])
+        try:
+            await self.store.finish(claimed.run_id, claimed.token, [event], now=now,
+                                    status=RunStatus.FAILED, error=error)
+        except StaleToken:
+            return  # another attempt holds the run; it meets the same entry
+        except StoreUnavailable:
+            await self._requeue_unavailable(claimed, run_log)
+            return
+        self.runs_done += 1
+        self.metrics.inc("pyrula.workflows.runs.finished", status="failed")
 
     async def _requeue_unavailable(self, claimed: ClaimedRun, run_log: dict[str, Any]) -> None:
         """Put the run back (reason store_unavailable) once the store answers again, for as

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from pyrula.errors import ArchiveSchemaMismatch, WorkflowNotFound
+from pyrula.errors import ArchiveSchemaMismatch, JournalCorrupt, WorkflowNotFound
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import RunInfo
 from pyrula.workflows.stores.archive.pool import ArchiveError, ArchiveUnavailable
@@ -108,12 +108,27 @@ class Archiver:
             logger.info("archive_recovered: the Postgres archive answers again",
                         extra={"event": "archive_recovered", "namespace": self.namespace})
 
-    async def _read_live(self, run_ids: Sequence[str]) -> dict[str, tuple[RunInfo, list[Event]]]:
-        """The ended runs among ``run_ids`` with their whole journals (others left out)."""
+    async def _read_live(
+        self, run_ids: Sequence[str]
+    ) -> tuple[dict[str, tuple[RunInfo, list[Event]]], set[str]]:
+        """The ended runs among ``run_ids`` with their whole journals (others left out),
+        and the ids of those whose journal is corrupt: they are refused (logged
+        ``archive_failed``), since what the archive keeps must read back as events."""
         reader = getattr(self.live, "read_finished", None)
-        if reader is not None:
-            return cast(dict[str, tuple[RunInfo, list[Event]]], await reader(run_ids))
         out: dict[str, tuple[RunInfo, list[Event]]] = {}
+        refused: set[str] = set()
+        if reader is not None:
+            try:
+                return cast(dict[str, tuple[RunInfo, list[Event]]], await reader(run_ids)), refused
+            except JournalCorrupt:
+                pass  # one run's journal is not readable: read the batch one run at a time
+            for run_id in run_ids:
+                try:
+                    out.update(await reader([run_id]))
+                except JournalCorrupt as exc:
+                    self._refuse(exc)
+                    refused.add(run_id)
+            return out, refused
         for run_id in run_ids:
             info = await self.live.get_run(run_id)
             if info is None or not info.status.terminal:
@@ -122,7 +137,14 @@ class Archiver:
                 out[run_id] = (info, await self.live.read_events(run_id))
             except WorkflowNotFound:
                 continue
-        return out
+            except JournalCorrupt as exc:
+                self._refuse(exc)
+                refused.add(run_id)
+        return out, refused
+
+    def _refuse(self, exc: JournalCorrupt) -> None:
+        logger.error("archive_failed: run %s is not archived: %s", exc.run_id, exc,
+                     extra={"event": "archive_failed", "run_id": exc.run_id})
 
     async def _expire(self, run_ids: Sequence[str]) -> None:
         expire = getattr(self.live, "expire_finished", None)
@@ -203,7 +225,7 @@ class Archiver:
 
     async def _archive_batch(self, run_ids: Sequence[str]) -> None:
         try:
-            records = await self._read_live(run_ids)
+            records, _ = await self._read_live(run_ids)
             if not records:
                 return
             archived = await self._upsert(records)
@@ -259,8 +281,10 @@ class Archiver:
                 have = await self.archive.archived(self.namespace, ids)
                 missing = [run_id for run_id in ids if run_id not in have]
                 if missing:
-                    records = await self._read_live(missing)
-                    gone = [run_id for run_id in missing if run_id not in records]
+                    records, refused = await self._read_live(missing)
+                    failed += len(refused)
+                    gone = [run_id for run_id in missing
+                            if run_id not in records and run_id not in refused]
                     if gone:
                         lost += len(gone)
                         logger.error(

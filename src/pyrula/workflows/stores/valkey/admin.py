@@ -118,7 +118,7 @@ class ValkeyAdmin(ValkeyConnection):
                 continue
             info = self._info(run_id, fields)
             if info.status.terminal:
-                out[run_id] = (info, _events(raw or [""], 1, implied_of(fields)))
+                out[run_id] = (info, _events(run_id, raw or [""], 1, implied_of(fields)))
         return out
 
     # --- membership -----------------------------------------------------------------

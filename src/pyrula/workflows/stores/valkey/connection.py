@@ -15,8 +15,10 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.errors import (
     ConfigurationError,
+    JournalCorrupt,
     StaleToken,
     StoreUnavailable,
     WorkflowNotFound,
@@ -24,7 +26,7 @@ from pyrula.errors import (
 from pyrula.workflows._sync import SYNC_DRIVE, drive
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import FlowControl, RunInfo, RunStatus
-from pyrula.workflows.stores.common import started_event, submitted_event
+from pyrula.workflows.stores.common import journal_entry, started_event, submitted_event
 from pyrula.workflows.stores.valkey.functions import SCRIPT, SHA
 from pyrula.workflows.stores.valkey.keys import KeySpace
 from pyrula.workflows.stores.valkey.resp import AsyncIO, Command, ReplyError, SyncIO, parse_url
@@ -56,21 +58,26 @@ def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _events(raw: Sequence[Any], first_seq: int,
+def _events(run_id: str, raw: Sequence[Any], first_seq: int,
             implied: Callable[[int], Event] | None = None) -> list[Event]:
-    """Journal entries as events numbered from ``first_seq``. Empty entries are the
-    placeholders of events the run record holds (run:submitted at seq 1, a first
-    run:started at seq 2): ``implied(seq)`` builds them."""
+    """Journal entries of ``run_id`` as events numbered from ``first_seq``. Empty entries
+    are the placeholders of events the run record holds (run:submitted at seq 1, a first
+    run:started at seq 2): ``implied(seq)`` builds them. Raises JournalCorrupt for an
+    entry that is not an event."""
     out = []
     for offset, item in enumerate(raw):
         seq = first_seq + offset
         if item == "" and seq <= 2:
             if implied is None:
                 raise AssertionError("a read of the journal's first events needs the record")
-            event = implied(seq)
+            try:
+                event = implied(seq)
+            except (KeyError, ValueError) as exc:  # a record forged or cut short
+                raise JournalCorrupt(run_id, seq, f"(held by the run record) cannot be "
+                                     f"built from it: {type(exc).__name__}: {exc}") from None
+            event["seq"] = seq
         else:
-            event = orjson.loads(item)
-        event["seq"] = seq
+            event = journal_entry(run_id, seq, item)
         out.append(event)
     return out
 
@@ -101,7 +108,7 @@ def implied_of(fields: Mapping[str, str]) -> Callable[[int], Event]:
 def _url(url: str) -> tuple[str, bool]:
     """Normalise valkey:// and valkeys:// to what redis-py understands; say if TLS."""
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigurationError(f"ValkeyStore url {url!r} has no scheme (redis://host:port)")
+        raise ConfigurationError(f"ValkeyStore url {redact_url(url)!r} has no scheme (redis://host:port)")
     scheme = urlsplit(url).scheme.lower()
     if scheme not in SCHEMES:
         raise ConfigurationError(
@@ -132,13 +139,12 @@ class ValkeyConnection:
         max_connections: int = 256,
     ) -> None:
         self.url, self.tls = _url(url)
-        ns = namespace if namespace is not None else os.environ.get("PYRULA_VALKEY_NAMESPACE")
-        ns = (ns or "default").strip()
-        if not ns or any(c in ns for c in "{}: \n\t"):
-            raise ConfigurationError(
-                f"namespace must be a non-empty string without braces, colons or spaces, "
-                f"got {namespace!r}"
-            )
+        if namespace is not None:
+            ns = parse_namespace("namespace", namespace)
+        else:
+            from_env = os.environ.get("PYRULA_VALKEY_NAMESPACE")
+            ns = ("default" if not from_env else
+                  parse_namespace("PYRULA_VALKEY_NAMESPACE", from_env))
         self.namespace = ns
         if isinstance(shard_count, bool) or not isinstance(shard_count, int) or not (
             1 <= shard_count <= 4096
@@ -165,7 +171,7 @@ class ValkeyConnection:
         try:
             self._seed, self._link_options = parse_url(self.url, socket_timeout)
         except ValueError as exc:
-            raise ConfigurationError(f"ValkeyStore url {url!r}: {exc}") from None
+            raise ConfigurationError(f"ValkeyStore url {redact_url(url)!r}: {exc}") from None
         self._mode = ClusterMode(cluster)
         self._lock = threading.Lock()
         self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Router] = (

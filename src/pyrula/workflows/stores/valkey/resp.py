@@ -70,7 +70,10 @@ def pack(commands: Sequence[Command]) -> bytes:
 
 
 def _reader() -> hiredis.Reader:
-    return hiredis.Reader(replyError=ReplyError, encoding="utf-8")
+    # Bytes that are not UTF-8 (only ever written behind the store's back) decode to lone
+    # surrogates rather than failing the whole reply stream: whoever parses that value as
+    # JSON then finds it is not, and says which value it was.
+    return hiredis.Reader(replyError=ReplyError, encoding="utf-8", errors="surrogateescape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +107,32 @@ class LinkOptions:
         return commands
 
 
+#: The query options a store URL may carry.
+URL_OPTIONS = frozenset({"db", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
+                         "ssl_check_hostname"})
+_CERT_REQS = ("none", "cert_none", "optional", "cert_optional", "required", "cert_required")
+
+
 def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
     """``redis[s]://[user[:password]@]host[:port][/db][?ssl_cert_reqs=..&ssl_ca_certs=..]``."""
     parts = urlsplit(url)
     tls = parts.scheme in ("rediss", "valkeys")
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    unknown = sorted(set(query) - URL_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown query option {unknown[0]!r} (known: "
+                         f"{', '.join(sorted(URL_OPTIONS))})")
+    if not parts.hostname:
+        raise ValueError("no host (redis://host:port)")
+    port = parts.port  # raises ValueError for a port that is not 0..65535
+    if port == 0:
+        raise ValueError("port 0 is not a server's port")
     db_text = (parts.path or "/").lstrip("/") or query.get("db", "0")
     if not db_text.isdigit():
         raise ValueError(f"database {db_text!r} in the URL is not a number")
+    check = query.get("ssl_check_hostname", "true").lower()
+    if check not in ("true", "false", "1", "0"):
+        raise ValueError(f"ssl_check_hostname={check!r} is not true or false")
     context = _tls_context(query) if tls else None
     password = unquote(parts.password) if parts.password is not None else None
     username = unquote(parts.username) if parts.username else None
@@ -119,17 +140,24 @@ def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
         password, username = username, None
     options = LinkOptions(
         username=username or None, password=password, db=int(db_text), tls=context,
-        check_hostname=query.get("ssl_check_hostname", "true").lower() not in ("false", "0"),
+        check_hostname=check in ("true", "1"),
         timeout=timeout,
     )
-    return Endpoint(parts.hostname or "localhost", parts.port or 6379), options
+    return Endpoint(parts.hostname, port or 6379), options
 
 
 def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
     import ssl
 
-    context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
     reqs = query.get("ssl_cert_reqs", "required").lower()
+    if reqs not in _CERT_REQS:
+        raise ValueError(f"ssl_cert_reqs={reqs!r} is not one of none, optional, required")
+    try:
+        context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
+        if "ssl_certfile" in query:
+            context.load_cert_chain(query["ssl_certfile"], query.get("ssl_keyfile"))
+    except (OSError, ssl.SSLError) as exc:  # a missing or unreadable file, not PEM
+        raise ValueError(f"cannot load the TLS files it names: {exc}") from None
     if reqs in ("none", "cert_none"):
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -137,9 +165,7 @@ def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_OPTIONAL
     elif query.get("ssl_check_hostname", "true").lower() in ("false", "0"):
-        context.check_hostname = False
-    if "ssl_certfile" in query:
-        context.load_cert_chain(query["ssl_certfile"], query.get("ssl_keyfile"))
+        context.check_hostname = False  # verify the chain, not the name
     return context
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from pyrula.errors import (
     ConfigurationError,
+    JournalCorrupt,
     RunNotActive,
     StoreUnavailable,
     WorkflowNotFound,
@@ -34,7 +35,7 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
-from pyrula.workflows.stores.common import NO_OWNER
+from pyrula.workflows.stores.common import NO_OWNER, record_params
 from pyrula.workflows.stores.valkey.admin import ValkeyAdmin
 from pyrula.workflows.stores.valkey.connection import (
     _dumps,
@@ -207,7 +208,7 @@ class ValkeyStore(ValkeyAdmin):
                 await self._call(summary, "ZADD", summary, "LT", wake_at, int(run_id[12:16], 16))
             await self._flow_done(run_id)
             return ParkResult(True, last)
-        return ParkResult(False, last, _events(tail, known_seq + 1), bool(cancel))
+        return ParkResult(False, last, _events(run_id, tail, known_seq + 1), bool(cancel))
 
     async def finish(
         self,
@@ -477,21 +478,31 @@ class ValkeyStore(ValkeyAdmin):
     def _claimed(self, row: Sequence[Any]) -> ClaimedRun:
         (run_id, name, params, owner, attempt, start_id, created, base_seq, journal, idem,
          predecessor, started_at, first_worker, crashes) = row
-        values = _loads(params)
         record = {"name": name, "params": params, "owner": owner, "created_at": created,
                   "idem": idem, "predecessor": predecessor, "started_at": started_at,
                   "w1": first_worker}
+        values: Any = None
+        events: list[Event] = []
+        corrupt: JournalCorrupt | None = None
+        try:
+            # Not a reason to fail the claim: the other runs it took start, and the worker
+            # fails this one (its attempt and lock are taken like theirs).
+            values = record_params(str(run_id), params)
+            events = _events(str(run_id), journal, int(base_seq) + 1, implied_of(record))
+        except JournalCorrupt as exc:
+            corrupt = exc
         return ClaimedRun(
             run_id=str(run_id),
             name=str(name),
             params=values,
             owner=str(owner) or None,
             token=int(attempt),
-            journal=_events(journal, int(base_seq) + 1, implied_of(record)),
+            journal=events,
             base_seq=int(base_seq),
             start_id=str(start_id),
             created_at=float(created),
             crashes=tuple(float(t) for t in _loads(crashes)),
+            journal_error=corrupt,
         )
 
     async def claim_run(
@@ -768,7 +779,7 @@ class ValkeyStore(ValkeyAdmin):
             raw = await self._read(journal, "LRANGE", journal, after_seq, -1)
             if not raw and not await self._read(run, "EXISTS", run):
                 raise WorkflowNotFound(f"no run with id {run_id!r}")
-            return _events(raw, after_seq + 1)
+            return _events(run_id, raw, after_seq + 1)
         # From the start: the record too, for run:submitted (one round trip).
         record, raw = await self._pipeline(
             [(run, ("HGETALL", run)), (journal, ("LRANGE", journal, 0, -1))], idempotent=True)
@@ -780,7 +791,7 @@ class ValkeyStore(ValkeyAdmin):
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         if not raw:  # nothing written yet: what the record implies
             raw = ["", ""] if fields.get("w1") else [""]
-        return _events(raw, 1, implied_of(fields))
+        return _events(run_id, raw, 1, implied_of(fields))
 
     async def list_runs(
         self,
