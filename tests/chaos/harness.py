@@ -266,3 +266,61 @@ def resume(pid: int, load: ChaosLoad) -> None:
 
 def count_in_log(fleet: Fleet, text: str) -> int:
     return fleet.log().count(text)
+
+
+# --- a worker's clock moved at run time (libfaketime) -----------------------------------
+
+#: Puts back a working ``time.sleep`` in a process under libfaketime with
+#: ``FAKETIME_DONT_FAKE_MONOTONIC``: libfaketime 0.9.10's ``clock_nanosleep`` fails there with
+#: EINVAL (``time.sleep`` uses it); a condition wait on the monotonic clock is unaffected.
+_FAKETIME_SITECUSTOMIZE = textwrap.dedent(
+    '''
+    import threading
+    import time
+
+
+    def _sleep(seconds):
+        if seconds < 0:
+            raise ValueError("sleep length must be non-negative")
+        threading.Event().wait(seconds)
+
+
+    time.sleep = _sleep
+    '''
+)
+
+
+def libfaketime() -> Path | None:
+    """The libfaketime preload library (Debian's ``faketime`` package), or None."""
+    for path in sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1")):
+        return path
+    return None
+
+
+class FakeClock:
+    """The wall clock of the processes started with ``env`` (a fleet: supervisor, fork
+    server, children), moved by ``shift`` while they run. Only ``CLOCK_REALTIME`` moves, as
+    an NTP step or an operator's ``date -s`` moves it; the monotonic clock runs on."""
+
+    def __init__(self, directory: Path, env: dict[str, str]) -> None:
+        library = libfaketime()
+        assert library is not None, "libfaketime is not installed (apt-get install faketime)"
+        self.offset_file = directory / "faketime-offset"
+        self.shift(0)
+        shim = directory / "faketime-shim"
+        shim.mkdir(exist_ok=True)
+        (shim / "sitecustomize.py").write_text(_FAKETIME_SITECUSTOMIZE)
+        self.env = dict(env)
+        self.env.update({
+            "LD_PRELOAD": str(library),
+            "FAKETIME_TIMESTAMP_FILE": str(self.offset_file),
+            "FAKETIME_NO_CACHE": "1",  # read the offset on every call: it moves at run time
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join([str(shim), env.get("PYTHONPATH", "")]),
+        })
+
+    def shift(self, seconds: float) -> None:
+        """From now on the processes' wall clock reads real time + ``seconds``."""
+        tmp = self.offset_file.with_suffix(".tmp")
+        tmp.write_text(f"{seconds:+.0f}\n")
+        tmp.replace(self.offset_file)  # never a half-written offset
