@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint typecheck unit bench soak clean
+.PHONY: install run test lint typecheck unit bench soak clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,16 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-test: install lint typecheck
+# The chaos suite's clock-jump scenarios run a fleet under libfaketime (they skip without
+# it): installed with apt where it is missing and this user may.
+system-deps:
+	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	       && { apt-get install -y -qq faketime >/dev/null 2>&1 \
+	            || { apt-get update -qq && apt-get install -y -qq faketime; } >/dev/null 2>&1; }; } \
+	  || echo "faketime is not installed: the clock-jump scenarios will be skipped" >&2
+
+test: install system-deps lint typecheck
 	$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider
 
 bench: install

@@ -14,6 +14,7 @@ import asyncio
 import os
 import random
 import signal
+import textwrap
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,6 +29,83 @@ from tests.fleet.fleetprocs import Fleet, ready
 
 WORKFLOW = "pyrula.bench"
 APP = "pyrula.examples.bench"
+
+#: The module name of ``CHAOS_APP`` once ``write_chaos_app`` put it in a fleet's directory.
+CHAOS_MODULE = "chaosapp"
+
+#: Workflows of scenarios that need more than the bench workflow; each step records itself
+#: in the ledger directory its params name (``pyrula.invariants.Ledger``).
+CHAOS_APP = textwrap.dedent(
+    '''
+    """Workflows of the chaos scenarios (written by tests/chaos/harness.py)."""
+
+    import asyncio
+    import os
+    import time
+
+    from pyrula.invariants import Ledger
+    from pyrula.workflows import step, workflow
+
+    _ledgers = {}
+
+
+    def _record(ledger, result, started):
+        book = _ledgers.get(ledger)
+        if book is None:
+            book = _ledgers[ledger] = Ledger(ledger)
+        book.record(result, started=started)
+        return result
+
+
+    @step(name="chaos.block_loop")
+    async def block_loop(seconds, ledger):
+        started = time.time()
+        time.sleep(seconds)  # blocks the event loop: what the worker must find and stand down
+        return _record(ledger, "unblocked", started)
+
+
+    @workflow(name="chaos.blocker")
+    async def blocker(ctx, params):
+        return await block_loop(params["seconds"], params["ledger"])
+
+
+    @step(name="chaos.hold_past")
+    async def hold_past(gate, seconds, ledger):
+        """Holds until the file ``gate`` exists, then ``seconds`` more."""
+        started = time.time()
+        while not os.path.exists(gate):
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(seconds)
+        return _record(ledger, seconds, started)
+
+
+    @workflow(name="chaos.drain")
+    async def drain(ctx, params):
+        return await hold_past(params["gate"], params["seconds"], params["ledger"])
+
+
+    @step(name="chaos.nap")
+    async def nap(x, seconds, ledger):
+        started = time.time()
+        await asyncio.sleep(seconds)
+        return _record(ledger, x + 1, started)
+
+
+    @workflow(name="chaos.sleeper")
+    async def sleeper(ctx, params):
+        """A step, a durable sleep of params["sleep"] seconds, a step: x + 2."""
+        x = await nap(params["x"], params.get("hold", 0.0), params["ledger"])
+        await ctx.sleep(params["sleep"])
+        return await nap(x, params.get("hold", 0.0), params["ledger"])
+    '''
+)
+
+
+def write_chaos_app(directory: Path) -> str:
+    """Write ``CHAOS_APP`` into ``directory`` (a fleet's working directory) and return the
+    module name to pass to ``--app``."""
+    (directory / f"{CHAOS_MODULE}.py").write_text(CHAOS_APP)
+    return CHAOS_MODULE
 
 
 @dataclass
@@ -51,6 +129,7 @@ class ChaosLoad:
         self.faults: list[Fault] = []
         self.random = random.Random(seed)
         self._finished: set[str] = set()
+        self._steps: dict[str, int] = {}  # the ledgered steps of a run, when not ``steps``
 
     def params(self, x: int) -> dict[str, Any]:
         return {"x": x, "steps": self.steps, "kind": self.kind, "hold": self.hold,
@@ -66,10 +145,12 @@ class ChaosLoad:
             ids.append(run_id)
         return ids
 
-    def expect(self, run_id: str, outcome: Any) -> None:
+    def expect(self, run_id: str, outcome: Any, steps: int = 0) -> None:
         """Expect ``run_id`` (submitted by the scenario itself) to end with ``outcome``
-        (a result, or ``Fails(code)``)."""
+        (a result, or ``Fails(code)``) after ``steps`` steps that record themselves in
+        the ledger."""
         self.expected[run_id] = outcome
+        self._steps[run_id] = steps
 
     def fault(self, kind: str, target: object) -> None:
         self.faults.append(Fault(kind, str(target)))
@@ -123,7 +204,8 @@ class ChaosLoad:
         assert report.ok, "\n".join([report.line(), *report.problems])
         assert report.runs == len(self.expected) > 0
         assert report.executions >= sum(
-            1 for v in self.expected.values() if not isinstance(v, Fails)) * self.steps
+            self._steps.get(run_id, self.steps) for run_id, outcome in self.expected.items()
+            if not isinstance(outcome, Fails))
 
 
 async def _collect(store: Store, run_ids: list[str]) -> dict[str, Any]:
@@ -151,3 +233,94 @@ def statuses(client: SyncWorkflowClient, run_ids: Iterable[str]) -> dict[str, in
         status: RunStatus = client.get(run_id).status
         counts[status.value] = counts.get(status.value, 0) + 1
     return counts
+
+
+def busy_child(fleet: Fleet, load: ChaosLoad) -> dict[str, Any] | None:
+    """A random ready child of ``fleet`` with runs in flight, or None right now."""
+    status = fleet.status()
+    if status is None:
+        return None
+    found = [c for c in ready(status) if c["in_flight"] > 0]
+    return load.random.choice(found) if found else None
+
+
+def stop_child(fleet: Fleet, load: ChaosLoad) -> dict[str, Any] | None:
+    """SIGSTOP a ready child of ``fleet`` with runs in flight (its event loop, renewal
+    thread and sync steps all freeze) and return its /status entry; None (and no stop)
+    when no child qualifies right now. ``resume`` sends the SIGCONT."""
+    victim = busy_child(fleet, load)
+    if victim is not None:
+        os.kill(victim["pid"], signal.SIGSTOP)
+        load.fault("SIGSTOP", victim["pid"])
+    return victim
+
+
+def resume(pid: int, load: ChaosLoad) -> None:
+    """SIGCONT ``pid`` (a stopped child; a child killed meanwhile is no error)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return
+    load.fault("SIGCONT", pid)
+
+
+def count_in_log(fleet: Fleet, text: str) -> int:
+    return fleet.log().count(text)
+
+
+# --- a worker's clock moved at run time (libfaketime) -----------------------------------
+
+#: Puts back a working ``time.sleep`` in a process under libfaketime with
+#: ``FAKETIME_DONT_FAKE_MONOTONIC``: libfaketime 0.9.10's ``clock_nanosleep`` fails there with
+#: EINVAL (``time.sleep`` uses it); a condition wait on the monotonic clock is unaffected.
+_FAKETIME_SITECUSTOMIZE = textwrap.dedent(
+    '''
+    import threading
+    import time
+
+
+    def _sleep(seconds):
+        if seconds < 0:
+            raise ValueError("sleep length must be non-negative")
+        threading.Event().wait(seconds)
+
+
+    time.sleep = _sleep
+    '''
+)
+
+
+def libfaketime() -> Path | None:
+    """The libfaketime preload library (Debian's ``faketime`` package), or None."""
+    for path in sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1")):
+        return path
+    return None
+
+
+class FakeClock:
+    """The wall clock of the processes started with ``env`` (a fleet: supervisor, fork
+    server, children), moved by ``shift`` while they run. Only ``CLOCK_REALTIME`` moves, as
+    an NTP step or an operator's ``date -s`` moves it; the monotonic clock runs on."""
+
+    def __init__(self, directory: Path, env: dict[str, str]) -> None:
+        library = libfaketime()
+        assert library is not None, "libfaketime is not installed (apt-get install faketime)"
+        self.offset_file = directory / "faketime-offset"
+        self.shift(0)
+        shim = directory / "faketime-shim"
+        shim.mkdir(exist_ok=True)
+        (shim / "sitecustomize.py").write_text(_FAKETIME_SITECUSTOMIZE)
+        self.env = dict(env)
+        self.env.update({
+            "LD_PRELOAD": str(library),
+            "FAKETIME_TIMESTAMP_FILE": str(self.offset_file),
+            "FAKETIME_NO_CACHE": "1",  # read the offset on every call: it moves at run time
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": os.pathsep.join([str(shim), env.get("PYTHONPATH", "")]),
+        })
+
+    def shift(self, seconds: float) -> None:
+        """From now on the processes' wall clock reads real time + ``seconds``."""
+        tmp = self.offset_file.with_suffix(".tmp")
+        tmp.write_text(f"{seconds:+.0f}\n")
+        tmp.replace(self.offset_file)  # never a half-written offset

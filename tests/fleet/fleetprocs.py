@@ -222,6 +222,19 @@ class Fleet:
             raise AssertionError(f"{exc}\n{self.log()[-6000:]}") from None
         return result
 
+    def wait_for_log_count(self, text: str, count: int, timeout: float = 20.0) -> str:
+        """Wait until ``text`` occurs at least ``count`` times in the log."""
+        def seen() -> str | None:
+            log = self.log()
+            return log if log.count(text) >= count else None
+
+        try:
+            result: str = wait_until(seen, timeout, what=f"{count} x {text!r} in "
+                                                         f"{self.log_path.name}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log()[-6000:]}") from None
+        return result
+
     def send(self, signum: int) -> None:
         self.proc.send_signal(signum)
 

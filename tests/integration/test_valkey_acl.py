@@ -40,7 +40,7 @@ NAMESPACE = "fenced"
 
 #: Sent by the store outside scripts.
 TOP_LEVEL = {
-    "evalsha", "script|load", "ping", "info",
+    "evalsha", "script|load", "ping", "info", "time",
     "hget", "hgetall", "hsetnx", "hkeys", "hset", "hdel", "del",
     "zadd", "zrem", "zrange", "zcount", "zrevrangebyscore",
     "lrange", "exists", "blmove", "lpush", "ltrim", "blpop", "zcard",

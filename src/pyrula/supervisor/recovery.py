@@ -10,6 +10,7 @@ from collections.abc import Collection
 from typing import Any
 
 from pyrula.errors import StoreUnavailable
+from pyrula.workflows.clock import store_clock
 
 logger = logging.getLogger("pyrula.fleet")
 
@@ -38,6 +39,8 @@ class Recovery:
         self.store = store
         self.max_retries = poison_max_retries
         self.retry_ttl_s = poison_retry_ttl_s
+        # The clock the children judge crashes and locks by (the store's, where it has one).
+        self._clock = store_clock(store)
 
     async def child_died(
         self, worker_id: str, held: dict[str, int], evidence: dict[str, Any],
@@ -56,8 +59,11 @@ class Recovery:
         poison = PoisonPolicy(self.max_retries, self.retry_ttl_s)
         charge = runs_to_charge(user_code, suspects)
         try:
+            if self._clock is not None:
+                await self._clock.sync()
+            now = self._clock.now() if self._clock is not None else time.time()
             outcomes = await self.store.reclaim_worker(
-                worker_id, now=time.time(), poison=poison,
+                worker_id, now=now, poison=poison,
                 crash_detail={"cause": "worker_crash", **evidence}, charge=charge,
             )
         except StoreUnavailable as exc:

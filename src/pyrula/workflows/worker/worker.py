@@ -27,7 +27,7 @@ from pyrula.errors import (
 )
 from pyrula.health_http import ProbeServer
 from pyrula.workflows.client import WorkflowClient
-from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
+from pyrula.workflows.clock import SYSTEM_CLOCK, Clock, StoreClock, store_clock
 from pyrula.workflows.definition import REGISTRY, Registry, WorkflowSpec, workflow_name
 from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
 from pyrula.workflows.events import Event, EventType, make_event
@@ -46,6 +46,8 @@ logger = logging.getLogger("pyrula.workflows.worker")
 
 PING_TIMEOUT_S = 2.0
 HEARTBEAT_INTERVAL_S = 0.1
+#: How often a worker on a store with a clock of its own reads it again (``StoreClock``).
+CLOCK_SYNC_INTERVAL_S = 30.0
 
 
 class JournalCacheMismatch(RuntimeError):
@@ -76,6 +78,10 @@ class WorkflowWorker:
 
     A claimed run with a crash counted against it (a suspect) waits for the worker's
     suspect gate before any of its code runs: one suspect in user code at a time.
+
+    ``clock`` defaults to the store's own clock where it has one (a Valkey server's
+    ``TIME``, carried forward by the monotonic clock: ``StoreClock``), else the host's: every
+    worker then judges locks, leases and timers by one clock, whatever its host's says.
     """
 
     def __init__(
@@ -85,13 +91,15 @@ class WorkflowWorker:
         options: WorkerOptions | None = None,
         *,
         cloud: bool = True,
-        clock: Clock = SYSTEM_CLOCK,
+        clock: Clock | None = None,
         registry: Registry = REGISTRY,
         on_claimed: Callable[[dict[str, int]], None] | None = None,
         on_user_code: Callable[[], None] | None = None,
     ) -> None:
         self.options = (options if options is not None else WorkerOptions()).resolve()
         self.store: Store = store if store is not None else _default_store()
+        if clock is None:
+            clock = store_clock(self.store) or SYSTEM_CLOCK
         available = registry.workflows()
         if workflows is None:
             self._specs = available
@@ -249,6 +257,8 @@ class WorkflowWorker:
         if prepare is not None:
             # Server-side checks (eviction policy, shard count, cluster mode) come first.
             await prepare(self.workflow_names)
+        if isinstance(self._clock, StoreClock):
+            await self._clock.sync()  # before the first claim writes a lock
         project, environment = self.options.project, self.options.environment
         recorded = await self.store.bind(project, environment)
         self._binding_ok = all(
@@ -282,6 +292,8 @@ class WorkflowWorker:
         ]
         if hasattr(self.store, "schedules_due"):
             loops.append(("schedule", self._schedule_tick, o.schedule_interval))
+        if isinstance(self._clock, StoreClock):
+            loops.append(("clock", self._clock_tick, CLOCK_SYNC_INTERVAL_S))
         optional = [
             ("reconcile", "reconcile_tick", o.reconcile_interval),
             ("projection", "projection_tick", o.projection_interval),
@@ -330,6 +342,12 @@ class WorkflowWorker:
             self.stop()
 
     # --- loops ----------------------------------------------------------------------
+
+    async def _clock_tick(self) -> float | None:
+        """Read the store's clock again: it is the one that counts, should it be stepped."""
+        assert isinstance(self._clock, StoreClock)
+        await self._clock.sync()
+        return None
 
     async def _claim_tick(self) -> float | None:
         self._claim_progress = time.monotonic()

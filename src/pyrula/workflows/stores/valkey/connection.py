@@ -512,6 +512,13 @@ class ValkeyConnection:
     async def aping(self) -> None:
         await self._read(None, "PING")
 
+    async def server_time(self) -> float:
+        """The server's clock (``TIME``) in epoch seconds: the clock the locks, shard leases
+        and timers of this store are judged by (a worker reads it through ``StoreClock``).
+        On a cluster, the clock of whichever node answers."""
+        seconds, micros = await self._read(None, "TIME")
+        return int(seconds) + int(micros) / 1_000_000
+
     def ping(self) -> None:
         drive(self.aping())
 
