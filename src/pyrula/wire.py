@@ -6,7 +6,7 @@ supervisor import it, and it imports nothing of pyrula.
 Child -> supervisor:
     {"type": "heartbeat", "state": "starting"|"ready"|"draining", "worker_id", "pid",
      "in_flight", "runs_done", "shards": {workflow: n}, "held": {run_id: token},
-     "claim_tick_age": seconds, "free": slots}
+     "claim_tick_age": seconds, "free": slots, "store_ok": bool}
     {"type": "boot_error", "message": "..."}      before exiting without becoming ready
 """
 
@@ -36,6 +36,9 @@ class Heartbeat:
     held: dict[str, int] = field(default_factory=dict)
     claim_tick_age: float = 0.0
     free: int = 0
+    #: whether the child's store answered when it last looked (a child that cannot reach
+    #: its store is not ready to serve)
+    store_ok: bool = True
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -62,4 +65,5 @@ def parse_heartbeat(message: dict[str, Any]) -> Heartbeat:
         held={str(k): int(v) for k, v in dict(message.get("held", {})).items()},
         claim_tick_age=float(message.get("claim_tick_age", 0.0)),
         free=int(message.get("free", 0)),
+        store_ok=bool(message.get("store_ok", True)),
     )

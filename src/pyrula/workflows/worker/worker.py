@@ -37,6 +37,8 @@ from pyrula.workflows.worker.schedules import ScheduleLoop
 logger = logging.getLogger("pyrula.workflows.worker")
 
 PING_TIMEOUT_S = 2.0
+#: A claim completed this recently shows the store answers (``store_reachable``).
+STORE_SEEN_S = 1.0
 HEARTBEAT_INTERVAL_S = 0.1
 
 
@@ -158,6 +160,20 @@ class WorkflowWorker:
         """The runs this worker holds, from the claim that returned them until their attempt
         ends: run id -> attempt (its fencing token)."""
         return dict(self._held)
+
+    async def store_reachable(self) -> bool:
+        """Whether the store answers now: a claim that completed within the last
+        ``STORE_SEEN_S`` says so at no cost; otherwise a ``ping()`` within 2 s. (What a
+        fleet child reports to its supervisor for the fleet's /readyz.)"""
+        claim = self._loops.get("claim")
+        if claim is not None and claim.failing_since is None and claim.last_ok is not None \
+                and time.monotonic() - claim.last_ok < STORE_SEEN_S:
+            return True
+        try:
+            await asyncio.wait_for(self.store.aping(), PING_TIMEOUT_S)
+        except Exception:  # any failure to answer in time: not reachable
+            return False
+        return True
 
     def claim_tick_age(self) -> float:
         """Seconds since the claim loop last made progress (a fleet's stall watchdog)."""
