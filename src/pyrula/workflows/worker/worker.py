@@ -128,6 +128,7 @@ class WorkflowWorker:
         self._timer_nudge = asyncio.Event()
         self._heartbeat = time.monotonic()
         self._claim_progress = time.monotonic()
+        self._store_failed_at = float("-inf")
         self._stranded_logged: set[str] = set()
         self._backlog = False
         self._cache = JournalCache(self.options.journal_cache_events)
@@ -468,9 +469,24 @@ class WorkflowWorker:
                 logger.error("run_stranded: %d runs of %r failed (stranded)", len(failed), name,
                              extra={"event": "run_stranded", "workflow": name, **self._log})
 
+    def _store_failed(self) -> None:
+        self._store_failed_at = time.monotonic()
+
+    def _store_failed_lately(self) -> bool:
+        """Whether a store call of this worker failed within the last ``lock_ttl``."""
+        times = [self._store_failed_at] + [
+            s.last_failed for s in self._loops.values() if s.last_failed is not None]
+        return time.monotonic() - max(times) < self.options.lock_ttl
+
     async def _orphan_tick(self) -> float | None:
         await self._register()
         await self._check_stranded()
+        if self._store_failed_lately():
+            # The store was out for this worker a moment ago, so it was for the others: the
+            # locks that lapsed meanwhile are those of workers that could not renew, not of
+            # dead ones. They get one lock_ttl to renew or put their runs back themselves
+            # (reason store_unavailable) before a reclaim would charge each run a crash.
+            return None
         outcomes = await self.store.reclaim(
             self.workflow_names, now=self._clock.now(), limit=1000, poison=self._poison
         )
@@ -544,6 +560,7 @@ class WorkflowWorker:
         except StoreUnavailable as exc:
             logger.warning("run %s: store unavailable before the attempt began (%s)",
                            claimed.run_id, exc, extra=run_log)
+            self._store_failed()
             await self._requeue_unavailable(claimed, run_log)
         finally:
             # A newer attempt of the same run may be in flight here already (this one was
@@ -579,14 +596,16 @@ class WorkflowWorker:
             logger.warning("run %s: lock lost to another attempt; stood down", claimed.run_id,
                            extra={"event": "run_lock_lost", **run_log})
         elif kind is OutcomeKind.STORE_UNAVAILABLE:
+            self._store_failed()
             await self._requeue_unavailable(claimed, run_log)
 
     async def _requeue_unavailable(self, claimed: ClaimedRun, run_log: dict[str, Any]) -> None:
-        """Put the run back (reason store_unavailable) once the store answers again, for as
-        long as this attempt's lock can still be valid; after that the orphan scan owns it."""
-        deadline = time.monotonic() + self.options.lock_ttl
-        delays = backoff_delays(0.1, 2.0)
-        while time.monotonic() < deadline:
+        """Put the run back (reason store_unavailable) once the store answers again. The
+        run stays held meanwhile (the renewal thread renews its lock as soon as the store
+        is back), however long the outage: the requeue is fenced, so it lands only if no
+        one recovered the run in between, and the run is not charged a crash for it."""
+        delays = backoff_delays(0.1, 1.0)
+        while True:
             try:
                 await self.store.requeue(
                     claimed.run_id, claimed.token, now=self._clock.now(),
@@ -595,9 +614,10 @@ class WorkflowWorker:
                 logger.warning("run %s requeued: the store was unavailable during its attempt",
                                claimed.run_id, extra={"event": "run_requeued", **run_log})
                 return
-            except StaleToken:
+            except (StaleToken, WorkflowNotFound):
                 return
             except StoreUnavailable:
+                self._store_failed()
                 await asyncio.sleep(delays())
 
     def _abandon_run(self, run_id: str, token: int) -> None:
