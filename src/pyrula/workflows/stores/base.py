@@ -11,7 +11,7 @@ The memory store is the reference implementation; ``tests/conformance`` runs aga
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pyrula.workflows.events import Event
@@ -166,6 +166,15 @@ class WorkQueue(Protocol):
     ) -> list[RequeueOutcome]:
         """Requeue every run whose lock ``worker_id`` holds (its process is known to be
         dead), counting a crash against each, at once rather than after ``lock_ttl``."""
+        ...
+
+    async def requeue_unheld(
+        self, worker_id: str, held: Collection[str], *, now: float
+    ) -> list[RequeueOutcome]:
+        """Requeue (reason ``store_unavailable``, no crash counted) every run whose lock
+        ``worker_id`` holds but that is not in ``held``, the runs the worker knows it holds:
+        those a claim took whose reply the worker never got (the connection was lost).
+        A run with a cancel requested ends cancelled instead. Atomic per run."""
         ...
 
     async def reclaim(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -533,6 +533,17 @@ class MemoryStore:
                               "attempt": run.attempt, **dict(crash_detail or {})}
                     out.append(self._requeue(run, now, "orphaned", True, poison, detail))
             return out
+
+    async def requeue_unheld(
+        self, worker_id: str, held: Collection[str], *, now: float
+    ) -> list[RequeueOutcome]:
+        with self._lock:
+            return [
+                self._requeue(run, now, "store_unavailable", False, None, None)
+                for run in list(self._runs.values())
+                if run.status is RunStatus.RUNNING and run.lock_owner == worker_id
+                and run.run_id not in held
+            ]
 
     def recover_pending_runs(self, name: str) -> int:
         import time

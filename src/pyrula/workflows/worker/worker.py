@@ -129,6 +129,7 @@ class WorkflowWorker:
         self._heartbeat = time.monotonic()
         self._claim_progress = time.monotonic()
         self._store_failed_at = float("-inf")
+        self._claim_lost = False
         self._stranded_logged: set[str] = set()
         self._backlog = False
         self._cache = JournalCache(self.options.journal_cache_events)
@@ -341,10 +342,19 @@ class WorkflowWorker:
             # (or after a short moment), not one store round trip per finished run.
             await self._await_capacity(low_water, self.options.claim_poll_interval / 4)
             free = self.options.max_concurrent_runs - len(self._attempts)
-        claimed = await self.store.claim(
-            self.worker_id, self.workflow_names, limit=free, now=self._clock.now(),
-            lock_ttl=self.options.lock_ttl,
-        )
+        if self._claim_lost:
+            await self._requeue_lost_claims()
+        try:
+            claimed = await self.store.claim(
+                self.worker_id, self.workflow_names, limit=free, now=self._clock.now(),
+                lock_ttl=self.options.lock_ttl,
+            )
+        except StoreUnavailable:
+            # The claim may have run with its reply lost (the connection went after the
+            # request was sent): its runs are locked by this worker, which does not know
+            # them. They are put back before the next claim, once the store answers.
+            self._claim_lost = True
+            raise
         self._claim_progress = time.monotonic()
         for run in claimed:
             self._start_attempt(run)
@@ -375,6 +385,20 @@ class WorkflowWorker:
                     break
             return 0.0
         return None
+
+    async def _requeue_lost_claims(self) -> None:
+        """Put back (reason store_unavailable, no crash counted) the runs locked by this
+        worker that it does not hold: those of a claim whose reply was lost. Without this
+        they would wait out their lock and be reclaimed as orphans, each charged a crash."""
+        outcomes = await self.store.requeue_unheld(self.worker_id, set(self._held),
+                                                   now=self._clock.now())
+        self._claim_lost = False
+        for outcome in outcomes:
+            logger.warning(
+                "run %s requeued: claimed by this worker when the store went away, but the "
+                "claim's reply was lost", outcome.run_id,
+                extra={"event": "run_requeued", "run_id": outcome.run_id, **self._log},
+            )
 
     async def _await_capacity(self, free: int, timeout: float) -> None:
         """Until ``free`` slots are free, the worker stops, or ``timeout`` passes."""

@@ -12,7 +12,7 @@ died right after a terminal write).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyrula.config.parse import env_value, parse_float
@@ -245,6 +245,13 @@ class ArchivingStore:
             worker_id, now=now, poison=poison, crash_detail=crash_detail
         )
         await self.archiver.archive_now([o.run_id for o in outcomes])
+        return outcomes
+
+    async def requeue_unheld(
+        self, worker_id: str, held: Collection[str], *, now: float
+    ) -> list[RequeueOutcome]:
+        outcomes = await self.live.requeue_unheld(worker_id, held, now=now)
+        await self.archiver.archive_now([o.run_id for o in outcomes])  # the cancelled ones
         return outcomes
 
     def recover_pending_runs(self, name: str) -> int:
