@@ -37,8 +37,9 @@ from pyrula.workflows.worker.schedules import ScheduleLoop
 logger = logging.getLogger("pyrula.workflows.worker")
 
 PING_TIMEOUT_S = 2.0
-#: A claim completed this recently shows the store answers (``store_reachable``).
-STORE_SEEN_S = 1.0
+#: A claim completed this recently shows the store answers (``store_reachable``); an idle
+#: claim loop completes one about every second.
+STORE_SEEN_S = 2.0
 HEARTBEAT_INTERVAL_S = 0.1
 
 
