@@ -136,6 +136,7 @@ def test_kills_a_valkey_restart_and_a_postgres_outage(fleets: Fleets, tmp_path: 
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(900)
 def test_five_thousand_runs_through_every_store_fault(fleets: Fleets, tmp_path: Path,
                                                       pg_cluster: PgCluster) -> None:
     run_everything(fleets, tmp_path, pg_cluster, runs=5000, kills=10)

@@ -156,6 +156,7 @@ def test_valkey_unreachable_for_longer_than_the_lock_ttl(fleets: Fleets, tmp_pat
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(300)
 def test_valkey_unreachable_for_ten_seconds(fleets: Fleets, tmp_path: Path) -> None:
     valkey_outage(fleets, tmp_path, seconds=10.0, runs=1000)  # the default lock_ttl, 15 s
 
