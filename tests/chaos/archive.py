@@ -5,7 +5,8 @@ once (one row, the table's key), with its whole journal as the live store holds 
 the store, which would fall back to Valkey) and compares them with the journals the
 verdict read from the live store. Its line: ``archived=N/M missing=0 mismatched=0
 extra=0``. ``extra`` counts archived runs the load never saw acknowledged (a submit whose
-reply was lost in a fault): not a violation.
+reply was lost in a fault): not a violation. ``archiving_fleet`` starts the fleet these
+scenarios archive from.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from tests.chaos.harness import APP
+from tests.fleet.fleetprocs import QUICK, Fleet, Fleets, child_env
+from tests.pgcluster import PgCluster
 
 #: How many violations of each kind a check keeps, for a person to read.
 DETAILS = 10
@@ -115,3 +120,16 @@ def check_archive(dsn: str, namespace: str,
                     f"(event_count {row['event_count']}), the live journal has {len(journal)}")
     check.extra = sum(1 for run_id in rows if run_id not in journals)
     return check
+
+
+def archiving_fleet(fleets: Fleets, url: str, namespace: str, pg: PgCluster,
+                    *extra: str) -> Fleet:
+    """A fleet over Valkey archiving to ``pg``, as a deployment sets it up: the DSN in
+    PYRULA_POSTGRES_DSN. The reconcile pass runs every second and takes runs ended over
+    a second ago, so the test need not wait the default 60 s + 30 s."""
+    env = child_env(PYRULA_POSTGRES_DSN=pg.dsn, PYRULA_ARCHIVE_RECONCILE_GRACE="1")
+    fleet = fleets.start("-n", "2", "--namespace", namespace, "--reconcile-interval", "1",
+                         "--orphan-scan-interval", "1", *QUICK, *extra, app=APP, store=url,
+                         env=env)
+    fleet.wait_ready(2, timeout=60)
+    return fleet

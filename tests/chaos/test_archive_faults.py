@@ -12,28 +12,15 @@ from pathlib import Path
 import pytest
 
 from pyrula.workflows import SyncWorkflowClient, ValkeyStore
-from tests.chaos.archive import archived_count, check_archive, wait_archived
-from tests.chaos.harness import APP, ChaosLoad
-from tests.fleet.fleetprocs import QUICK, Fleet, Fleets, child_env
+from tests.chaos.archive import archived_count, archiving_fleet, check_archive, wait_archived
+from tests.chaos.harness import ChaosLoad
+from tests.fleet.fleetprocs import Fleets
 from tests.pgcluster import PgCluster
 
 pytestmark = pytest.mark.slow
 
 OUTAGES = 2
 DOWN_S = 2.0
-
-
-def archiving_fleet(fleets: Fleets, url: str, namespace: str, pg: PgCluster,
-                    *extra: str) -> Fleet:
-    """A fleet over Valkey archiving to ``pg``, as a deployment sets it up: the DSN in
-    PYRULA_POSTGRES_DSN. The reconcile pass runs every second and takes runs ended over
-    a second ago, so the test need not wait the default 60 s + 30 s."""
-    env = child_env(PYRULA_POSTGRES_DSN=pg.dsn, PYRULA_ARCHIVE_RECONCILE_GRACE="1")
-    fleet = fleets.start("-n", "2", "--namespace", namespace, "--reconcile-interval", "1",
-                         "--orphan-scan-interval", "1", *QUICK, *extra, app=APP, store=url,
-                         env=env)
-    fleet.wait_ready(2, timeout=60)
-    return fleet
 
 
 def test_postgres_killed_during_archive_drain(fleets: Fleets, tmp_path: Path, valkey_url: str,

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from pyrula.workflows import SyncWorkflowClient, ValkeyStore
-from tests.chaos.archive import check_archive, wait_archived
+from tests.chaos.archive import archiving_fleet, check_archive, wait_archived
 from tests.chaos.harness import ChaosLoad, kill_random_child
-from tests.chaos.test_archive_faults import archiving_fleet
 from tests.fleet.fleetprocs import Fleet, Fleets, ready
 from tests.pgcluster import PgCluster
 from tests.servers import Server, start_server
