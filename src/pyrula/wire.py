@@ -7,7 +7,7 @@ Child -> supervisor:
     {"type": "heartbeat", "state": "starting"|"ready"|"draining", "worker_id", "pid",
      "in_flight", "runs_done", "shards": {workflow: n}, "held": {run_id: token},
      "user_code": [run_id...], "suspects": [run_id...],
-     "claim_tick_age": seconds, "free": slots}
+     "claim_tick_age": seconds, "free": slots, "store_ok": bool}
     {"type": "boot_error", "message": "..."}      before exiting without becoming ready
 
 A heartbeat goes out every HEARTBEAT_INTERVAL, and also right after a claim and whenever a
@@ -45,6 +45,9 @@ class Heartbeat:
     suspects: list[str] = field(default_factory=list)
     claim_tick_age: float = 0.0
     free: int = 0
+    #: whether the child's store answered when it last looked (a child that cannot reach
+    #: its store is not ready to serve)
+    store_ok: bool = True
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -74,4 +77,5 @@ def parse_heartbeat(message: dict[str, Any]) -> Heartbeat:
         suspects=[str(r) for r in message.get("suspects", [])],
         claim_tick_age=float(message.get("claim_tick_age", 0.0)),
         free=int(message.get("free", 0)),
+        store_ok=bool(message.get("store_ok", True)),
     )

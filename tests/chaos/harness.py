@@ -16,6 +16,7 @@ import random
 import signal
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 from pyrula.invariants import Fails, Report, check, collect_journals, count_stale_refusals
 from pyrula.invariants.ledger import read_ledger
-from pyrula.workflows import RunStatus, SyncWorkflowClient
+from pyrula.workflows import RunStatus, StoreUnavailable, SyncWorkflowClient
 from pyrula.workflows.stores.base import Store
 from tests.fleet.fleetprocs import Fleet, ready
 
@@ -128,6 +129,8 @@ class ChaosLoad:
         self.expected: dict[str, Any] = {}
         self.faults: list[Fault] = []
         self.random = random.Random(seed)
+        #: every run's journal, as the last verdict read it
+        self.journals: dict[str, list[dict[str, Any]] | None] = {}
         self._finished: set[str] = set()
         self._steps: dict[str, int] = {}  # the ledgered steps of a run, when not ``steps``
 
@@ -155,6 +158,10 @@ class ChaosLoad:
     def fault(self, kind: str, target: object) -> None:
         self.faults.append(Fault(kind, str(target)))
 
+    def count(self, kind: str) -> int:
+        """How many faults of ``kind`` were injected."""
+        return sum(1 for fault in self.faults if fault.kind == kind)
+
     def done(self) -> int:
         """How many of the runs have ended (one store read per run still open)."""
         return sum(1 for run_id in self.expected if self._ended(run_id))
@@ -162,10 +169,13 @@ class ChaosLoad:
     def _ended(self, run_id: str) -> bool:
         if run_id in self._finished:
             return True
-        if self.client.get(run_id).status.terminal:
+        try:
+            ended = self.client.get(run_id).status.terminal
+        except StoreUnavailable:  # the store is down (a fault): ask again at the next poll
+            return False
+        if ended:
             self._finished.add(run_id)
-            return True
-        return False
+        return ended
 
     def wait_all(self, timeout: float, during: Callable[[], bool] | None = None) -> None:
         """Wait until every run has ended and ``during`` (a nemesis step, called between
@@ -176,10 +186,13 @@ class ChaosLoad:
         while True:
             if during is not None and busy:
                 busy = during()
-            open_ = [r for r in self.expected if not self._ended(r)]
-            if not open_ and not (during is not None and busy):
+            # Up to the first run still open (a store read per poll, not one per open run:
+            # runs end in about the order they were submitted).
+            first_open = next((r for r in self.expected if not self._ended(r)), None)
+            if first_open is None and not (during is not None and busy):
                 return
             if time.monotonic() > deadline:
+                open_ = [r for r in self.expected if not self._ended(r)]
                 states = {r: self.client.get(r).status.value for r in open_[:10]}
                 raise AssertionError(f"{len(open_)} runs still open after {timeout} s "
                                      f"(faults: {len(self.faults)}): {states}")
@@ -188,7 +201,7 @@ class ChaosLoad:
     def verdict(self, store: Store, logs: Iterable[str] = ()) -> Report:
         """Check every run against its journal, the ledger and the workers' logs; print
         the checker's line (and the faults) and return the report."""
-        journals = asyncio.run(_collect(store, list(self.expected)))
+        journals = self.journals = asyncio.run(_collect(store, list(self.expected)))
         stale = sum(count_stale_refusals(text) for text in logs)
         report = check(journals, self.expected, read_ledger(self.ledger)
                        if self.ledger.exists() else (), stale_writes_refused=stale)
@@ -198,6 +211,11 @@ class ChaosLoad:
         print(report.line(), "faults=" + ",".join(f"{k}:{n}" for k, n in sorted(kinds.items())),
               "attributed=" + ",".join(f"{k}:{n}" for k, n in sorted(report.faults.items())))
         return report
+
+    def requeues(self) -> Counter[str]:
+        """The reasons of the ``run:requeued`` events in the journals the verdict read."""
+        return Counter(str(event.get("reason")) for journal in self.journals.values()
+                       for event in journal or () if event["type"] == "run:requeued")
 
     def assert_holds(self, report: Report) -> None:
         """Every invariant holds, and the load was real: every run completed."""

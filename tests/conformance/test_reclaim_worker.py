@@ -82,3 +82,39 @@ async def test_reclaim_worker_charges_only_the_runs_it_is_told_to(store: Store) 
     assert again[suspect].crashes == (T0 + 1,)
     assert again[fresh].crashes == (T0 + 3,)
     assert again[spared].crashes == ()
+
+
+async def test_requeue_unheld_puts_back_only_the_runs_the_worker_does_not_know(
+    store: Store,
+) -> None:
+    # A live worker whose claim reply was lost holds two runs it knows and two it does not.
+    known = [await take(store, await submit(store, now=T0), worker="w") for _ in range(2)]
+    lost = [await take(store, await submit(store, now=T0), worker="w") for _ in range(2)]
+    other = await take(store, await submit(store, now=T0), worker="other")
+
+    outcomes = await store.requeue_unheld("w", {c.run_id for c in known}, now=T0 + 1)
+
+    assert sorted(o.run_id for o in outcomes) == sorted(c.run_id for c in lost)
+    assert not any(o.quarantined for o in outcomes)
+    for claimed in lost:
+        ran = await info(store, claimed.run_id)
+        assert ran.status == RunStatus.QUEUED
+        last = (await journal(store, claimed.run_id))[-1]
+        assert last["type"] == "run:requeued" and last["reason"] == "store_unavailable"
+    for claimed in [*known, other]:
+        assert (await info(store, claimed.run_id)).status == RunStatus.RUNNING
+    assert await store.requeue_unheld("w", {c.run_id for c in known}, now=T0 + 2) == []
+
+
+async def test_requeue_unheld_counts_no_crash(store: Store) -> None:
+    run_id = await submit(store, now=T0)
+    for round_ in range(3):  # past max_retries=1, had they counted
+        await take(store, run_id, now=T0 + round_, worker="w")
+        [outcome] = await store.requeue_unheld("w", set(), now=T0 + round_ + 0.5)
+        assert not outcome.quarantined
+    assert (await info(store, run_id)).status == RunStatus.QUEUED
+    # A real crash now is its first: under max_retries=1 it is requeued, not quarantined.
+    await take(store, run_id, now=T0 + 4, worker="w")
+    [outcome] = await store.reclaim_worker("w", now=T0 + 5, poison=PoisonPolicy(max_retries=1))
+    assert not outcome.quarantined
+    assert (await info(store, run_id)).status == RunStatus.QUEUED

@@ -111,6 +111,19 @@ def test_pyrula_postgres_dsn_wraps_the_store_the_cli_opens(
     assert archived_if_configured(wrapped) is wrapped
 
 
+def test_pyrula_archive_reconcile_grace_sets_the_grace_of_that_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PYRULA_ARCHIVE_RECONCILE_GRACE", raising=False)
+    assert archived_if_configured(MemoryStore(), DSN).reconcile_grace == 30.0
+    monkeypatch.setenv("PYRULA_ARCHIVE_RECONCILE_GRACE", "2.5")
+    assert archived_if_configured(MemoryStore(), DSN).reconcile_grace == 2.5
+    for bad in ("5s", "-1"):
+        monkeypatch.setenv("PYRULA_ARCHIVE_RECONCILE_GRACE", bad)
+        with pytest.raises(ConfigurationError, match="PYRULA_ARCHIVE_RECONCILE_GRACE"):
+            archived_if_configured(MemoryStore(), DSN)
+
+
 def test_pyrula_workflows_imports_without_asyncpg() -> None:
     code = (
         "import sys; sys.modules['asyncpg'] = None\n"

@@ -20,7 +20,10 @@ def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
         ready = supervisor.ready_children()
         if ready == 0:
             return 503, {"status": "starting", "ready_children": 0}
-        return 200, {"status": "ready", "ready_children": ready,
+        serving = supervisor.serving_children()
+        if serving == 0:
+            return 503, {"status": "store_unreachable", "ready_children": 0}
+        return 200, {"status": "ready", "ready_children": serving,
                      "shards": supervisor.status()["shards"]}
 
     async def status() -> tuple[int, Any]:
@@ -42,7 +45,7 @@ def render_metrics(status: dict[str, Any], supervisor: Supervisor) -> str:
         "# TYPE pyrula_fleet_children_desired gauge",
         f"pyrula_fleet_children_desired {supervisor.desired}",
         "# TYPE pyrula_fleet_children_ready gauge",
-        f"pyrula_fleet_children_ready {supervisor.ready_children()}",
+        f"pyrula_fleet_children_ready {supervisor.serving_children()}",
         "# TYPE pyrula_fleet_restarts_total counter",
         f"pyrula_fleet_restarts_total {status['restarts']}",
         "# TYPE pyrula_fleet_draining gauge",

@@ -401,6 +401,7 @@ class Supervisor:
         children = []
         shards: dict[str, int] = {}
         ready = 0
+        cut_off = 0  # ready children that cannot reach their store
         for index in sorted(self.slots):
             slot = self.slots[index]
             child = slot.child
@@ -413,6 +414,7 @@ class Supervisor:
             elif beat is not None and beat.state == "ready":
                 state = "ready"
                 ready += 1
+                cut_off += not beat.store_ok
             for name, count in (beat.shards if beat else {}).items():
                 shards[name] = shards.get(name, 0) + count
             children.append({
@@ -428,7 +430,7 @@ class Supervisor:
             })
         if self.draining:
             overall = "draining"
-        elif ready >= self.desired:
+        elif ready >= self.desired and not cut_off:
             overall = "ok"
         elif ready == 0 and all(s.restarts == 0 for s in self.slots.values()):
             overall = "starting"
@@ -444,3 +446,9 @@ class Supervisor:
     def ready_children(self) -> int:
         return sum(1 for c in self._children()
                    if c.beat is not None and c.beat.state == "ready" and not c.retiring)
+
+    def serving_children(self) -> int:
+        """Ready children whose store answers (what the fleet's /readyz counts)."""
+        return sum(1 for c in self._children()
+                   if c.beat is not None and c.beat.state == "ready" and c.beat.store_ok
+                   and not c.retiring)

@@ -175,6 +175,15 @@ class WorkQueue(Protocol):
         per run (one transaction on SQLite, one script per shard on Valkey)."""
         ...
 
+    async def requeue_unheld(
+        self, worker_id: str, held: Collection[str], *, now: float
+    ) -> list[RequeueOutcome]:
+        """Requeue (reason ``store_unavailable``, no crash counted) every run whose lock
+        ``worker_id`` holds but that is not in ``held``, the runs the worker knows it holds:
+        those a claim took whose reply the worker never got (the connection was lost).
+        A run with a cancel requested ends cancelled instead. Atomic per run."""
+        ...
+
     async def reclaim(
         self,
         names: Sequence[str] | None,

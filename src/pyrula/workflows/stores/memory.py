@@ -540,6 +540,17 @@ class MemoryStore:
                     out.append(self._requeue(run, now, "orphaned", crash, poison, detail))
             return out
 
+    async def requeue_unheld(
+        self, worker_id: str, held: Collection[str], *, now: float
+    ) -> list[RequeueOutcome]:
+        with self._lock:
+            return [
+                self._requeue(run, now, "store_unavailable", False, None, None)
+                for run in list(self._runs.values())
+                if run.status is RunStatus.RUNNING and run.lock_owner == worker_id
+                and run.run_id not in held
+            ]
+
     def recover_pending_runs(self, name: str) -> int:
         import time
 

@@ -497,6 +497,28 @@ class SQLiteStore(SQLiteAdmin):
             self._notify_after(outcome.run_id)
         return outcomes
 
+    async def requeue_unheld(
+        self, worker_id: str, held: Collection[str], *, now: float
+    ) -> list[RequeueOutcome]:
+        keep = set(held)
+
+        def op() -> list[RequeueOutcome]:
+            with self._tx() as conn:
+                rows = conn.execute(
+                    f"SELECT {_RUN_COLUMNS} FROM runs WHERE status='running' AND lock_owner=?",
+                    (worker_id,),
+                ).fetchall()
+                return [
+                    self._requeue(conn, row, row["journal_len"], now, "store_unavailable",
+                                  False, None, None)
+                    for row in rows if row["run_id"] not in keep
+                ]
+
+        outcomes = await self._call(op)
+        for outcome in outcomes:
+            self._notify_after(outcome.run_id)
+        return outcomes
+
     def recover_pending_runs(self, name: str) -> int:
         return len(self._reclaim([name], time.time(), 1 << 30, PoisonPolicy()))
 

@@ -85,6 +85,26 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in str(exc)
 
 
+def _primary_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else int(code) & 0xFF
+
+
+#: Failures of the disk under the file, not of the statement: a call that meets one is
+#: reported as StoreUnavailable (the worker puts its run back; nothing was written).
+_DISK_ERRORS = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN})
+
+
+def describe(exc: BaseException) -> str:
+    """An SQLite failure in words, the underlying sqlite3 error's once (not the wrappers'),
+    saying so plainly when the disk is full."""
+    while isinstance(exc, StoreUnavailable) and isinstance(exc.__cause__, sqlite3.Error):
+        exc = exc.__cause__
+    if _primary_code(exc) == sqlite3.SQLITE_FULL:
+        return f"the disk is full ({exc}): nothing was written; free space on it"
+    return str(exc)
+
+
 class SQLiteBase:
     """The connection side of SQLiteStore."""
 
@@ -184,7 +204,8 @@ class SQLiteBase:
             # _read, in finer steps than SQLite's own busy handler takes.
             conn.execute("PRAGMA busy_timeout=0")
         except sqlite3.DatabaseError as exc:
-            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {describe(exc)}"
+                                   ) from exc
         self._conn = conn
         return conn
 
@@ -222,7 +243,7 @@ class SQLiteBase:
                 return attempt()
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
-                    raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+                    raise self._unavailable(exc) from exc
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self._busy_ms / 1000
@@ -246,7 +267,7 @@ class SQLiteBase:
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):
                 raise WouldBlock from exc
-            raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+            raise self._unavailable(exc) from exc
 
     def _commit(self, conn: sqlite3.Connection) -> None:
         # Only a file that is not in WAL mode can be busy here; the transaction then stays
@@ -268,20 +289,29 @@ class SQLiteBase:
         batch: Batch | None = getattr(self._local, "batch", None)
         return batch
 
+    def _unavailable(self, exc: BaseException, what: str = "") -> StoreUnavailable:
+        return StoreUnavailable(f"SQLite store {self.path}: {what}{describe(exc)}")
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One state change, atomic: its own transaction, or on the store thread its own
         savepoint in the transaction of the batch it is part of (committed before any
-        call of the batch returns)."""
+        call of the batch returns). A statement the disk fails (full, an I/O error) is
+        StoreUnavailable."""
         batch = self._batch()
         with self._lock:
             conn = self._connection()
-            if batch is None:
-                with self._own_tx(conn):
-                    yield conn
-            else:
-                with self._savepoint(conn, batch):
-                    yield conn
+            try:
+                if batch is None:
+                    with self._own_tx(conn):
+                        yield conn
+                else:
+                    with self._savepoint(conn, batch):
+                        yield conn
+            except sqlite3.OperationalError as exc:
+                if _primary_code(exc) in _DISK_ERRORS:
+                    raise self._unavailable(exc) from exc
+                raise
 
     @contextmanager
     def _own_tx(self, conn: sqlite3.Connection) -> Iterator[None]:
@@ -297,7 +327,7 @@ class SQLiteBase:
         except (sqlite3.Error, StoreUnavailable) as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            raise StoreUnavailable(f"SQLite commit failed: {exc}") from exc
+            raise self._unavailable(exc, "commit failed: ") from exc
 
     @contextmanager
     def _savepoint(self, conn: sqlite3.Connection, batch: Batch) -> Iterator[None]:
@@ -373,7 +403,7 @@ class SQLiteBase:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-            self._fail_batch(batch, f"commit failed: {exc}")
+            self._fail_batch(batch, f"commit failed: {describe(exc)}")
             return
         batch.open = False
         batch.pending = []
@@ -391,7 +421,7 @@ class SQLiteBase:
                 except sqlite3.OperationalError as exc:
                     if not conn.in_transaction:
                         self._fail_batch(batch, "SQLite rolled the transaction back")
-                    raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from exc
+                    raise self._unavailable(exc) from exc
             if batch is not None and batch.inline:
                 return self._once(lambda: fn(conn))
             return self._retry_busy(lambda: fn(conn), "reading")

@@ -32,6 +32,8 @@ logger = logging.getLogger("pyrula.fleet.child")
 
 #: Heartbeat cadence until the worker is ready (seconds).
 STARTING_HEARTBEAT_INTERVAL = 0.01
+#: How often the child looks whether its store answers (seconds).
+STORE_CHECK_INTERVAL = 1.0
 
 
 def _boot_failed(conn: Connection, message: str) -> None:
@@ -72,26 +74,42 @@ def main(config: dict[str, Any], conn: Connection) -> None:
             store_options["namespace"] = config["namespace"]
         if config.get("cluster") is not None:
             store_options["cluster"] = config["cluster"]
-        store = archived_if_configured(store_from_url(config["store_url"], **store_options))
+        backend = archived_if_configured(store_from_url(config["store_url"], **store_options))
         options = WorkerOptions(**config.get("worker_options", {}), health_port=None)
+        reach = StoreCheck()
 
         def report_claim(_: dict[str, int]) -> None:
-            _send(conn, _heartbeat(worker, periodic=False))
+            _send(conn, _heartbeat(worker, reach, periodic=False))
 
         def report_user_code() -> None:
-            _send(conn, _heartbeat(worker, periodic=False))
+            _send(conn, _heartbeat(worker, reach, periodic=False))
 
-        worker = WorkflowWorker(store=store, workflows=chosen, options=options,
+        worker = WorkflowWorker(store=backend, workflows=chosen, options=options,
                                 on_claimed=report_claim, on_user_code=report_user_code)
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
         _boot_failed(conn, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
         return
-    code = asyncio.run(_serve(worker, conn))
+    code = asyncio.run(_serve(worker, conn, reach))
     logging.shutdown()
     os._exit(code)
 
 
-def _heartbeat(worker: Any, *, periodic: bool) -> bytes:
+class StoreCheck:
+    """Whether the child's store answered when the child last looked (every
+    ``STORE_CHECK_INTERVAL``): a child whose store does not answer is alive but not ready,
+    and the fleet's /readyz turns 503 while no child can reach its store."""
+
+    def __init__(self) -> None:
+        self.ok = True
+
+    async def watch(self, worker: Any) -> None:
+        while True:
+            if worker.state == "ready":
+                self.ok = await worker.store_reachable()
+            await asyncio.sleep(STORE_CHECK_INTERVAL)
+
+
+def _heartbeat(worker: Any, reach: StoreCheck, *, periodic: bool) -> bytes:
     """A heartbeat to send now: ``periodic`` for the loop's regular one (it names exactly
     the runs in user code), else one sent at a claim or before a run enters its code."""
     user_code, suspects = worker.user_code_report(heartbeat=periodic)
@@ -107,6 +125,7 @@ def _heartbeat(worker: Any, *, periodic: bool) -> bytes:
         suspects=suspects,
         claim_tick_age=round(worker.claim_tick_age(), 3),
         free=worker.free_slots,
+        store_ok=reach.ok,
     ))
 
 
@@ -119,7 +138,7 @@ def _send(conn: Connection, message: bytes) -> bool:
     return True
 
 
-async def _serve(worker: Any, conn: Connection) -> int:
+async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, worker.stop)
 
@@ -131,13 +150,14 @@ async def _serve(worker: Any, conn: Connection) -> int:
         # While starting it beats often, so that the supervisor sees it ready within
         # milliseconds (a respawn, a recycle and a reload wait for that), not a beat later.
         while True:
-            if not _send(conn, _heartbeat(worker, periodic=True)):
+            if not _send(conn, _heartbeat(worker, reach, periodic=True)):
                 worker.stop()  # the supervisor is gone: drain and leave
                 return
             starting = worker.state == "starting"
             await asyncio.sleep(STARTING_HEARTBEAT_INTERVAL if starting else HEARTBEAT_INTERVAL)
 
     heartbeat = asyncio.create_task(beat())
+    checker = asyncio.create_task(reach.watch(worker))
     try:
         await worker.run()
     except Exception as exc:
@@ -148,7 +168,8 @@ async def _serve(worker: Any, conn: Connection) -> int:
         return 1
     finally:
         heartbeat.cancel()
-        await asyncio.gather(heartbeat, return_exceptions=True)
+        checker.cancel()
+        await asyncio.gather(heartbeat, checker, return_exceptions=True)
         close = getattr(worker.store, "aclose", None)
         if close is not None:
             try:

@@ -40,6 +40,8 @@ class LoopState:
     name: str
     failing_since: float | None = None
     last_ok: float | None = None
+    #: when a tick last failed on a store or network error (monotonic)
+    last_failed: float | None = None
     restarts: int = 0
 
     def failed_for(self, now: float) -> float:
@@ -72,6 +74,7 @@ async def run_loop(
         try:
             wait = await tick()
         except TRANSIENT as exc:
+            state.last_failed = time.monotonic()
             if state.failing_since is None:
                 state.failing_since = time.monotonic()
                 logger.warning(

@@ -45,6 +45,9 @@ from pyrula.workflows.worker.usercode import UserCodeTracker
 logger = logging.getLogger("pyrula.workflows.worker")
 
 PING_TIMEOUT_S = 2.0
+#: A claim completed this recently shows the store answers (``store_reachable``); an idle
+#: claim loop completes one about every second.
+STORE_SEEN_S = 2.0
 HEARTBEAT_INTERVAL_S = 0.1
 #: How often a worker on a store with a clock of its own reads it again (``StoreClock``).
 CLOCK_SYNC_INTERVAL_S = 30.0
@@ -151,6 +154,8 @@ class WorkflowWorker:
         self._timer_nudge = asyncio.Event()
         self._heartbeat = time.monotonic()
         self._claim_progress = time.monotonic()
+        self._store_failed_at = float("-inf")
+        self._claim_lost = False
         self._stranded_logged: set[str] = set()
         self._backlog = False
         self._cache = JournalCache(self.options.journal_cache_events)
@@ -189,6 +194,20 @@ class WorkflowWorker:
         report about to be sent to a supervisor; ``heartbeat`` for the periodic one (it
         names exactly the runs in user code now). See ``worker.usercode``."""
         return self._user_code.snapshot(heartbeat=heartbeat)
+
+    async def store_reachable(self) -> bool:
+        """Whether the store answers now: a claim that completed within the last
+        ``STORE_SEEN_S`` says so at no cost; otherwise a ``ping()`` within 2 s. (What a
+        fleet child reports to its supervisor for the fleet's /readyz.)"""
+        claim = self._loops.get("claim")
+        if claim is not None and claim.failing_since is None and claim.last_ok is not None \
+                and time.monotonic() - claim.last_ok < STORE_SEEN_S:
+            return True
+        try:
+            await asyncio.wait_for(self.store.aping(), PING_TIMEOUT_S)
+        except Exception:  # any failure to answer in time: not reachable
+            return False
+        return True
 
     def claim_tick_age(self) -> float:
         """Seconds since the claim loop last made progress (a fleet's stall watchdog)."""
@@ -365,10 +384,19 @@ class WorkflowWorker:
             # (or after a short moment), not one store round trip per finished run.
             await self._await_capacity(low_water, self.options.claim_poll_interval / 4)
             free = self.options.max_concurrent_runs - len(self._attempts)
-        claimed = await self.store.claim(
-            self.worker_id, self.workflow_names, limit=free, now=self._clock.now(),
-            lock_ttl=self.options.lock_ttl,
-        )
+        if self._claim_lost:
+            await self._requeue_lost_claims()
+        try:
+            claimed = await self.store.claim(
+                self.worker_id, self.workflow_names, limit=free, now=self._clock.now(),
+                lock_ttl=self.options.lock_ttl,
+            )
+        except StoreUnavailable:
+            # The claim may have run with its reply lost (the connection went after the
+            # request was sent): its runs are locked by this worker, which does not know
+            # them. They are put back before the next claim, once the store answers.
+            self._claim_lost = True
+            raise
         self._claim_progress = time.monotonic()
         for run in claimed:
             self._start_attempt(run)
@@ -401,6 +429,20 @@ class WorkflowWorker:
                     break
             return 0.0
         return None
+
+    async def _requeue_lost_claims(self) -> None:
+        """Put back (reason store_unavailable, no crash counted) the runs locked by this
+        worker that it does not hold: those of a claim whose reply was lost. Without this
+        they would wait out their lock and be reclaimed as orphans, each charged a crash."""
+        outcomes = await self.store.requeue_unheld(self.worker_id, set(self._held),
+                                                   now=self._clock.now())
+        self._claim_lost = False
+        for outcome in outcomes:
+            logger.warning(
+                "run %s requeued: claimed by this worker when the store went away, but the "
+                "claim's reply was lost", outcome.run_id,
+                extra={"event": "run_requeued", "run_id": outcome.run_id, **self._log},
+            )
 
     async def _await_capacity(self, free: int, timeout: float) -> None:
         """Until ``free`` slots are free, the worker stops, or ``timeout`` passes."""
@@ -495,9 +537,24 @@ class WorkflowWorker:
                 logger.error("run_stranded: %d runs of %r failed (stranded)", len(failed), name,
                              extra={"event": "run_stranded", "workflow": name, **self._log})
 
+    def _store_failed(self) -> None:
+        self._store_failed_at = time.monotonic()
+
+    def _store_failed_lately(self) -> bool:
+        """Whether a store call of this worker failed within the last ``lock_ttl``."""
+        times = [self._store_failed_at] + [
+            s.last_failed for s in self._loops.values() if s.last_failed is not None]
+        return time.monotonic() - max(times) < self.options.lock_ttl
+
     async def _orphan_tick(self) -> float | None:
         await self._register()
         await self._check_stranded()
+        if self._store_failed_lately():
+            # The store was out for this worker a moment ago, so it was for the others: the
+            # locks that lapsed meanwhile are those of workers that could not renew, not of
+            # dead ones. They get one lock_ttl to renew or put their runs back themselves
+            # (reason store_unavailable) before a reclaim would charge each run a crash.
+            return None
         outcomes = await self.store.reclaim(
             self.workflow_names, now=self._clock.now(), limit=1000, poison=self._poison
         )
@@ -587,6 +644,7 @@ class WorkflowWorker:
         except StoreUnavailable as exc:
             logger.warning("run %s: store unavailable before the attempt began (%s)",
                            claimed.run_id, exc, extra=run_log)
+            self._store_failed()
             await self._requeue_unavailable(claimed, run_log)
         finally:
             # A newer attempt of the same run may be in flight here already (this one was
@@ -624,6 +682,7 @@ class WorkflowWorker:
             logger.warning("run %s: lock lost to another attempt; stood down", claimed.run_id,
                            extra={"event": "run_lock_lost", **run_log})
         elif kind is OutcomeKind.STORE_UNAVAILABLE:
+            self._store_failed()
             await self._requeue_unavailable(claimed, run_log)
 
     async def _fail_corrupt(self, claimed: ClaimedRun, exc: JournalCorrupt,
@@ -651,11 +710,12 @@ class WorkflowWorker:
         self.metrics.inc("pyrula.workflows.runs.finished", status="failed")
 
     async def _requeue_unavailable(self, claimed: ClaimedRun, run_log: dict[str, Any]) -> None:
-        """Put the run back (reason store_unavailable) once the store answers again, for as
-        long as this attempt's lock can still be valid; after that the orphan scan owns it."""
-        deadline = time.monotonic() + self.options.lock_ttl
-        delays = backoff_delays(0.1, 2.0)
-        while time.monotonic() < deadline:
+        """Put the run back (reason store_unavailable) once the store answers again. The
+        run stays held meanwhile (the renewal thread renews its lock as soon as the store
+        is back), however long the outage: the requeue is fenced, so it lands only if no
+        one recovered the run in between, and the run is not charged a crash for it."""
+        delays = backoff_delays(0.1, 1.0)
+        while True:
             try:
                 await self.store.requeue(
                     claimed.run_id, claimed.token, now=self._clock.now(),
@@ -664,9 +724,10 @@ class WorkflowWorker:
                 logger.warning("run %s requeued: the store was unavailable during its attempt",
                                claimed.run_id, extra={"event": "run_requeued", **run_log})
                 return
-            except StaleToken:
+            except (StaleToken, WorkflowNotFound):
                 return
             except StoreUnavailable:
+                self._store_failed()
                 await asyncio.sleep(delays())
 
     def _abandon_run(self, run_id: str, token: int) -> None:

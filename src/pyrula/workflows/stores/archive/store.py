@@ -15,6 +15,7 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from pyrula.config.parse import env_value, parse_float
 from pyrula.errors import ConfigurationError, RunNotActive, WorkflowNotFound
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import (
@@ -34,6 +35,9 @@ from pyrula.workflows.stores.archive.archiver import Archiver, ReconcileReport
 from pyrula.workflows.stores.archive.pool import ArchiveUnavailable
 from pyrula.workflows.stores.archive.postgres import PostgresArchive
 from pyrula.workflows.stores.base import Store
+
+#: The environment variable of ``reconcile_grace`` for stores built from the environment.
+GRACE_ENV = "PYRULA_ARCHIVE_RECONCILE_GRACE"
 
 
 class ArchivingStore:
@@ -244,6 +248,13 @@ class ArchivingStore:
         await self.archiver.archive_now([o.run_id for o in outcomes])
         return outcomes
 
+    async def requeue_unheld(
+        self, worker_id: str, held: Collection[str], *, now: float
+    ) -> list[RequeueOutcome]:
+        outcomes = await self.live.requeue_unheld(worker_id, held, now=now)
+        await self.archiver.archive_now([o.run_id for o in outcomes])  # the cancelled ones
+        return outcomes
+
     def recover_pending_runs(self, name: str) -> int:
         # Runs this quarantines are archived by the next reconcile tick.
         return self.live.recover_pending_runs(name)
@@ -412,8 +423,12 @@ def make_archiving_postgres(
 
 def archived_if_configured(store: Store, dsn: str | None = None) -> Store:
     """``store`` wrapped in an ArchivingStore when a DSN is given or PYRULA_POSTGRES_DSN is
-    set (the CLI and fleet children open their store through this); else ``store``."""
+    set (the CLI and fleet children open their store through this); else ``store``.
+    ``PYRULA_ARCHIVE_RECONCILE_GRACE`` (seconds, default 30) sets its ``reconcile_grace``."""
     dsn = dsn or os.environ.get("PYRULA_POSTGRES_DSN", "").strip() or None
     if dsn is None or isinstance(store, ArchivingStore):
         return store
-    return ArchivingStore(live=store, archive=PostgresArchive(dsn=dsn))
+    grace = env_value(GRACE_ENV)
+    return ArchivingStore(live=store, archive=PostgresArchive(dsn=dsn),
+                          reconcile_grace=30.0 if grace is None
+                          else parse_float(GRACE_ENV, grace))

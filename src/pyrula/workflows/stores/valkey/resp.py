@@ -22,6 +22,7 @@ connection that fails raises :class:`ConnectFailed` (nothing was sent) or
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import time
 from collections import deque
@@ -369,7 +370,24 @@ class SyncLink:
 
     @property
     def alive(self) -> bool:
-        return self._sock is not None
+        """False once closed, and once the server has closed the idle connection (it
+        restarted, or dropped the client): a request is then sent on a new connection
+        instead of failing as if the server had been lost under it. (An asyncio link
+        learns of that from its loop; a blocking socket only when it reads.)"""
+        sock = self._sock
+        if sock is None:
+            return False
+        # Between requests nothing is owed to us: a readable socket is one the server
+        # closed (or one holding bytes no request asked for), either way not to be used.
+        poll = select.poll()
+        try:
+            poll.register(sock, select.POLLIN)
+            if not poll.poll(0):
+                return True
+        except (OSError, ValueError):
+            pass
+        self.close()
+        return False
 
     async def request(self, packed: bytes, count: int, timeout: float | None = None
                       ) -> list[Any]:

@@ -713,6 +713,32 @@ class ValkeyStore(ValkeyAdmin):
             await self._ring(name, shards, now)
         return outcomes
 
+    async def requeue_unheld(
+        self, worker_id: str, held: Collection[str], *, now: float
+    ) -> list[RequeueOutcome]:
+        keep: dict[str, list[str]] = {}
+        for run_id in held:
+            base = self.keys.base_of_run(run_id)
+            if base is not None:
+                keep.setdefault(base, []).append(run_id)
+        targets = [(n, s) for n in await self._names() for s in range(self.shard_count)]
+        calls = []
+        for name, shard in targets:
+            base = self.keys.base_of(name, shard)
+            calls.append((base, ("requeue_unheld", worker_id, now, self.completed_ttl,
+                                 *keep.get(base, ()))))
+        outcomes: list[RequeueOutcome] = []
+        rung: dict[str, list[int]] = {}
+        for (name, shard), result in zip(targets, await self._batch(calls), strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            for run_id in result:
+                outcomes.append(RequeueOutcome(str(run_id), False))
+                rung.setdefault(name, []).append(shard)
+        for name, shards in rung.items():
+            await self._ring(name, shards, now)
+        return outcomes
+
     def recover_pending_runs(self, name: str) -> int:
         async def recover() -> int:
             calls = [

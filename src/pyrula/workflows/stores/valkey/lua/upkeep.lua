@@ -100,6 +100,25 @@ ops.fail_stranded = function(k, a)
   return failed
 end
 
+-- requeue_unheld: requeue, counting no crash, this shard's runs whose lock a live worker
+-- holds but that are not among those it knows it holds (a claim whose reply it lost).
+-- ARGV: op, worker, now, completed_ttl, held_run_id...
+-- returns {run_id...}
+ops.requeue_unheld = function(k, a)
+  local base, worker, now = k[1], a[2], a[3]
+  local held = {}
+  for i = 5, #a do held[a[i]] = true end
+  local out = {}
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', base .. ':times', 0, '+inf')) do
+    local f = redis.call('HMGET', runk(base, id), 'status', 'lock_owner')
+    if f[1] == 'running' and f[2] == worker and not held[id] then
+      requeue_run(base, id, now, 'store_unavailable', '0', 0, 0, '{}', a[4])
+      out[#out + 1] = id
+    end
+  end
+  return out
+end
+
 -- reclaim_worker: requeue every run of this shard whose lock a dead worker holds,
 -- counting a crash against those it is told to charge (all of them, or the ids listed).
 -- ARGV: op, worker, now, max_retries, retry_ttl, detail_json, completed_ttl,
