@@ -4,7 +4,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint typecheck unit bench soak clean system-deps
+.PHONY: install run test test-pythons lint typecheck unit bench soak clean system-deps
+
+# The suite runs again on each newer Python, over the subset below: every process, signal,
+# engine, worker and store-contract test (docs/decisions.md, "Tests", says why this subset).
+NEWER_PYTHONS ?= 3.12 3.13
+NEWER_PYTHON_TESTS ?= tests/unit tests/golden tests/conformance tests/fleet tests/chaos \
+	tests/integration/test_worker_processes.py tests/integration/test_worker_cli_processes.py \
+	tests/integration/test_sqlite_processes.py tests/integration/test_dev_broken_import.py \
+	tests/integration/test_fleet_health_port.py
+PYENV_ROOT ?= $(HOME)/.pyenv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +44,26 @@ system-deps:
 
 test: install system-deps lint typecheck
 	$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider
+	$(MAKE) --no-print-directory test-pythons
+
+test-pythons: $(addprefix test-python-,$(NEWER_PYTHONS))
+
+# `make test-python-3.13`: the subset on Python 3.13, in .venv-3.13 (installed as .venv is).
+# The interpreter is python3.13 on PATH if it runs (a pyenv shim of a version pyenv has not
+# selected does not), else the newest pyenv build of 3.13; with neither, it says so and
+# skips that version.
+test-python-%:
+	@py=""; \
+	for c in python$* $$(ls -d $(PYENV_ROOT)/versions/$*.*/bin/python$* 2>/dev/null | sort -V | tail -n 1); do \
+		if "$$c" -c 'import sys' > /dev/null 2>&1; then py="$$c"; break; fi; \
+	done; \
+	if [ -z "$$py" ]; then \
+		echo "test-python-$*: SKIPPED: no Python $* interpreter (neither python$* on PATH nor $(PYENV_ROOT)/versions/$*.*)"; \
+		exit 0; \
+	fi; \
+	echo "test-python-$*: $$py ($$("$$py" -c 'import sys; print(sys.version.split()[0])'))"; \
+	$(MAKE) --no-print-directory VENV=.venv-$* PYTHON="$$py" install && \
+	.venv-$*/bin/pytest -n 2 -q -p no:cacheprovider $(NEWER_PYTHON_TESTS)
 
 bench: install
 	$(PY) -m compileall -q src > /dev/null
@@ -46,4 +75,4 @@ soak: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
+	rm -rf $(VENV) $(addprefix .venv-,$(NEWER_PYTHONS)) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

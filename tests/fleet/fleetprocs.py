@@ -9,7 +9,8 @@ The app's steps leave traces next to it, so a test can see from outside which pr
 which step:
 
 * ``effects.log``: one line ``<step> <tag> <pid>`` per execution of a step;
-* ``gate-<tag>``: ``gated`` blocks until the test creates it.
+* ``gate-<tag>``: ``gated`` blocks until the test creates it; ``hog`` blocks its child's
+  event loop with ``time.sleep`` unless it exists.
 
 Nothing here sleeps for a fixed time: ``Fleet.wait_status`` polls ``/status`` with a deadline.
 """
@@ -120,6 +121,18 @@ APP = textwrap.dedent(
     @workflow(name="fa_dwell")
     async def dwelling(ctx, params):
         return await dwell(params["tag"], params["seconds"])
+
+
+    async def hog(tag: str, seconds: float) -> str:
+        _mark(f"hog {tag}")
+        if not (HERE / f"gate-{tag}").exists():
+            time.sleep(seconds)  # blocks this child's event loop (and releases the GIL)
+        return "hogged"
+
+
+    @workflow(name="fa_hog")
+    async def hog_run(ctx, params):
+        return await hog(params["tag"], params["seconds"])
     '''
 )
 
@@ -259,11 +272,11 @@ class Fleet:
         finally:
             self._log_file.close()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _group_alive(self.pid):
+        while time.monotonic() < deadline and group_alive(self.pid):
             time.sleep(0.02)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """True while a live (not zombie) process of the group is left."""
     import psutil
 

@@ -7,14 +7,25 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from pyrula.workflows import RunStatus, SyncWorkflowClient
+from pyrula.workflows import RunStatus, SyncWorkflowClient, ValkeyStore
 from tests.conftest import wait_until
-from tests.fleet.fleetprocs import APP, APP_MODULE, QUICK, Fleet, Fleets, StatusRecorder, pids
+from tests.fleet.fleetprocs import (
+    APP,
+    APP_MODULE,
+    QUICK,
+    Fleet,
+    Fleets,
+    StatusRecorder,
+    group_alive,
+    pids,
+)
 from tests.fleet.fleetprocs import ready as ready_children
+from tests.servers import start_server
 
 
 def _gone(pid: int) -> bool:
@@ -125,20 +136,44 @@ def test_sigterm_drains_the_runs_in_flight_then_exits_0(
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_second_signal_while_draining_quits_at_once(
+def test_a_second_signal_while_draining_quits_at_once_and_requeues_the_runs(
     fleets: Fleets, client: SyncWorkflowClient, signum: signal.Signals, code: int
 ) -> None:
-    fleet, run_id, children = _with_run_in_flight(fleets, client, "q")
+    # The run's async step blocks its child's event loop for 20 s (``time.sleep``): that
+    # child cannot drain, so the fleet waits for it until the second signal.
+    fleet = fleets.start("-n", "2", *QUICK)
+    children = pids(fleet.wait_ready(2))
+    run = client.submit("fa_hog", {"tag": "q", "seconds": 20})
+    wait_until(lambda: fleets.ran("hog", "q"), 20, what="the step blocking its loop")
     fleet.send(signum)
     fleet.wait_status(lambda s: s["status"] == "draining", what="draining")
+    assert fleet.proc.poll() is None
+
+    sent = time.monotonic()
     fleet.send(signum)
     assert fleet.wait() == code
-    assert "quitting now" in fleet.log()
-    for pid in children.values():  # the children were killed, not left behind
-        wait_until(lambda pid=pid: _gone(pid), 10, what=f"child {pid} gone")
-    # The run never finished here: it is still locked by the killed attempt (the orphan
-    # scan of the next fleet takes it back).
-    assert client.get(run_id).status == RunStatus.RUNNING
+    took = time.monotonic() - sent
+    assert took < 8, f"the fleet took {took:.1f} s to quit after the second signal"
+    log = fleet.log()
+    assert "quitting now" in log
+    # Every child was killed and reaped before the fleet exited; the fork server and
+    # multiprocessing's resource tracker end as soon as they see the supervisor gone.
+    assert all(_gone(pid) for pid in children.values()), children
+    wait_until(lambda: not group_alive(fleet.pid), 5, what="no process of the fleet left")
+    # The killed attempt's run went back to the queue at once, not after an orphan scan.
+    info = client.get(run.run_id)
+    assert info.status == RunStatus.QUEUED, info
+    journal = client.events(run.run_id)
+    assert journal[-1]["type"] == "run:requeued", journal[-1]
+    assert "runs_recovered" in log
+
+    # The next fleet takes it straight from the queue and finishes it.
+    fleets.open_gate("q")
+    successor = fleets.start("-n", "1", *QUICK)
+    assert client.result(run.run_id, timeout=20) == "hogged"
+    assert fleets.ran("hog", "q")[-1] in pids(successor.wait_ready(1)).values()
+    successor.send(signal.SIGTERM)
+    assert successor.wait() == 0
 
 
 def test_a_child_sent_sigterm_alone_drains_and_is_replaced(
@@ -176,3 +211,53 @@ def test_sigterm_to_the_whole_process_group_drains_the_fleet(
     assert log.count("after draining") == 2 and "died" not in log and "on its own" not in log
     for pid in children.values():
         wait_until(lambda pid=pid: _gone(pid), 10, what=f"child {pid} gone")
+
+
+def test_a_child_killed_at_the_drain_deadline_has_its_runs_requeued(
+    fleets: Fleets, client: SyncWorkflowClient
+) -> None:
+    # One SIGTERM (two sent together count as one: the kernel merges a pending signal). The
+    # child whose loop is blocked cannot drain, so the fleet kills it at its drain deadline
+    # (shutdown_grace + 3 x cancel_timeout + 5 s) and takes its run back at once.
+    fleet = fleets.start("-n", "1", "--shutdown-grace", "0.5", "--cancel-timeout", "0.2")
+    fleet.wait_ready(1)
+    run = client.submit("fa_hog", {"tag": "d", "seconds": 20})
+    wait_until(lambda: fleets.ran("hog", "d"), 20, what="the step blocking its loop")
+    fleet.send(signal.SIGTERM)
+    fleet.wait()
+    assert "children still running past the drain deadline: killing them" in fleet.log()
+    assert client.get(run.run_id).status == RunStatus.QUEUED
+    assert client.events(run.run_id)[-1]["type"] == "run:requeued"
+
+
+def test_a_second_signal_quits_at_once_even_when_the_store_does_not_answer(
+    fleets: Fleets, tmp_path: Path
+) -> None:
+    # A server of the test's own, frozen (SIGSTOP) between the two signals: requeueing the
+    # killed child's runs cannot complete, and the fleet exits anyway, saying so. The
+    # runs stay with the orphan scan of whichever worker comes next.
+    server = start_server(tmp_path)
+    try:
+        fleet = fleets.start("-n", "2", "--namespace", "frozen", *QUICK, store=server.url)
+        children = pids(fleet.wait_ready(2))
+        client = SyncWorkflowClient(ValkeyStore(url=server.url, namespace="frozen"))
+        run = client.submit("fa_hog", {"tag": "f", "seconds": 20})
+        wait_until(lambda: fleets.ran("hog", "f"), 20, what="the step blocking its loop")
+        fleet.send(signal.SIGTERM)
+        fleet.wait_status(lambda s: s["status"] == "draining" and len(s["children"]) == 1,
+                          what="the idle child drained")
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            sent = time.monotonic()
+            fleet.send(signal.SIGTERM)
+            assert fleet.wait() == 143
+            took = time.monotonic() - sent
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert took < 8, f"the fleet took {took:.1f} s to quit after the second signal"
+        assert all(_gone(pid) for pid in children.values()), children
+        assert "the orphan scan will" in fleet.log()
+        assert client.get(run.run_id).status == RunStatus.RUNNING
+    finally:
+        server.stop()

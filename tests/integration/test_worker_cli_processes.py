@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from functools import partial
 from typing import Any
 
@@ -101,6 +102,25 @@ def test_sigint_twice_exits_130(workers: Workers, client: SyncWorkflowClient) ->
     worker.wait_for_log("received SIGINT: draining")
     worker.send(signal.SIGINT)
     assert worker.wait(timeout=5) == 130
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_second_signal_quits_at_once_while_a_run_blocks_the_event_loop(
+    workers: Workers, client: SyncWorkflowClient, signum: signal.Signals, code: int
+) -> None:
+    # The run's async step calls time.sleep(20): the worker's loop runs nothing until it
+    # returns, and the second signal must not wait for that.
+    client.submit("pp_hog", {"tag": f"hog{code}", "seconds": 20})
+    worker = workers.start("--shutdown-grace", "60")
+    workers.wait_ran("hog", f"hog{code}", worker.pid)
+    worker.send(signum)
+    worker.wait_for_log(f"received {signum.name}: draining")
+    sent = time.monotonic()
+    worker.send(signum)
+    assert worker.wait(timeout=30) == code
+    took = time.monotonic() - sent
+    assert took < 8, f"the worker took {took:.1f} s to quit after the second signal"
+    assert "quitting now" in worker.log()
 
 
 # --- health probes ---------------------------------------------------------------------

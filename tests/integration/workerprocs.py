@@ -9,7 +9,8 @@ process ran which step and when a step is blocked:
 
 * ``effects.log``: one line ``<step> <tag> <pid>`` per execution of a step;
 * ``gate-<tag>``: ``two`` (and ``conc``) block until the test creates it;
-* ``active-<tag>``: exists while ``conc`` runs; ``conc`` logs how many it saw on entry.
+* ``active-<tag>``: exists while ``conc`` runs; ``conc`` logs how many it saw on entry;
+* ``hog`` blocks the worker's event loop with ``time.sleep``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,18 @@ APP = textwrap.dedent(
     @workflow(name="pp_concurrent")
     async def concurrent(ctx, params):
         return await conc(params["tag"])
+
+
+    @step
+    async def hog(tag: str, seconds: float) -> str:
+        _mark(f"hog {tag}")
+        time.sleep(seconds)  # blocks the worker's event loop (and releases the GIL)
+        return "hogged"
+
+
+    @workflow(name="pp_hog")
+    async def hog_run(ctx, params):
+        return await hog(params["tag"], params["seconds"])
     '''
 )
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pyrula.workflows import SQLiteStore, StaleToken, StoreUnavailable
@@ -305,7 +306,8 @@ async def test_a_store_nobody_closed_ends_its_thread_once_collected(tmp_path: Pa
     import gc
     import weakref
 
-    store = SQLiteStore(tmp_path / "g.db")
+    path = tmp_path / "g.db"
+    store = SQLiteStore(path)
     await store._call(lambda: None)  # a call for the store thread: it starts
     assert store._thread is not None
     thread = store._thread._thread
@@ -315,6 +317,8 @@ async def test_a_store_nobody_closed_ends_its_thread_once_collected(tmp_path: Pa
     assert collected() is None
     thread.join(5)
     assert not thread.is_alive()
+    # ... and its connection is closed, not left for the collector to find open.
+    assert str(path) not in {f.path for f in psutil.Process().open_files()}
 
 
 def test_a_checkpointer_ends_when_idle_and_stops_at_once(

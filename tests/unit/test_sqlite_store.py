@@ -7,6 +7,7 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pyrula.workflows import ConfigurationError, SQLiteStore
@@ -15,8 +16,12 @@ from pyrula.workflows.stores.sqlite_schema import SCHEMA_VERSION
 
 
 def _version(path: Path) -> int:
-    with sqlite3.connect(path) as conn:
+    # Not ``with sqlite3.connect(...)``: that block ends the transaction, not the connection.
+    conn = sqlite3.connect(path)
+    try:
         return int(conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+    finally:
+        conn.close()
 
 
 def _set_version(path: Path, version: int, *, drop: str | None = None) -> None:
@@ -50,6 +55,15 @@ def test_a_file_from_a_newer_pyrula_is_refused(tmp_path: Path) -> None:
     _set_version(path, SCHEMA_VERSION + 1)
     with pytest.raises(ConfigurationError, match="schema version"):
         SQLiteStore(path)
+
+
+def test_a_refused_file_is_not_left_open(tmp_path: Path) -> None:
+    path = tmp_path / "newer.db"
+    SQLiteStore(path).close()
+    _set_version(path, SCHEMA_VERSION + 1)
+    with pytest.raises(ConfigurationError, match="schema version"):
+        SQLiteStore(path)
+    assert str(path) not in {f.path for f in psutil.Process().open_files()}
 
 
 async def test_closing_a_store_others_still_use_lets_their_calls_finish(tmp_path: Path) -> None:

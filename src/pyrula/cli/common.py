@@ -8,8 +8,10 @@ import importlib
 import json
 import logging
 import os
+import queue
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -128,35 +130,75 @@ def worker_options(values: dict[str, Any], **overrides: Any) -> WorkerOptions:
         raise click.ClickException(str(exc)) from None
 
 
+class _ShutdownSignals:
+    """TERM/INT for a serving worker: the first drains it, a second quits at once.
+
+    The handlers are Python's own (``signal.signal``), not the event loop's: a loop blocked
+    by a run (an async step calling ``time.sleep``) runs none of its callbacks until the
+    block ends, while Python runs a handler as soon as the main thread is between two
+    bytecodes again, which a blocking call that releases the GIL is at once (the signal
+    interrupts it; it resumes after the handler). Only a C call that holds the GIL delays
+    the handler until it returns. The handler only records (``SimpleQueue.put`` may be
+    called from a signal handler); a thread of ours acts: it logs the first signal and asks
+    the loop to drain the worker, and on a second it logs and exits, so neither the log
+    line nor the exit waits for the blocked loop.
+    """
+
+    _DONE = 0  # not a signal number: tells the thread to end
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+        self._loop = loop
+        self._stop = stop
+        self._received: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._previous: dict[int, Any] = {}
+        self._thread = threading.Thread(target=self._act, name="pyrula-signals", daemon=True)
+
+    def install(self) -> None:
+        for signum in FORCED_EXIT:
+            self._previous[signum] = signal.signal(signum, self._record)
+        self._thread.start()
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._received.put(self._DONE)
+        self._thread.join(1.0)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self._received.put(signum)
+
+    def _act(self) -> None:
+        first = self._received.get()
+        if first == self._DONE:
+            return
+        logger.info("received %s: draining (send it again to quit at once)",
+                    signal.Signals(first).name, extra={"event": "shutdown_requested"})
+        try:
+            self._loop.call_soon_threadsafe(self._stop)
+        except RuntimeError:  # the loop has closed: the worker stopped meanwhile
+            return
+        second = self._received.get()
+        if second == self._DONE:
+            return
+        logger.warning("received %s while draining: quitting now", signal.Signals(second).name,
+                       extra={"event": "forced_exit"})
+        logging.shutdown()
+        os._exit(FORCED_EXIT[signal.Signals(second)])
+
+
 def serve(worker: Any, on_start: Callable[[], None] | None = None) -> int:
     """Run the worker until SIGTERM/SIGINT drains it (exit 0); a second one exits at once
-    with 143/130. Returns the exit code."""
+    with 143/130, even while a run blocks the event loop. Returns the exit code."""
 
     async def main() -> int:
-        loop = asyncio.get_running_loop()
-        received: asyncio.Queue[int] = asyncio.Queue()
-        for signum in FORCED_EXIT:
-            # The handler only records; the watcher below acts.
-            loop.add_signal_handler(signum, received.put_nowait, signum)
-
-        async def watch() -> None:
-            first = await received.get()
-            logger.info("received %s: draining (send it again to quit at once)",
-                        signal.Signals(first).name, extra={"event": "shutdown_requested"})
-            worker.stop()
-            second = await received.get()
-            logger.warning("received %s while draining: quitting now",
-                           signal.Signals(second).name, extra={"event": "forced_exit"})
-            logging.shutdown()
-            os._exit(FORCED_EXIT[signal.Signals(second)])
-
-        watcher = asyncio.create_task(watch())
+        signals = _ShutdownSignals(asyncio.get_running_loop(), worker.stop)
+        signals.install()
         if on_start is not None:
             on_start()
         try:
             await worker.run()
         finally:
-            watcher.cancel()
+            signals.restore()
         return 0
 
     try:

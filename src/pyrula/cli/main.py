@@ -62,6 +62,9 @@ def _worker_command(dev: bool) -> Any:
 
         if not workflows and not apps:
             raise click.UsageError("name what to serve: --workflow MODULE:FN or --app MODULE")
+        # Before the import: a fix saved while the import fails, or right after, must count
+        # as the change to wait for.
+        before = _tree_files(os.getcwd()) if dev else {}
         try:
             chosen = load_workflows(apps, workflows)
         except click.ClickException as exc:
@@ -71,7 +74,7 @@ def _worker_command(dev: bool) -> Any:
             # instead of leaving the developer without a worker.
             click.echo(f"{exc.format_message()}\nwaiting for a change to the code...",
                        err=True)
-            _wait_for_any_change()
+            _wait_for_any_change(before)
             _restart()
         overrides: dict[str, Any] = {}
         if dev:
@@ -127,8 +130,8 @@ def _tree_files(root: str, limit: int = 5000) -> dict[str, float]:
     return found
 
 
-def _wait_for_any_change(interval: float = 0.5) -> None:
-    before = _tree_files(os.getcwd())
+def _wait_for_any_change(before: dict[str, float], interval: float = 0.5) -> None:
+    """Return once the .py files under the current directory differ from ``before``."""
     while _tree_files(os.getcwd()) == before:
         time.sleep(interval)
 

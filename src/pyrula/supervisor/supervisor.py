@@ -35,6 +35,10 @@ SIGNAL_COMMANDS = {
     signal.SIGTTOU: "remove",
 }
 FORCED_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
+#: After a second TERM/INT: how long the killed children's exits and the store calls that
+#: requeue their runs may take before the fleet exits anyway (the orphan scan of the next
+#: worker is the backstop for whatever the store did not take back by then).
+QUIT_DEADLINE = 3.0
 
 
 class Slot:
@@ -65,6 +69,7 @@ class Supervisor:
         self._stopped = asyncio.Event()
         self._recoveries: set[asyncio.Task[None]] = set()
         self._drain_deadline: float | None = None
+        self._quit_deadline: float | None = None  # set by a second TERM/INT
         # Children asked to drain that no longer belong to a slot (recycled, scaled down).
         self._leaving: set[Child] = set()
 
@@ -108,8 +113,31 @@ class Supervisor:
         finally:
             for signum in SIGNAL_COMMANDS:
                 loop.remove_signal_handler(signum)
-            await asyncio.gather(*self._recoveries, return_exceptions=True)
+            await self._finish_recoveries()
         return self.exit_code
+
+    @property
+    def quitting(self) -> bool:
+        """A second TERM/INT came: the children were killed, the fleet is on its way out."""
+        return self._quit_deadline is not None
+
+    async def _finish_recoveries(self) -> None:
+        """Wait for the requeueing of dead children's runs: without a bound normally, up
+        to the quit deadline after a second signal (then the orphan scan takes over)."""
+        if not self._recoveries:
+            return
+        if self._quit_deadline is None:
+            await asyncio.gather(*self._recoveries, return_exceptions=True)
+            return
+        left = max(0.0, self._quit_deadline - time.monotonic())
+        _, pending = await asyncio.wait(self._recoveries, timeout=left)
+        if pending:
+            logger.error("could not requeue the runs of %d killed children within %.1f s "
+                         "(is the store reachable?); the orphan scan will requeue them",
+                         len(pending), QUIT_DEADLINE, extra={"event": "forced_exit"})
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def _spawn(self, slot: Slot, *, incoming: bool = False) -> Child:
         child = self.spawner.spawn(slot.index, self.child_config(slot.index))
@@ -174,7 +202,7 @@ class Supervisor:
             slot.child = None
         text, signame = describe_exit(child.exitcode)
         lived = time.monotonic() - child.started_at
-        if child.retiring:
+        if child.retiring and child.exitcode == 0:
             logger.info("child_exited: slot %d pid %d (%s) after draining", child.slot,
                         child.pid, text, extra={"event": "child_exited", "slot": child.slot})
             return
@@ -193,6 +221,8 @@ class Supervisor:
         held = dict(beat.held) if beat is not None else {}
         worker_id = beat.worker_id if beat is not None else ""
         level = logging.ERROR if signame == "SIGKILL" or child.killed_for else logging.WARNING
+        if self.quitting:
+            level = logging.WARNING  # killed on the operator's word, not by a fault
         logger.log(level, "child_exited: slot %d pid %d died (%s%s) after %.1f s holding %d "
                    "runs", child.slot, child.pid, text,
                    f", killed: {child.killed_for}" if child.killed_for else "", lived, len(held),
@@ -204,11 +234,13 @@ class Supervisor:
                         "killed_for": child.killed_for}
             user_code = None if beat is None or beat.user_code is None else list(beat.user_code)
             suspects = [] if beat is None else list(beat.suspects)
+            if self.quitting:
+                evidence["cause"] = "forced_exit"
             task = asyncio.get_running_loop().create_task(
                 self._recover(worker_id, held, evidence, user_code, suspects))
             self._recoveries.add(task)
             task.add_done_callback(self._recoveries.discard)
-        if self.draining or slot is None:
+        if self.draining or child.retiring or slot is None:
             return
         decision = self.policy.exited(child.slot, child.ready_seen, lived, child.boot_error)
         if isinstance(decision, GiveUp):
@@ -238,13 +270,11 @@ class Supervisor:
         while not self._commands.empty():
             command, signum = self._commands.get_nowait()
             if command == "stop":
+                if self.quitting:
+                    continue
                 if self.draining:
-                    logger.warning("second %s while draining: quitting now",
-                                   signal.Signals(signum).name, extra={"event": "forced_exit"})
-                    self._kill_all()
-                    self.exit_code = FORCED_EXIT.get(signal.Signals(signum), 1)
-                    self._stopped.set()
-                    return
+                    self._quit(signal.Signals(signum))
+                    continue
                 logger.info("received %s: draining every child (send it again to quit at "
                             "once)", signal.Signals(signum).name,
                             extra={"event": "fleet_draining"})
@@ -278,8 +308,21 @@ class Supervisor:
                     child.retiring = True
                     child.terminate()
 
-    def _kill_all(self) -> None:
+    def _quit(self, signum: signal.Signals) -> None:
+        """A second TERM/INT while draining: kill every child now. Their exits are then
+        seen as deaths (``_on_exit``), which requeue the runs they held through the store
+        at once, as for any child that died; the fleet exits once every child is gone and
+        those calls returned, or at ``QUIT_DEADLINE`` whatever is left."""
+        logger.warning("second %s while draining: quitting now (killing %d children, "
+                       "requeueing their runs)", signum.name, len(self._children()),
+                       extra={"event": "forced_exit"})
+        self.exit_code = FORCED_EXIT.get(signum, 1)
+        self._quit_deadline = time.monotonic() + QUIT_DEADLINE
+        self._kill_all(f"second {signum.name} while draining")
+
+    def _kill_all(self, reason: str) -> None:
         for child in self._children():
+            child.killed_for = child.killed_for or reason
             child.kill()
 
     # --- the tick ---------------------------------------------------------------
@@ -290,13 +333,22 @@ class Supervisor:
 
     async def _tick(self) -> None:
         now = time.monotonic()
+        if self._quit_deadline is not None:
+            if not self._children():
+                self._stopped.set()
+            elif now > self._quit_deadline:
+                logger.error("%d killed children not seen exiting within %.1f s; exiting "
+                             "without them", len(self._children()), QUIT_DEADLINE,
+                             extra={"event": "forced_exit"})
+                self._stopped.set()
+            return
         if self.draining:
             if not self._children():
                 logger.info("fleet_stopped", extra={"event": "fleet_stopped"})
                 self._stopped.set()
             elif self._drain_deadline is not None and now > self._drain_deadline:
                 logger.error("children still running past the drain deadline: killing them")
-                self._kill_all()
+                self._kill_all("still running past the drain deadline")
                 self._drain_deadline = now + 5
             return
         self._measure()

@@ -62,6 +62,13 @@ DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 #: Tasks running a run's own code (its body, its async steps) are named with this prefix
 #: and the run id, so a watchdog can tell whose code holds the event loop.
 RUN_TASK_PREFIX = "pyrula-run:"
+#: The run whose code runs in this context: set in the contexts of a run's body and of its
+#: async steps. A task their code starts (a ``gather`` leg, an agent's tool call) copies
+#: the context, and so names the run too; on Python 3.12 and later a watchdog reads it
+#: through ``Task.get_context()``, where the task name would only name the engine's own.
+RUNNING_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "pyrula_running_run", default=None
+)
 
 
 class EngineStore(AttemptStore, Protocol):
@@ -475,6 +482,7 @@ class Attempt:
         context = contextvars.copy_context()
         context.run(current_engine.set, None)
         context.run(current_step.set, info)
+        context.run(RUNNING_RUN.set, self.run_id)
         loop = asyncio.get_running_loop()
         with self._step_in_progress():
             future: asyncio.Future[Any]
@@ -728,6 +736,7 @@ class Attempt:
                 return await self._fail(self._timeout_error())
         context = contextvars.copy_context()
         context.run(current_engine.set, self)
+        context.run(RUNNING_RUN.set, self.run_id)
         ctx = WorkflowContext(self)
         self._task = asyncio.get_running_loop().create_task(
             _body(self.spec.fn(ctx, self.params), self._user_code, self.run_id),

@@ -7,6 +7,7 @@ body that calls time.sleep(0.9) is found blocking while it still blocks.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -64,9 +65,39 @@ async def wblock_bystander(ctx: WorkflowContext, params: Any) -> Any:
     return await wblock_wait(params["key"], ctx.attempt)
 
 
+@workflow(name="wblock_gather_leg")
+async def wblock_gather_leg(ctx: WorkflowContext, params: Any) -> Any:
+    """Its body starts a ``gather`` leg that blocks the loop on the first attempts."""
+
+    async def leg() -> None:
+        if ctx.attempt <= params.get("blocks", 1 << 30):
+            time.sleep(BLOCK_S)  # noqa: ASYNC251 - the blocking leg under test
+
+    await asyncio.gather(leg())
+    return await wblock_after(params["key"])
+
+
+@step(name="wblock_with_tool")
+async def wblock_with_tool(key: str, attempt: int, blocks: int) -> str:
+    """Runs a "tool call" in a task of its own, which blocks the loop on the first attempts."""
+
+    async def tool() -> None:
+        if attempt <= blocks:
+            time.sleep(BLOCK_S)  # noqa: ASYNC251 - the blocking tool call under test
+
+    await asyncio.create_task(tool())
+    return key
+
+
+@workflow(name="wblock_tool_call")
+async def wblock_tool_call(ctx: WorkflowContext, params: Any) -> Any:
+    return await wblock_with_tool(params["key"], ctx.attempt, params.get("blocks", 1 << 30))
+
+
 def make_worker(store: Any, **options: Any) -> WorkflowWorker:
     return WorkflowWorker(
-        store=store, workflows=[wblock_blocker, wblock_bystander],
+        store=store,
+        workflows=[wblock_blocker, wblock_bystander, wblock_gather_leg, wblock_tool_call],
         options=fast_options(lock_ttl=LOCK_TTL, **options),
     )
 
@@ -139,6 +170,57 @@ async def test_with_poison_counts_loop_blocked_false_no_crash_is_counted(store: 
     assert (await worker.client.get(run.run_id)).status is RunStatus.COMPLETED
     # Attempt 1 lost its lock while blocked: the step after the block ran on attempt 2 only.
     assert EXECUTED[key] == 1
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="Python 3.11 has no "
+                    "Task.get_context(): a block in a task the run started charges no run "
+                    "there (test_on_3_11_a_block_in_a_task_the_run_started_is_not_charged)")
+@pytest.mark.parametrize("name", ["wblock_gather_leg", "wblock_tool_call"])
+async def test_a_block_in_a_task_the_run_started_is_charged_to_the_run(
+    store: Any, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    capture(caplog)
+    key = unique(name)
+    worker = make_worker(store, poison_max_retries=1)
+    async with serving(worker):
+        run = await worker.client.submit(name, {"key": key})
+        with pytest.raises(RunFailed) as failed:
+            await worker.client.result(run.run_id, timeout=20)
+        await await_until(lambda: worker.in_flight == 0, what="the last attempt to end")
+    # Exactly as when the run's own code blocks: charged twice, quarantined the second time.
+    error = failed.value.error
+    assert error["code"] == "max_retries"
+    assert error["error_type"] == "EventLoopBlocked"
+    assert error["detail"]["cause"] == "loop_blocked"
+    events = await worker.client.events(run.run_id)
+    assert [e["reason"] for e in of_type(events, "run:requeued")] == ["loop_blocked"]
+    records = logged(caplog, "run_attempt_loop_blocked")
+    assert [r.run_id for r in records] == [run.run_id] * 2  # type: ignore[attr-defined]
+    assert logged(caplog, "run_stood_down") == []
+    assert EXECUTED[key] == 0
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="on Python 3.12 and later the run "
+                    "is charged (test_a_block_in_a_task_the_run_started_is_charged_to_the_run)")
+@pytest.mark.parametrize("name", ["wblock_gather_leg", "wblock_tool_call"])
+async def test_on_3_11_a_block_in_a_task_the_run_started_is_not_charged(
+    store: Any, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    # The documented 3.11 behaviour: the task is not the run's own (its name says nothing),
+    # so the run is stood down like a bystander and no crash is counted.
+    capture(caplog)
+    key = unique(name)
+    worker = make_worker(store, poison_max_retries=0)
+    async with serving(worker):
+        run = await worker.client.submit(name, {"key": key, "blocks": 1})
+        assert await worker.client.result(run.run_id, timeout=20) == key
+        await await_until(lambda: worker.in_flight == 0, what="every attempt to end")
+    events = await worker.client.events(run.run_id)
+    assert [e["reason"] for e in of_type(events, "run:requeued")] == ["loop_blocked"]
+    assert logged(caplog, "run_attempt_loop_blocked") == []
+    assert [r.run_id for r in logged(caplog, "run_stood_down")] == [  # type: ignore[attr-defined]
+        run.run_id
+    ]
 
 
 def test_releasing_a_stood_down_attempt_keeps_the_next_attempt_held() -> None:

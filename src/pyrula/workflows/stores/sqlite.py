@@ -663,11 +663,11 @@ class _NameQueue:
 
     _OWNERS = (
         "WITH RECURSIVE o(owner) AS ("
-        "SELECT (SELECT MIN(owner) FROM runs WHERE name=?1 AND status='queued') "
-        "UNION ALL SELECT (SELECT MIN(owner) FROM runs WHERE name=?1 AND status='queued' "
+        "SELECT (SELECT MIN(owner) FROM runs WHERE name=:name AND status='queued') "
+        "UNION ALL SELECT (SELECT MIN(owner) FROM runs WHERE name=:name AND status='queued' "
         "AND owner>o.owner) FROM o WHERE o.owner IS NOT NULL) "
         "SELECT o.owner, COALESCE(s.served, 0) FROM o "
-        "LEFT JOIN served s ON s.name=?1 AND s.owner=o.owner WHERE o.owner IS NOT NULL"
+        "LEFT JOIN served s ON s.name=:name AND s.owner=o.owner WHERE o.owner IS NOT NULL"
     )
     _NEXT = (
         "SELECT run_id, created_at, queue_seq FROM runs WHERE name=? AND owner=? "
@@ -683,7 +683,7 @@ class _NameQueue:
         # owner -> its next queued runs (run_id, created_at, queue_seq), oldest first.
         self._next: dict[str, deque[tuple[str, float, int]]] = {}
         self._after: dict[str, int] = {}
-        for owner, served in conn.execute(self._OWNERS, (name,)).fetchall():
+        for owner, served in conn.execute(self._OWNERS, {"name": name}).fetchall():
             self._served[owner] = float(served)
             self._after[owner] = -1
             self._fill(owner, 1)

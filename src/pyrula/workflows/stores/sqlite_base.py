@@ -139,6 +139,9 @@ class SQLiteBase:
         #: Never taken on an event loop.
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        #: Closes the connection if the store is collected without ``close()`` (Python
+        #: 3.13 warns of a connection collected open, and it holds the file meanwhile).
+        self._conn_finalizer: weakref.finalize[Any, Any] | None = None
         self._pid = os.getpid()
         #: Whether calls may run on their event loop (see _call): the file is in WAL mode
         #: (known once the connection is open) and a commit does not wait for a sync.
@@ -191,6 +194,9 @@ class SQLiteBase:
                 self.path, timeout=self._busy_ms / 1000, isolation_level=None,
                 check_same_thread=False,
             )
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
+        try:
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
             self._wal = mode is not None and str(mode[0]).lower() == "wal"
@@ -203,10 +209,17 @@ class SQLiteBase:
             # From here on a lock held by another process is waited for by _begin and
             # _read, in finer steps than SQLite's own busy handler takes.
             conn.execute("PRAGMA busy_timeout=0")
-        except sqlite3.DatabaseError as exc:
-            raise StoreUnavailable(f"cannot open SQLite store {self.path}: {describe(exc)}"
-                                   ) from exc
+        except BaseException as exc:
+            conn.close()  # refused (a newer schema, say): the file is not held open
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise StoreUnavailable(
+                    f"cannot open SQLite store {self.path}: {describe(exc)}") from exc
+            raise
         self._conn = conn
+        self._conn_finalizer = weakref.finalize(self, _close_in, self._pid, conn)
+        # Not at exit: a daemon thread may still be using it then, and the process's end
+        # closes it anyway.
+        self._conn_finalizer.atexit = False
         return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
@@ -729,6 +742,9 @@ class SQLiteBase:
         if checkpointer is not None and checkpointer.pid == os.getpid():
             checkpointer.stop()
         with self._lock:
+            if self._conn_finalizer is not None:
+                self._conn_finalizer.detach()
+                self._conn_finalizer = None
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
@@ -739,3 +755,9 @@ class SQLiteBase:
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
 
+
+def _close_in(pid: int, conn: sqlite3.Connection) -> None:
+    """Close ``conn`` in the process that opened it; never a parent's copy in a forked
+    child (closing the inherited file would drop the child's own POSIX locks on it)."""
+    if os.getpid() == pid:
+        conn.close()

@@ -19,12 +19,18 @@ having used next to no CPU meanwhile; the loop then gets a fresh liveness window
 moment the process resumed, instead of having every run stood down as ``loop_blocked``.
 A C call that holds the GIL also makes this thread late, but burns CPU while it does, so
 it is still found when it returns.
+
+Whose code was running is read from the loop's current task (``running_run``): on Python
+3.12 and later a task the run started (a ``gather`` leg, an agent's tool call) is charged to
+the run, through the context it inherited; on 3.11 only the run's own tasks (its body and
+async steps, named by the engine) are, and a block in another task charges no run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 
 from pyrula.errors import StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows.clock import Clock
-from pyrula.workflows.engine import RUN_TASK_PREFIX
+from pyrula.workflows.engine import RUN_TASK_PREFIX, RUNNING_RUN
 from pyrula.workflows.records import PoisonPolicy
 from pyrula.workflows.stores.base import Store
 
@@ -43,6 +49,27 @@ def was_suspended(late_s: float, cpu_s: float, interval_s: float) -> bool:
     """True if a renewal wake-up ``late_s`` seconds past its time, while the process used
     ``cpu_s`` seconds of CPU, means the process was suspended rather than busy."""
     return late_s > interval_s and cpu_s < late_s / 2
+
+
+def running_run(task: asyncio.Task[object] | None) -> str | None:
+    """The run whose code ``task`` runs: on Python 3.12 and later, the run its context
+    names (``RUNNING_RUN``), so a task the run started is the run's too; else, and on 3.11
+    (no ``Task.get_context``), the run its name names (only the engine's own tasks: the
+    body and async steps).
+
+    Called from the renewal thread with the loop's current task, found with
+    ``asyncio.current_task(loop)``: up to 3.13 one lookup of the loop in the current-task
+    mapping, atomic under the GIL; from 3.14 a search of the thread states made for callers
+    on other threads. The task's context is an immutable mapping, read the same way.
+    """
+    if task is None:
+        return None
+    if sys.version_info >= (3, 12):
+        run_id = task.get_context().get(RUNNING_RUN)
+        if run_id is not None:
+            return run_id
+    name = task.get_name()
+    return name[len(RUN_TASK_PREFIX):] if name.startswith(RUN_TASK_PREFIX) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,9 +208,8 @@ class LockRenewer:
                 self._on_stood_down(run_id, lost.token)
 
     def _running_run(self) -> str | None:
-        task = asyncio.current_task(self._loop)
-        name = task.get_name() if task is not None else ""
-        return name[len(RUN_TASK_PREFIX):] if name.startswith(RUN_TASK_PREFIX) else None
+        """The run whose code holds the blocked loop, or None if it is no run's code."""
+        return running_run(asyncio.current_task(self._loop))
 
     async def _stand_down(self, blocked: dict[str, Held], lag: float) -> None:
         culprit = self._running_run()

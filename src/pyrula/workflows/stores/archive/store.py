@@ -31,6 +31,7 @@ from pyrula.workflows.records import (
     RunInfo,
     RunStatus,
 )
+from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.archive.archiver import Archiver, ReconcileReport
 from pyrula.workflows.stores.archive.pool import ArchiveUnavailable
 from pyrula.workflows.stores.archive.postgres import PostgresArchive
@@ -371,6 +372,61 @@ class ArchivingStore:
 
     def flow_control_delete(self, owner: str) -> bool:
         return self.live.flow_control_delete(owner)
+
+    # --- schedules --------------------------------------------------------------------
+    # Delegated by name rather than through __getattr__: from Python 3.12 on, isinstance
+    # against the runtime-checkable Store protocol looks attributes up statically, so a
+    # member that only __getattr__ supplies would make the check fail.
+
+    def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule:
+        return self.live.schedule_create(schedule, now=now)
+
+    def schedule_get(self, schedule_id: str) -> Schedule | None:
+        return self.live.schedule_get(schedule_id)
+
+    def schedule_list(self) -> list[Schedule]:
+        return self.live.schedule_list()
+
+    def schedule_delete(self, schedule_id: str) -> bool:
+        return self.live.schedule_delete(schedule_id)
+
+    async def aschedule_create(
+        self, schedule: Schedule, *, now: float | None = None
+    ) -> Schedule:
+        return await self.live.aschedule_create(schedule, now=now)
+
+    async def aschedule_get(self, schedule_id: str) -> Schedule | None:
+        return await self.live.aschedule_get(schedule_id)
+
+    async def aschedule_list(self) -> list[Schedule]:
+        return await self.live.aschedule_list()
+
+    async def aschedule_delete(self, schedule_id: str) -> bool:
+        return await self.live.aschedule_delete(schedule_id)
+
+    async def schedules_due(
+        self, names: Sequence[str], *, now: float, limit: int
+    ) -> list[Schedule]:
+        return await self.live.schedules_due(names, now=now, limit=limit)
+
+    async def schedule_advance(
+        self,
+        schedule_id: str,
+        *,
+        expected_next_run_at: float | None,
+        next_run_at: float | None,
+        run_id: str | None = None,
+        run_at: float | None = None,
+    ) -> bool:
+        return await self.live.schedule_advance(
+            schedule_id, expected_next_run_at=expected_next_run_at, next_run_at=next_run_at,
+            run_id=run_id, run_at=run_at,
+        )
+
+    async def schedule_set_paused(
+        self, schedule_id: str, paused: bool, *, next_run_at: float | None = None
+    ) -> bool:
+        return await self.live.schedule_set_paused(schedule_id, paused, next_run_at=next_run_at)
 
     # --- lifecycle ------------------------------------------------------------------
 
