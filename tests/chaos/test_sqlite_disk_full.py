@@ -12,6 +12,7 @@ integrity_check``, and no child was restarted.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -84,7 +85,7 @@ def test_a_submit_on_a_full_disk_is_refused_naming_the_cause(small_disk: Path) -
         assert client.get(again).status == "queued"
     finally:
         store.close()
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert conn.execute("SELECT count(*) FROM runs").fetchone() == (2,)
 
@@ -145,6 +146,6 @@ def test_sqlite_store_on_a_disk_that_fills_up(fleets: Fleets, tmp_path: Path,
         assert fleet.wait(60) == 0
     finally:
         store.close()
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     assert os.path.getsize(path) > 0

@@ -20,12 +20,14 @@ KILLS = 6
 def _kill_storm(fleets: Fleets, tmp_path: Path, store: Store, store_url: str,
                 *extra: str) -> None:
     client = SyncWorkflowClient(store)
-    load = ChaosLoad(client, tmp_path, steps=3, hold=0.2, seed=7)
+    load = ChaosLoad(client, tmp_path, steps=3, hold=0.05, seed=7)
     # Six kills within seconds can land on one run four times, which the poison limit
     # would rightly quarantine; this scenario is about loss and re-runs, so it is raised.
+    # Each kill makes suspects of the runs in user code, run one at a time per child
+    # afterwards: 20 slots a child keep that drain short.
     fleet = fleets.start("-n", "2", "--lock-ttl", "5", "--orphan-scan-interval", "1",
-                         "--poison-max-retries", "10", *QUICK, *extra, app=APP,
-                         store=store_url)
+                         "--poison-max-retries", "10", "--max-concurrent-runs", "20",
+                         *QUICK, *extra, app=APP, store=store_url)
     fleet.wait_ready(2, timeout=60)
     load.submit(300)
     last = [0.0]

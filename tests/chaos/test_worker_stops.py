@@ -37,7 +37,7 @@ def test_a_child_stopped_past_child_timeout_is_replaced_and_its_runs_finish_once
 ) -> None:
     store = ValkeyStore(valkey_url, namespace=valkey_namespace)
     try:
-        load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=3, hold=0.1, kind="sync",
+        load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=3, hold=0.05, kind="sync",
                          seed=11)
         fleet = fleets.start("-n", "2", "--namespace", valkey_namespace, "--child-timeout", "3",
                              "--lock-ttl", "5", "--orphan-scan-interval", "1", *QUICK,
@@ -76,7 +76,7 @@ def test_a_child_stopped_past_its_lock_ttl_loses_its_runs_and_its_late_writes_ar
     try:
         # Sync steps, so each frozen child has steps on its threads that return when it
         # wakes and try to record themselves.
-        load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=3, hold=0.2, kind="sync",
+        load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=3, hold=0.1, kind="sync",
                          seed=12)
         fleet = fleets.start("-n", "2", "--namespace", valkey_namespace,
                              "--child-timeout", "120", "--lock-ttl", "2",
