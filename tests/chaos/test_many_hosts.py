@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from pyrula.wire import HEARTBEAT_INTERVAL
 from pyrula.workflows import SyncWorkflowClient, ValkeyStore
 from tests.chaos.harness import APP, WORKFLOW, ChaosLoad
 from tests.conftest import wait_until
@@ -28,6 +29,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SHARDS = 64
 INTERVAL = 1.0  # --shard-lease-interval
 BOUND = 2 * INTERVAL
+#: What the measurement adds to the store's own convergence: /status shows the shards a
+#: child held at its last heartbeat (HEARTBEAT_INTERVAL, 0.25 s, old at most), and both
+#: hosts' /status are polled in turn (every 0.05 s, each a few ms on a loaded machine).
+SEEN_LATE = HEARTBEAT_INTERVAL + 0.25
 LEASE_TTL = 3.0  # --shard-lease-ttl: how long a dead host's shards stay leased
 
 
@@ -87,8 +92,10 @@ def test_shards_converge_within_two_lease_intervals_as_hosts_join_and_leave(
     assert b.wait(30) == 0  # its children released their shards on the way out
     left = time.monotonic()
     took_leave = _converge([a], 2, left, "after host B left")
-    assert took_join <= BOUND, f"{took_join:.2f} s to converge after a join (bound {BOUND} s)"
-    assert took_leave <= BOUND, f"{took_leave:.2f} s to converge after a leave (bound {BOUND} s)"
+    assert took_join <= BOUND + SEEN_LATE, (
+        f"{took_join:.2f} s to converge after a join (bound {BOUND} s, seen via /status)")
+    assert took_leave <= BOUND + SEEN_LATE, (
+        f"{took_leave:.2f} s to converge after a leave (bound {BOUND} s, seen via /status)")
 
     # A host that dies releases nothing: its shards lapse after shard_lease_ttl, and the
     # live workers take them on their next lease ticks.
@@ -99,7 +106,7 @@ def test_shards_converge_within_two_lease_intervals_as_hosts_join_and_leave(
     died = time.monotonic()
     c.wait(30)
     took_death = _converge([a], 2, died, "after host C died (kill -9 of its process group)")
-    assert took_death <= LEASE_TTL + BOUND
+    assert took_death <= LEASE_TTL + BOUND + SEEN_LATE
     a.send(signal.SIGTERM)
     assert a.wait(30) == 0
 
