@@ -19,9 +19,10 @@ older build) leaves every held run chargeable.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 #: Exit code of a child that could not boot (import error, store refused it).
 EXIT_BOOT_FAILURE = 3
@@ -51,11 +52,13 @@ class Heartbeat:
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode()
+    # orjson: a child reports at every claim, so this is on the hot path (stdlib json
+    # took ~2 % of a busy child's time).
+    return orjson.dumps(message)
 
 
 def decode(data: bytes) -> dict[str, Any]:
-    message: dict[str, Any] = json.loads(data)
+    message: dict[str, Any] = orjson.loads(data)
     return message
 
 
