@@ -21,8 +21,8 @@ from tests.fleet.fleetprocs import Fleets
 
 pytestmark = pytest.mark.slow
 
-LOCK_TTL = 1.0
-GRACE = 3.0
+LOCK_TTL = 2.0  # renewed every lock_ttl / 3: room for a loaded machine
+GRACE = 5.0
 MEDIUM = 2 * LOCK_TTL  # runs on this long after the signal: past lock_ttl, within the grace
 LONG = GRACE + 2.0  # past the grace
 
