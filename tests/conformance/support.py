@@ -155,7 +155,7 @@ async def orphan(store: Store, run_id: str, *, now: float) -> None:
 
 def require_global_order(store: Any) -> None:
     """Skip on a store whose ordering holds per shard only (Valkey with shard_count > 1):
-    there deficit round robin and FIFO hold within each shard, as the reference says, and
+    there deficit round robin and FIFO hold within each shard, as docs/valkey.md says, and
     tests/integration/test_valkey_fairness.py checks fairness across shards."""
     if getattr(store, "shard_count", 1) > 1:
         pytest.skip("ordering is per shard on a sharded store")

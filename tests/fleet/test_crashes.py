@@ -1,8 +1,8 @@
 """Children that die or freeze under load: replaced in their slot, their runs finished.
 
 Where a fleet keeps the default ``lock_ttl`` (15 s) and orphan scan (60 s), a run of a dead
-child finishes within the test's deadline only because the supervisor requeued it at once,
-as DESIGN §5 says, not because its lock lapsed.
+child finishes within the test's deadline only because the supervisor requeued it at once
+(a dead child's runs are recovered by its supervisor), not because its lock lapsed.
 """
 
 from __future__ import annotations

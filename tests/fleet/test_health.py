@@ -1,4 +1,4 @@
-"""The fleet's one health port: /livez, /readyz, /status (DESIGN §5 shape), /metrics, the
+"""The fleet's one health port: /livez, /readyz, /status (its documented shape), /metrics, the
 ``pyrula-fleet status`` table, and where the port and the child count come from."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ too, so they are part of the set. Two things a connection sends are left out on 
 ``HELLO`` (always allowed) and ``CLIENT SETINFO`` (redis-py ignores its refusal; the ACL log
 shows it as the only denial).
 
-The reference's recipe grants ``+eval +evalsha +script|load``; the store itself only uses
+A common recipe grants ``+eval +evalsha +script|load``; the store itself only uses
 ``EVALSHA`` and ``SCRIPT LOAD``, so ``+eval`` is not needed.
 """
 

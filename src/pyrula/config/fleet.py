@@ -19,7 +19,8 @@ DEFAULT_HEALTH_PORT = 8081
 
 @dataclass(frozen=True)
 class FleetOptions:
-    """How the supervisor runs its children (DESIGN §5; docs/deployment.md)."""
+    """How the supervisor runs its children: how many, when to recycle or kill one, how long
+    to drain (docs/deployment.md)."""
 
     children: int = 2
     apps: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """WorkerOptions: every option of a worker, its default, its variable and its check.
 
-A value given in code wins over the environment (``PYRULA_<OPTION>``, plus the names the
-reference gives); the worker resolves them once, when constructed (``worker.options``).
+A value given in code wins over the environment (``PYRULA_<OPTION>``, plus the dedicated names
+of ``ENV_NAMES``); the worker resolves them once, when constructed (``worker.options``).
 A bad value raises ConfigurationError naming the option.
 """
 
@@ -158,8 +158,8 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
 }
 _OPTIONAL = {"health_port", "project", "environment"}
 
-#: Environment variables per option, the first set one wins. The reference's own names
-#: come before the generic ``PYRULA_<OPTION>``.
+#: Environment variables per option, the first set one wins. The dedicated names
+#: (``PYRULA_WORKER_HEALTH_PORT``...) come before the generic ``PYRULA_<OPTION>``.
 ENV_NAMES: dict[str, tuple[str, ...]] = {
     name: (f"PYRULA_{name.upper()}",) for name in _PARSERS
 }

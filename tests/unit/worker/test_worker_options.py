@@ -23,7 +23,7 @@ async def wopt_echo(ctx: WorkflowContext, params: Any) -> Any:
     return params
 
 
-#: The reference's WorkerOptions table and DESIGN §3's additions, with their defaults.
+#: Every WorkerOptions field with its documented default (docs/operations.md).
 DEFAULTS: dict[str, Any] = {
     "max_concurrent_runs": 50,
     "claim_poll_interval": 0.1,

@@ -1,4 +1,4 @@
-"""Health probes: /livez and /readyz with the reference's status words."""
+"""Health probes: /livez and /readyz with their documented status words."""
 
 from __future__ import annotations
 

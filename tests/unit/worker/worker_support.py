@@ -63,7 +63,7 @@ async def serving(worker: WorkflowWorker) -> AsyncIterator[asyncio.Task[None]]:
 
 
 def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[logging.LogRecord]:
-    """Records of the worker's logger whose ``event`` (the reference's name) is ``event``."""
+    """Records of the worker's logger whose ``event`` (its documented name) is ``event``."""
     return [
         r for r in caplog.records
         if getattr(r, "event", None) == event or r.getMessage().startswith(event + ":")

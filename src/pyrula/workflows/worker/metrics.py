@@ -7,7 +7,7 @@ from collections import defaultdict
 
 
 class Metrics:
-    """Counters by name (dotted, as the reference names them) and labels."""
+    """Counters by name (dotted: ``pyrula.workflows.attempts``) and labels."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
