@@ -84,6 +84,8 @@ def test_a_process_waiting_on_many_results_learns_of_ends_in_other_processes(
     # (EndWatch), rather than each waiter polling its run on its own.
     import asyncio
 
+    from tests.unit.test_sqlite_waits import watched
+
     path = str(tmp_path / "shared.db")
     store = SQLiteStore(path)
     client = SyncWorkflowClient(store)
@@ -107,7 +109,7 @@ def test_a_process_waiting_on_many_results_learns_of_ends_in_other_processes(
     async def wait_all() -> list[str]:
         waits = [store.wait_result(run_id, timeout=60) for run_id in submitted]
         gathered = asyncio.gather(*waits)
-        await asyncio.sleep(0.05)  # every waiter is waiting before any run ends
+        await watched(store._ends, len(submitted))  # every waiter waits before any run ends
         await asyncio.to_thread(Path(go).touch)
         return [info.status for info in await gathered]
 

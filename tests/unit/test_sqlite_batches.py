@@ -204,13 +204,19 @@ async def test_a_lock_held_past_busy_timeout_fails_the_batch_fast(tmp_path: Path
 
 async def test_a_call_cancelled_before_it_ran_is_skipped(store: SQLiteStore) -> None:
     (run,) = await _running(store, 1)
-    release = threading.Event()
-    blocker = asyncio.ensure_future(store._call(release.wait))  # occupies the thread
-    await asyncio.sleep(0.01)
+    release, occupied = threading.Event(), threading.Event()
+
+    def occupy() -> None:
+        occupied.set()
+        release.wait()
+
+    blocker = asyncio.ensure_future(store._call(occupy))  # occupies the thread
+    assert await asyncio.to_thread(occupied.wait, 10)
     append = asyncio.ensure_future(
         store.append(run.run_id, run.token, _step(1), now=T, lock_ttl=60)
     )
-    await asyncio.sleep(0.01)
+    for _ in range(5):  # loop turns (no time passes): the append queues behind the blocker
+        await asyncio.sleep(0)
     append.cancel()
     release.set()
     await blocker

@@ -47,6 +47,19 @@ def _count(target: object, name: str, monkeypatch: pytest.MonkeyPatch) -> list[i
     return calls
 
 
+async def watched(watch: EndWatch, runs: int, *, backed_off_past: float = 0.0) -> None:
+    """Poll until this loop's end watch looks for ``runs`` runs (every waiter has made its
+    own first check and waits) and its round has backed off past ``backed_off_past``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        state = watch._loops.get(loop)
+        if state is not None and len(state.runs) >= runs and state.delay > backed_off_past:
+            return
+        assert loop.time() < deadline, f"the end watch never watched {runs} runs"
+        await asyncio.sleep(0.001)  # a poll interval, not a synchronisation
+
+
 async def _finish_all(store: SQLiteStore, count: int) -> None:
     done = 0
     while done < count:
@@ -67,7 +80,7 @@ async def test_waiters_on_runs_ended_elsewhere_share_their_lookups(
     reads = _count(waiting, "get_run", monkeypatch)
 
     waits = asyncio.gather(*(waiting.wait_result(run_id, timeout=30) for run_id in ids))
-    await asyncio.sleep(0.05)  # every waiter has looked once and waits
+    await watched(waiting._ends, len(ids))
     await _finish_all(working, 40)
     infos = await waits
 
@@ -100,7 +113,7 @@ async def test_an_end_elsewhere_wakes_every_waiter_of_that_run(
     waiting, working = stores
     run_id = (await waiting.submit("wf", {"x": 1}, now=T))[0].run_id
     waits = asyncio.gather(*(waiting.wait_result(run_id, timeout=30) for _ in range(3)))
-    await asyncio.sleep(0.05)
+    await watched(waiting._ends, 1)
     await _finish_all(working, 1)
     infos = await waits
     assert [i.result for i in infos] == [{"x": 1}] * 3
@@ -126,7 +139,7 @@ async def test_a_new_waiter_cuts_a_backed_off_round_short() -> None:
             await fut
 
     first = asyncio.create_task(wait("a"))
-    await asyncio.sleep(0.4)  # rounds of 5, 10, 20, ... ms: backed off past 100 ms
+    await watched(watch, 1, backed_off_past=0.1)  # rounds of 5, 10, 20, ... ms
     assert 4 <= len(rounds) <= 8
     ended["b"] = RunInfo(run_id="b", name="wf", status=RunStatus.COMPLETED, attempt=1,
                          params=None, owner=None, created_at=T, updated_at=T, started_at=T,
