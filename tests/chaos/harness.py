@@ -230,6 +230,28 @@ async def _collect(store: Store, run_ids: list[str]) -> dict[str, Any]:
     return await collect_journals(store, run_ids)
 
 
+def periodic(load: ChaosLoad, kind: str, times: int, every: float,
+             strike: Callable[[], bool], *, after: int = 100, missed: int = 50,
+             first_after: float = 0.0) -> Callable[[], bool]:
+    """A nemesis for ``ChaosLoad.wait_all``: at most every ``every`` seconds (the first
+    ``first_after`` seconds from now), ``strike()`` injects one fault of ``kind`` and logs
+    it with ``load.fault``; it returns False (and logs nothing) when there is nothing to
+    hit right now. ``after`` more runs follow each fault and ``missed`` each miss, so the
+    load outlasts the faults. Done once ``times`` faults of ``kind`` were injected."""
+    last = [time.monotonic() - every + first_after]
+
+    def nemesis() -> bool:
+        if load.count(kind) < times and time.monotonic() - last[0] >= every:
+            if strike():
+                last[0] = time.monotonic()
+                load.submit(after)
+            else:
+                load.submit(missed)
+        return load.count(kind) < times
+
+    return nemesis
+
+
 def kill_random_child(fleet: Fleet, load: ChaosLoad, *, busy: bool = True) -> int | None:
     """SIGKILL one ready child of ``fleet`` (one with runs in flight when ``busy``) and
     return its pid; None (and no kill) when no child qualifies right now."""

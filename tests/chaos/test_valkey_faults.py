@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pyrula.workflows import SyncWorkflowClient, ValkeyStore
-from tests.chaos.harness import APP, ChaosLoad
+from tests.chaos.harness import APP, ChaosLoad, periodic
 from tests.fleet.fleetprocs import QUICK, Fleet, Fleets
 from tests.servers import Server, start_server
 
@@ -57,21 +57,16 @@ def test_valkey_killed_and_restarted_under_load(fleets: Fleets, tmp_path: Path) 
         load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=3, hold=0.1, seed=11)
         fleet = _fleet(fleets, server)
         load.submit(300)
-        last = [time.monotonic()]
+        def restart() -> bool:
+            if not _busy(fleet):
+                return False
+            server.kill()
+            load.fault("valkey kill -9", server.pid)
+            server.launch(keep_port=True)  # the same port and data directory
+            server.wait_ready()
+            return True
 
-        def nemesis() -> bool:
-            done = load.count("valkey kill -9")
-            if done < RESTARTS and time.monotonic() - last[0] >= 1.0:
-                if not _busy(fleet):
-                    load.submit(100)
-                    return True
-                server.kill()
-                load.fault("valkey kill -9", server.pid)
-                server.launch(keep_port=True)  # the same port and data directory
-                server.wait_ready()
-                last[0] = time.monotonic()
-                load.submit(100)
-            return load.count("valkey kill -9") < RESTARTS
+        nemesis = periodic(load, "valkey kill -9", RESTARTS, 1.0, restart, first_after=1.0)
 
         load.wait_all(timeout=120, during=nemesis)
         assert load.count("valkey kill -9") == RESTARTS
@@ -171,17 +166,17 @@ def test_script_flush_under_load(fleets: Fleets, tmp_path: Path) -> None:
         load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=3, hold=0.05, seed=13)
         fleet = _fleet(fleets, server)
         load.submit(300)
-        last = [time.monotonic()]
+        def flush() -> bool:
+            if not _busy(fleet):
+                return False
+            with server.client() as admin:
+                admin.script_flush()
+            load.fault("SCRIPT FLUSH", server.port)
+            return True
 
-        def nemesis() -> bool:
-            if load.count("SCRIPT FLUSH") < FLUSHES and time.monotonic() - last[0] >= 0.3:
-                if _busy(fleet):
-                    with server.client() as admin:
-                        admin.script_flush()
-                    load.fault("SCRIPT FLUSH", server.port)
-                    last[0] = time.monotonic()
-                load.submit(50)  # the test's own submits meet the flushed cache too
-            return load.count("SCRIPT FLUSH") < FLUSHES
+        # The test's own submits after each flush meet the flushed cache too.
+        nemesis = periodic(load, "SCRIPT FLUSH", FLUSHES, 0.3, flush, after=50,
+                           first_after=0.3)
 
         load.wait_all(timeout=120, during=nemesis)
         assert load.count("SCRIPT FLUSH") == FLUSHES

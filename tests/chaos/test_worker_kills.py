@@ -4,14 +4,13 @@ recorded step run again; every re-run is one the kill caused, inside the window.
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from pyrula.workflows import SQLiteStore, SyncWorkflowClient, ValkeyStore
 from pyrula.workflows.stores.base import Store
-from tests.chaos.harness import APP, ChaosLoad, kill_random_child
+from tests.chaos.harness import APP, ChaosLoad, kill_random_child, periodic
 from tests.fleet.fleetprocs import QUICK, STORE_FILE, Fleets
 
 KILLS = 6
@@ -30,17 +29,9 @@ def _kill_storm(fleets: Fleets, tmp_path: Path, store: Store, store_url: str,
                          *QUICK, *extra, app=APP, store=store_url)
     fleet.wait_ready(2, timeout=60)
     load.submit(300)
-    last = [0.0]
-
-    def nemesis() -> bool:
-        kills = sum(f.kind == "kill -9" for f in load.faults)
-        if kills < KILLS and time.monotonic() - last[0] >= 0.5:
-            if kill_random_child(fleet, load) is None:
-                load.submit(50)  # nothing in flight: give the fleet work to be killed in
-            else:
-                last[0] = time.monotonic()
-                load.submit(100)  # keep the fleet busy until every kill has landed
-        return kills < KILLS
+    # A kill lands only where runs are in flight (a child reports them as it claims).
+    nemesis = periodic(load, "kill -9", KILLS, 0.5,
+                       lambda: kill_random_child(fleet, load) is not None)
 
     load.wait_all(timeout=120, during=nemesis)
     assert sum(f.kind == "kill -9" for f in load.faults) == KILLS
