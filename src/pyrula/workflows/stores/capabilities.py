@@ -1,0 +1,135 @@
+"""What a store can do beyond the core protocol, each ability a named Protocol.
+
+The worker (and the supervisor, the clock, the archiver) never looks an ability up by
+name: :func:`capabilities_of` resolves them once, when the worker starts, into a
+:class:`Capabilities` record whose fields are None where the store lacks the ability.
+A store that composes another (the archiving store over its live store) declares what it
+offers by defining ``capabilities()`` itself (:class:`Composed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pyrula.workflows.events import Event
+    from pyrula.workflows.records import RunInfo
+
+
+@runtime_checkable
+class Preparing(Protocol):
+    """Server-side checks before the first claim (eviction policy, shard count, schema)."""
+
+    async def prepare(self, names: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
+class Doorbell(Protocol):
+    """A store that can wake an idle claim loop when work arrives (no poll interval)."""
+
+    async def wait_for_work(self, names: Sequence[str], timeout: float) -> bool:
+        """Block until something rings (or ``timeout``); True if it rang."""
+        ...
+
+
+@runtime_checkable
+class TimerIndex(Protocol):
+    """A store that knows when its next timer falls due (the timer loop sleeps till then)."""
+
+    def next_wake_at(self) -> float | None: ...
+
+
+@runtime_checkable
+class ShardLeases(Protocol):
+    """A sharded store whose workers lease shards to claim from."""
+
+    async def shard_lease_tick(
+        self, *, worker_id: str, names: Sequence[str], now: float, options: Any
+    ) -> None: ...
+
+    def shards_held(self, worker_id: str) -> dict[str, int]: ...
+
+    async def release_shards(self, worker_id: str) -> None: ...
+
+
+@runtime_checkable
+class Reconciling(Protocol):
+    """A store with a periodic catch-up job the worker runs (the archive's reconcile)."""
+
+    async def reconcile_tick(
+        self, *, worker_id: str, names: Sequence[str], now: float, options: Any = None
+    ) -> float | None: ...
+
+
+@runtime_checkable
+class ServerClock(Protocol):
+    """A store with a clock of its own, which workers follow instead of the host's."""
+
+    async def server_time(self) -> float: ...
+
+
+@runtime_checkable
+class ArchiveSource(Protocol):
+    """What an ArchivingStore asks of its live store besides the core protocol (a live
+    store without it is archived only as its runs end)."""
+
+    async def ended_runs(
+        self, *, after: tuple[float, str] | None, until: float, limit: int
+    ) -> list[tuple[float, str]]:
+        """(finished_at, run_id) of ended runs with (finished_at, run_id) > ``after`` (None:
+        from the start) and finished_at <= ``until``, oldest first, at most ``limit``."""
+        ...
+
+    async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
+        """Let these ended runs' live copies expire within ``ttl`` seconds; never lengthens
+        a TTL, never touches a run still in flight or one that continued as new (a chain's
+        earlier runs keep the store's own retention). A no-op on stores without TTLs."""
+        ...
+
+
+@runtime_checkable
+class FinishedReader(Protocol):
+    """Ended runs' records and journals in one round trip (the archiver's batch read)."""
+
+    async def read_finished(
+        self, run_ids: Sequence[str]
+    ) -> Mapping[str, tuple[RunInfo, list[Event]]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The optional abilities of one store, resolved once (None: the store lacks it)."""
+
+    prepare: Preparing | None = None
+    doorbell: Doorbell | None = None
+    timers: TimerIndex | None = None
+    shard_leases: ShardLeases | None = None
+    reconcile: Reconciling | None = None
+    server_clock: ServerClock | None = None
+    archive_source: ArchiveSource | None = None
+    finished_reader: FinishedReader | None = None
+
+
+@runtime_checkable
+class Composed(Protocol):
+    """A store built over another that says itself which abilities it offers."""
+
+    def capabilities(self) -> Capabilities: ...
+
+
+def capabilities_of(store: object) -> Capabilities:
+    """Resolve ``store``'s optional abilities into one record."""
+    if isinstance(store, Composed):
+        return store.capabilities()
+    return Capabilities(
+        prepare=store if isinstance(store, Preparing) else None,
+        doorbell=store if isinstance(store, Doorbell) else None,
+        timers=store if isinstance(store, TimerIndex) else None,
+        shard_leases=store if isinstance(store, ShardLeases) else None,
+        reconcile=store if isinstance(store, Reconciling) else None,
+        server_clock=store if isinstance(store, ServerClock) else None,
+        archive_source=store if isinstance(store, ArchiveSource) else None,
+        finished_reader=store if isinstance(store, FinishedReader) else None,
+    )
