@@ -49,6 +49,15 @@ def make_event(type_: EventType | str, ts: float, **fields: Any) -> Event:
     return event
 
 
+def stamp_successor(events: list[Event], successor_id: str) -> None:
+    """Write the id of the run that continues this one into its terminal event (the last
+    of ``events``, a ``run:continued``): the one place the successor is recorded in a
+    journal, by the store that queues the successor and by the engine's own copy."""
+    if not events or events[-1].get("type") != EventType.RUN_CONTINUED:
+        raise ValueError("the successor is stamped on a run:continued event only")
+    events[-1]["successor"] = successor_id
+
+
 #: Payloads (params, step results, signal payloads, resume values) are JSON and nothing
 #: else: orjson's own encodings of datetimes and dataclasses are turned off, so such a
 #: value is refused rather than stored as something it reads back differently.

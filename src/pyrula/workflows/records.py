@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from pyrula.workflows.errors import JournalCorrupt
-from pyrula.workflows.events import Event
+from pyrula.workflows.events import Event, EventType, make_event
 
 
 class RunStatus(StrEnum):
@@ -28,6 +29,43 @@ class RunStatus(StrEnum):
 TERMINAL_STATUSES = frozenset(
     {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CONTINUED}
 )
+
+
+@dataclass(frozen=True, slots=True)
+class RunError:
+    """Why a run failed: built once wherever a run fails, stored as :meth:`as_dict` (the
+    ``RunInfo.error`` shape) and journaled as the ``run:error`` event (:meth:`event`).
+
+    ``code`` is the machine-readable cause (``step_failed``, ``workflow_error``,
+    ``timeout``, ``serialization``, ``non_determinism``, ``max_retries``, ``stranded``,
+    ``corrupt_journal``, ``cancelled``...); ``error_type`` the exception's class name.
+    """
+
+    code: str
+    error_type: str
+    message: str
+    detail: Mapping[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "error_type": self.error_type,
+            "message": self.message,
+            "detail": None if self.detail is None else dict(self.detail),
+        }
+
+    def event(self, now: float) -> Event:
+        """The ``run:error`` event that journals this error."""
+        return make_event(
+            EventType.RUN_ERROR, now, code=self.code, error_type=self.error_type,
+            message=self.message, detail=None if self.detail is None else dict(self.detail),
+        )
+
+    @classmethod
+    def from_dict(cls, error: Mapping[str, Any]) -> RunError:
+        detail = error.get("detail")
+        return cls(str(error.get("code") or "unknown"), str(error.get("error_type") or ""),
+                   str(error.get("message") or ""), dict(detail) if detail else detail)
 
 
 @dataclass(frozen=True, slots=True)
