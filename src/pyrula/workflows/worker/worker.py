@@ -38,10 +38,11 @@ from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts
 from pyrula.workflows.worker.gate import SuspectGate
 from pyrula.workflows.worker.held import HeldRuns
-from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S, Loop, LoopState, run_loop
+from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
 from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.orphans import OrphanLoop, Serving
 from pyrula.workflows.worker.pool import StepPool
+from pyrula.workflows.worker.probes import Probes
 from pyrula.workflows.worker.renewal import LockRenewer, RenewalSettings
 from pyrula.workflows.worker.runtime import Runtime, WorkerState
 from pyrula.workflows.worker.schedules import ScheduleLoop
@@ -52,12 +53,6 @@ from pyrula.workflows.worker.usercode import UserCodeTracker
 __all__ = ["JournalCacheMismatch", "WorkflowWorker"]
 
 logger = logging.getLogger(__name__)
-
-PING_TIMEOUT_S = 2.0
-#: A claim completed this recently shows the store answers (``store_reachable``); an idle
-#: claim loop completes one about every second.
-STORE_SEEN_S = 2.0
-
 
 def _default_store() -> Store:
     """PYRULA_STORE_URL's store, archived to Postgres if PYRULA_POSTGRES_DSN is set."""
@@ -137,15 +132,16 @@ class WorkflowWorker:
         self._created = time.monotonic()
         self._pool: StepPool | None = None
         self._renewer: LockRenewer | None = None
-        self._attempts: AttemptRunner | None = None
+        self._runner: AttemptRunner | None = None
         self._claim: ClaimLoop | None = None
         self._timers = TimerLoop(self.store, self._caps.timers, clock,
                                  interval=o.timer_poll_interval_s, batch=o.timer_max_batch,
                                  runtime=self._rt, metrics=self.metrics)
-        self._serving = Serving(self.store, self.worker_id, self.workflow_names, o, self._log)
-        self._orphans = OrphanLoop(self._serving, self._poison, self._rt, self.metrics)
+        serving = Serving(self.store, self.worker_id, self.workflow_names, o, self._log)
+        self._orphans = OrphanLoop(serving, self._poison, self._rt, self.metrics)
         self._schedules = ScheduleLoop(self.store, self.workflow_names, self.metrics, self._log,
                                        interval=o.schedule_interval, runtime=self._rt)
+        self._probes = Probes(self, self._rt)
 
     # --- public surface -------------------------------------------------------------
 
@@ -169,7 +165,7 @@ class WorkflowWorker:
     @property
     def runs_done(self) -> int:
         """Runs this worker ended (completed, failed, cancelled, continued as new)."""
-        return self._attempts.runs_done if self._attempts is not None else 0
+        return self._runner.runs_done if self._runner is not None else 0
 
     def held_runs(self) -> dict[str, int]:
         """The runs this worker holds, from the claim that returned them until their attempt
@@ -186,15 +182,7 @@ class WorkflowWorker:
         """Whether the store answers now: a claim that completed within the last
         ``STORE_SEEN_S`` says so at no cost; otherwise a ``ping()`` within 2 s. (What a
         fleet child reports to its supervisor for the fleet's /readyz.)"""
-        claim = self._loops.get("claim")
-        if claim is not None and claim.failing_since is None and claim.last_ok is not None \
-                and time.monotonic() - claim.last_ok < STORE_SEEN_S:
-            return True
-        try:
-            await asyncio.wait_for(self.store.aping(), PING_TIMEOUT_S)
-        except Exception:  # any failure to answer in time: not reachable
-            return False
-        return True
+        return await self._probes.store_reachable()
 
     def claim_tick_age(self) -> float:
         """Seconds since the claim loop last made progress (a fleet's stall watchdog)."""
@@ -221,7 +209,7 @@ class WorkflowWorker:
         await self._prepare_store()
         probe = await self._start_probes()
         self._pool = StepPool(worker_id=self.worker_id)
-        self._attempts = self._attempt_runner(self._pool)
+        self._runner = self._attempt_runner(self._pool)
         self._renewer = LockRenewer(
             store=self.store, clock=self._clock, loop=loop, runs=self._runs, watch=rt,
             settings=RenewalSettings(
@@ -235,7 +223,7 @@ class WorkflowWorker:
         self._claim = ClaimLoop(ClaimParts(
             store=self.store, doorbell=self._caps.doorbell, clock=self._clock,
             options=self.options, worker_id=self.worker_id, names=self.workflow_names,
-            runs=self._runs, user_code=self._user_code, start=self._attempts.start,
+            runs=self._runs, user_code=self._user_code, start=self._runner.start,
             on_claimed=self._on_claimed, log=self._log,
         ), rt)
         claim = asyncio.create_task(self._supervise(self._claim))
@@ -292,12 +280,9 @@ class WorkflowWorker:
     async def _start_probes(self) -> ProbeServer | None:
         if self.options.health_port is None:
             return None
-        probe = ProbeServer(
-            {"/livez": self._livez, "/readyz": self._readyz, "/metrics": self._metrics_route},
-            self.options.health_host, self.options.health_port,
+        probe, self.health_address = await self._probes.start(
+            self.options.health_host, self.options.health_port
         )
-        self.health_address = await probe.start()
-        logger.info("health probes on http://%s:%d", *self.health_address, extra=self._log)
         return probe
 
     def _start_loops(self) -> list[asyncio.Task[None]]:
@@ -330,46 +315,10 @@ class WorkflowWorker:
             )
             self._rt.fail(exc)
 
-    # --- probes ---------------------------------------------------------------------
-
-    def _failed_loop(self) -> str | None:
-        now = time.monotonic()
-        for state in self._loops.values():
-            if state.failed_for(now) >= LIVENESS_FAILURE_S:
-                return state.name
-        return None
-
-    async def _livez(self) -> tuple[int, Any]:
-        failed = self._failed_loop()
-        if failed is not None or self._rt.fatal is not None:
-            return 503, {"status": "loop_failed", "loop": failed, "worker_id": self.worker_id}
-        return 200, {"status": "ok", "worker_id": self.worker_id}
-
-    async def _readyz(self) -> tuple[int, Any]:
-        body: dict[str, Any] = {"worker_id": self.worker_id}
-        rt = self._rt
-        if rt.stop_requested or rt.state in (WorkerState.DRAINING, WorkerState.STOPPED):
-            return 503, {"status": "draining", **body}
-        if rt.fatal is not None or self._failed_loop() is not None:
-            return 503, {"status": "loop_failed", **body}
-        if not rt.binding_ok:
-            return 503, {"status": "store_binding_mismatch", **body}
-        if rt.state is WorkerState.STARTING:
-            return 503, {"status": "starting", **body}
-        try:
-            await asyncio.wait_for(self.store.aping(), PING_TIMEOUT_S)
-        except Exception:  # any failure to answer in time means not ready
-            return 503, {"status": "store_unreachable", **body}
-        return 200, {"status": "ready", "shards": self.shards(), "in_flight": self.in_flight,
-                     **body}
-
     def shards(self) -> dict[str, int]:
+        """The shards this worker leases: workflow name -> how many (a sharded store)."""
         leases = self._caps.shard_leases
         return dict(leases.shards_held(self.worker_id)) if leases is not None else {}
-
-    async def _metrics_route(self) -> tuple[int, Any]:
-        self.metrics.set("pyrula.workflows.runs.in_flight", float(self.in_flight))
-        return 200, self.metrics.prometheus({"worker_id": self.worker_id})
 
     # --- shutdown -------------------------------------------------------------------
 
@@ -388,7 +337,7 @@ class WorkflowWorker:
 
         # Every step is logged, with or without work, so the sequence reads the same in
         # every drain.
-        pending = set(self._attempts.tasks) if self._attempts is not None else set()
+        pending = set(self._runner.tasks) if self._runner is not None else set()
         logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
                     o.shutdown_grace, len(pending), extra={"event": "shutdown", **log})
         if pending:
