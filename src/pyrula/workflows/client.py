@@ -185,7 +185,7 @@ class WorkflowClient:
             before = (page[-1].created_at, page[-1].run_id)
 
 
-def sync_driven(store: object) -> bool:
+def _sync_driven(store: object) -> bool:
     """Whether ``store``'s coroutines finish on the calling thread when driven
     (``SyncAdmin.sync_driven``). Read from the store's class, so a wrapper that forwards
     attributes to another store (the archiving store) does not inherit the answer of what
@@ -209,7 +209,7 @@ class SyncWorkflowClient:
     def __init__(self, store: Store, **kwargs: Any) -> None:
         self._client = WorkflowClient(store, **kwargs)
         self.store = store
-        self._direct = sync_driven(store)
+        self._direct = _sync_driven(store)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return drive(coro) if self._direct else run_sync(coro)

@@ -103,7 +103,7 @@ class HeldRuns:
     def attempts(self) -> list[Attempt]:
         """The attempt of each held run's newest claim that has one."""
         with self._lock:
-            return [a for a in self._newest_attempts().values()]
+            return list(self._newest_attempts().values())
 
     def in_flight(self) -> int:
         """How many held runs have an attempt running."""
