@@ -16,7 +16,8 @@ import pytest
 from pyrula.workflows import MemoryStore
 from pyrula.workflows.clock import SYSTEM_CLOCK
 from pyrula.workflows.records import PoisonPolicy, RunStatus
-from pyrula.workflows.worker.renewal import LockRenewer, was_suspended
+from pyrula.workflows.worker.held import HeldRuns
+from pyrula.workflows.worker.renewal import LockRenewer, RenewalSettings, was_suspended
 
 
 @pytest.mark.parametrize(
@@ -40,14 +41,26 @@ async def _renewer_holding_a_run(stale_by: float) -> tuple[MemoryStore, LockRene
     store = MemoryStore()
     await store.submit("wf", {}, now=time.time())
     [claimed] = await store.claim("w1", ["wf"], limit=1, now=time.time(), lock_ttl=1.0)
-    heartbeat = time.monotonic() - stale_by
+    runs = HeldRuns()
+    runs.claimed(claimed.run_id, claimed.token)
+    runs.renew(claimed.run_id, claimed.token, liveness_bound_s=3.0)
     renewer = LockRenewer(
-        store, "w1", SYSTEM_CLOCK, 1.0, PoisonPolicy(), True, asyncio.get_running_loop(),
-        lambda: heartbeat, lambda run_id: None, lambda run_id, token: None,
-        {"worker_id": "w1"},
+        store=store, clock=SYSTEM_CLOCK, loop=asyncio.get_running_loop(), runs=runs,
+        watch=StaleBeat(time.monotonic() - stale_by),
+        settings=RenewalSettings(worker_id="w1", lock_ttl=1.0, poison=PoisonPolicy(),
+                                 charge_loop_blocked=True, log_extra={"worker_id": "w1"}),
     )
-    renewer.hold(claimed.run_id, claimed.token, liveness_bound_s=3.0)
     return store, renewer, claimed.run_id
+
+
+class StaleBeat:
+    """An event loop whose heartbeat stopped at ``at``."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def last_beat(self) -> float:
+        return self.at
 
 
 async def test_a_heartbeat_stale_from_before_a_suspension_is_not_a_blocked_loop() -> None:
@@ -56,7 +69,7 @@ async def test_a_heartbeat_stale_from_before_a_suspension_is_not_a_blocked_loop(
     assert renewer.resumed_at > time.monotonic() - 1.0
 
     await renewer.tick()
-    assert run_id in renewer.held and not renewer.stood_down
+    assert run_id in renewer.runs.renewing() and not renewer.runs.was_stood_down(run_id, 1)
     info = await store.get_run(run_id)
     assert info is not None and info.status is RunStatus.RUNNING
 
@@ -67,6 +80,6 @@ async def test_the_same_stale_heartbeat_without_a_suspension_stands_the_run_down
     assert renewer.resumed_at == float("-inf")
 
     await renewer.tick()
-    assert (run_id, 1) in renewer.stood_down and run_id not in renewer.held
+    assert renewer.runs.was_stood_down(run_id, 1) and run_id not in renewer.runs.renewing()
     journal = await store.read_events(run_id)
     assert journal[-1]["type"] == "run:requeued" and journal[-1]["reason"] == "loop_blocked"

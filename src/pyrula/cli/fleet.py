@@ -154,9 +154,7 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
     try:
         host, port = await probes.start()
     except OSError as exc:
-        close = getattr(store, "aclose", None)
-        if close is not None:
-            await close()
+        await store.aclose()
         raise ConfigurationError(
             f"cannot serve the fleet's health probes on {options.health_host}:"
             f"{options.health_port}: {exc.strerror or exc} (choose another --health-port, "
@@ -168,9 +166,7 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
         return await supervisor.run()
     finally:
         await probes.close()
-        close = getattr(store, "aclose", None)
-        if close is not None:
-            await close()
+        await store.aclose()
 
 
 @cli.command("status")

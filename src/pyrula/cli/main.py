@@ -59,6 +59,7 @@ def _worker_command(dev: bool) -> Any:
                 **options: Any) -> None:
         logs.configure(log_format, log_level)
         from pyrula.workflows import WorkflowWorker
+        from pyrula.workflows.stores.archive import ArchivingStore
 
         if not workflows and not apps:
             raise click.UsageError("name what to serve: --workflow MODULE:FN or --app MODULE")
@@ -83,8 +84,8 @@ def _worker_command(dev: bool) -> Any:
         opts = worker_options(options, **overrides)
         worker = WorkflowWorker(store=open_store(store, namespace), workflows=chosen,
                                 options=opts, cloud=cloud)
-        archive = getattr(worker.store, "archive", None)
-        archived = f" (archived to {archive.where()})" if archive is not None else ""
+        archived = (f" (archived to {worker.store.archive.where()})"
+                    if isinstance(worker.store, ArchivingStore) else "")
         where = redact_url(store_url(store))
         click.echo(f"pyrula worker {worker.worker_id} on {where}{archived} serving "
                    f"{', '.join(worker.workflow_names)}", err=True)

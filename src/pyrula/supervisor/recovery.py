@@ -11,6 +11,7 @@ from typing import Any
 
 from pyrula.errors import StoreUnavailable
 from pyrula.workflows.clock import store_clock
+from pyrula.workflows.stores.capabilities import capabilities_of
 
 logger = logging.getLogger("pyrula.fleet")
 
@@ -41,6 +42,7 @@ class Recovery:
         self.retry_ttl_s = poison_retry_ttl_s
         # The clock the children judge crashes and locks by (the store's, where it has one).
         self._clock = store_clock(store)
+        self._shard_leases = capabilities_of(store).shard_leases
 
     async def child_died(
         self, worker_id: str, held: dict[str, int], evidence: dict[str, Any],
@@ -78,10 +80,10 @@ class Recovery:
                 outcome.run_id, self.max_retries, evidence.get("exit"),
                 extra={"event": "run_quarantined", "run_id": outcome.run_id, **evidence},
             )
-        release = getattr(self.store, "release_shards", None)
-        if release is not None:
+        leases = self._shard_leases
+        if leases is not None:
             try:
-                await release(worker_id)
+                await leases.release_shards(worker_id)
             except StoreUnavailable as exc:
                 logger.warning("could not release shards of %s (%s)", worker_id, exc)
         return len(outcomes) - len(quarantined), len(quarantined), charged

@@ -23,6 +23,7 @@ from pyrula.workflows.errors import (
 )
 from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, dumps
 from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
+from pyrula.workflows.stores.admin import SyncAdmin
 from pyrula.workflows.stores.base import Store
 
 T = TypeVar("T")
@@ -184,6 +185,19 @@ class WorkflowClient:
             before = (page[-1].created_at, page[-1].run_id)
 
 
+def _sync_driven(store: object) -> bool:
+    """Whether ``store``'s coroutines finish on the calling thread when driven
+    (``SyncAdmin.sync_driven``). Read from the store's class, so a wrapper that forwards
+    attributes to another store (the archiving store) does not inherit the answer of what
+    it wraps."""
+    kind = type(store)
+    if issubclass(kind, SyncAdmin):
+        return kind.sync_driven
+    # Transitional: a backend that does not mix SyncAdmin in yet (the Valkey store)
+    # declares the same class attribute; this line goes once every backend mixes it in.
+    return bool(getattr(kind, "sync_driven", False))
+
+
 class SyncWorkflowClient:
     """``WorkflowClient`` for code that is not async: each call blocks until done.
 
@@ -195,9 +209,7 @@ class SyncWorkflowClient:
     def __init__(self, store: Store, **kwargs: Any) -> None:
         self._client = WorkflowClient(store, **kwargs)
         self.store = store
-        # A class attribute, so a wrapper that forwards attributes to another store (the
-        # archiving store) does not inherit the answer of what it wraps.
-        self._direct = bool(getattr(type(store), "sync_driven", False))
+        self._direct = _sync_driven(store)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return drive(coro) if self._direct else run_sync(coro)

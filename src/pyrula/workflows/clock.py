@@ -7,6 +7,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from pyrula.workflows.stores.capabilities import capabilities_of
+
 
 class Clock(Protocol):
     def now(self) -> float:
@@ -107,9 +109,9 @@ SYSTEM_CLOCK: Clock = SystemClock()
 
 def store_clock(store: object) -> StoreClock | None:
     """A ``StoreClock`` over ``store``'s server time, if the store has a clock of its own
-    (``server_time``); None for a store whose clock is the host's (memory, SQLite)."""
-    read = getattr(store, "server_time", None)
-    return StoreClock(read) if read is not None else None
+    (``ServerClock``); None for a store whose clock is the host's (memory, SQLite)."""
+    server = capabilities_of(store).server_clock
+    return StoreClock(server.server_time) if server is not None else None
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from pyrula.workflows import (
-    MemoryStore,
     RunFailed,
     RunStatus,
     WorkflowContext,
@@ -23,9 +22,7 @@ from pyrula.workflows import (
     step,
     workflow,
 )
-from pyrula.workflows.clock import SYSTEM_CLOCK
-from pyrula.workflows.records import PoisonPolicy
-from pyrula.workflows.worker.renewal import Held, LockRenewer
+from pyrula.workflows.worker.held import Held, HeldRuns
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import capture, fast_options, logged, of_type, serving, unique
 
@@ -225,19 +222,15 @@ async def test_on_3_11_a_block_in_a_task_the_run_started_is_not_charged(
 
 def test_releasing_a_stood_down_attempt_keeps_the_next_attempt_held() -> None:
     """The same worker may claim a run's next attempt while the stood-down one still ends."""
-    renewer = LockRenewer(
-        MemoryStore(), "w", SYSTEM_CLOCK, 1.0, PoisonPolicy(), True,
-        asyncio.new_event_loop(), lambda: 0.0, lambda run_id: None,
-        lambda run_id, token: None, {},
-    )
-    try:
-        renewer.hold("r", 1, 3.0)
-        renewer.stood_down.add(("r", 1))
-        renewer.held.pop("r")
-        renewer.hold("r", 2, 3.0)
-        assert renewer.release("r", 1) is True
-        assert renewer.held == {"r": Held(2, 3.0)}
-        assert renewer.release("r", 2) is False
-        assert renewer.held == {}
-    finally:
-        renewer._loop.close()
+    runs = HeldRuns()
+    runs.claimed("r", 1)
+    runs.renew("r", 1, 3.0)
+    runs.stand_down("r", 1)
+    runs.claimed("r", 2)
+    runs.renew("r", 2, 3.0)
+    assert runs.release("r", 1) is True
+    assert runs.renewing() == {"r": Held(2, 3.0)}
+    assert runs.held() == {"r": 2}
+    assert runs.release("r", 2) is False
+    assert runs.renewing() == {}
+    assert runs.held() == {}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pyrula.workflows import WorkflowContext, WorkflowWorker, step, workflow
-from pyrula.workflows.worker import worker as worker_module
+from pyrula.workflows.worker import probes as probes_module
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
     Outage,
@@ -159,7 +159,7 @@ async def test_readyz_reports_a_store_that_fails_its_ping(store: Any) -> None:
 async def test_readyz_reports_a_store_whose_ping_hangs(
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker_module, "PING_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(probes_module, "PING_TIMEOUT_S", 0.1)
 
     async def hang() -> None:
         await asyncio.Event().wait()
@@ -174,7 +174,7 @@ async def test_readyz_reports_a_store_whose_ping_hangs(
 async def test_livez_fails_once_a_loop_has_been_failing_too_long_and_recovers(
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker_module, "LIVENESS_FAILURE_S", 1.0)
+    monkeypatch.setattr(probes_module, "LIVENESS_FAILURE_S", 1.0)
     outage = Outage(store, "wake_due")
     worker = make_worker(store)
     async with serving(worker):

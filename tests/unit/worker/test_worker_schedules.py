@@ -322,23 +322,23 @@ async def test_a_full_batch_is_followed_by_another_pass_at_once(store: Any) -> N
     clock = ManualClock(start=T)
     for _ in range(BATCH + 20):
         store.schedule_create(_every_minute(echo), now=T)
-    loop = ScheduleLoop(store, ["sched.echo"], clock, Metrics(), {})
+    loop = ScheduleLoop(store, ["sched.echo"], Metrics(), {}, interval=MINUTE)
     clock.advance(MINUTE)
-    assert await loop.tick() == 0.0  # a full batch: more may be due
-    assert await loop.tick() is None  # the rest
+    assert await loop.tick(clock.now()) == 0.0  # a full batch: more may be due
+    assert await loop.tick(clock.now()) is None  # the rest
     assert len(await _runs(store, "sched.echo")) == BATCH + 20
-    assert await loop.tick() is None  # nothing due
+    assert await loop.tick(clock.now()) is None  # nothing due
 
 
 async def test_a_full_batch_of_broken_schedules_does_not_spin(store: Any) -> None:
     clock = ManualClock(start=T)
     for _ in range(BATCH):
         store.schedule_create(_every_minute(echo), now=T)
-    loop = ScheduleLoop(store, ["sched.echo"], clock, Metrics(), {})
+    loop = ScheduleLoop(store, ["sched.echo"], Metrics(), {}, interval=MINUTE)
 
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected")
 
     store.submit = broken
     clock.advance(MINUTE)
-    assert await loop.tick() is None
+    assert await loop.tick(clock.now()) is None

@@ -78,13 +78,22 @@ def shutdown_steps(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 class ShardRelease:
-    """Adds the shard-release hook of a sharded store to a store, and records the call."""
+    """Makes a store a sharded one (``ShardLeases``), holding no shard, and records the
+    shard release."""
 
     def __init__(self, store: Any) -> None:
         self.released: list[str] = []
         self.pool_idle_at_release: bool | None = None
+        store.shard_lease_tick = self.shard_lease_tick
+        store.shards_held = self.shards_held
         store.release_shards = self.release_shards
         self.worker: WorkflowWorker | None = None
+
+    async def shard_lease_tick(self, **_: Any) -> None:
+        return None
+
+    def shards_held(self, worker_id: str) -> dict[str, int]:
+        return {}
 
     async def release_shards(self, worker_id: str) -> None:
         assert self.worker is not None and self.worker._pool is not None

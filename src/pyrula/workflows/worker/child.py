@@ -170,10 +170,8 @@ async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
         heartbeat.cancel()
         checker.cancel()
         await asyncio.gather(heartbeat, checker, return_exceptions=True)
-        close = getattr(worker.store, "aclose", None)
-        if close is not None:
-            try:
-                await close()
-            except Exception:  # closing is best effort on the way out
-                logger.debug("store close failed", exc_info=True)
+        try:
+            await worker.store.aclose()
+        except Exception:  # closing is best effort on the way out
+            logger.debug("store close failed", exc_info=True)
     return 0

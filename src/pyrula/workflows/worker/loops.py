@@ -1,4 +1,4 @@
-"""Background loops: each one a ``tick`` run on an interval, restarted on store errors.
+"""Background loops: each one a ``tick(now)`` run on an interval, restarted on store errors.
 
 A loop failing on a store or network error is logged once per outage and restarted with
 a jittered delay doubling from 0.5 to 30 s (counted in ``pyrula.workflows.loop.restarts``).
@@ -13,11 +13,13 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from pyrula.errors import StoreUnavailable
+from pyrula.workflows.clock import Clock
 from pyrula.workflows.worker.metrics import Metrics
 
-logger = logging.getLogger("pyrula.workflows.worker")
+logger = logging.getLogger(__name__)
 
 #: Errors that mean "the store or the network is having a bad moment".
 TRANSIENT: tuple[type[BaseException], ...] = (
@@ -32,7 +34,15 @@ BACKOFF_MAX = 30.0
 #: /livez fails once a loop has been failing this long without a completed tick.
 LIVENESS_FAILURE_S = 120.0
 
-Tick = Callable[[], Awaitable[float | None]]
+
+class Loop(Protocol):
+    """One of a worker's loops: ``tick(now)`` is one pass, ``now`` the clock's time when it
+    began; it returns how long to wait before the next pass (None: ``interval``)."""
+
+    name: str
+    interval: float
+
+    async def tick(self, now: float) -> float | None: ...
 
 
 @dataclass(slots=True)
@@ -62,17 +72,18 @@ def backoff_delays(start: float = BACKOFF_MIN, cap: float = BACKOFF_MAX) -> Call
 
 async def run_loop(
     state: LoopState,
-    tick: Tick,
-    interval: float,
+    loop: Loop,
+    clock: Clock,
     stopping: asyncio.Event,
     metrics: Metrics,
     log_extra: dict[str, str],
 ) -> None:
-    """Run ``tick`` every ``interval`` seconds (or what it returns) until ``stopping``."""
+    """Run ``loop.tick`` every ``loop.interval`` seconds (or what it returns) until
+    ``stopping``."""
     delays = backoff_delays()
     while not stopping.is_set():
         try:
-            wait = await tick()
+            wait = await loop.tick(clock.now())
         except TRANSIENT as exc:
             state.last_failed = time.monotonic()
             if state.failing_since is None:
@@ -95,7 +106,7 @@ async def run_loop(
                 delays = backoff_delays()
             state.failing_since = None
             state.last_ok = time.monotonic()
-        pause = interval if wait is None else wait
+        pause = loop.interval if wait is None else wait
         if pause > 0 or stopping.is_set():
             try:
                 await asyncio.wait_for(stopping.wait(), pause)
@@ -103,3 +114,14 @@ async def run_loop(
                 pass
         else:
             await asyncio.sleep(0)
+
+
+async def first(*aws: Awaitable[Any]) -> None:
+    """Wait until one of ``aws`` is done; cancel the others (a task passed in is cancelled
+    too if it is not done)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -7,11 +7,10 @@ Past it, every run on the loop stands down (requeued with reason ``loop_blocked`
 only the run whose code was running when the block was found is charged a crash
 (``run_attempt_loop_blocked``); the stand-down is written from this thread, with the
 attempt's own fencing token, so the attempt's later writes are refused, and the attempt is
-told at once (``on_stood_down``) so that it starts no further step once the loop turns.
+told at once (``HeldRuns.stand_down``) so that it starts no further step once the loop turns.
 
-Holds are keyed by run id *and* token: a stood-down attempt may still be ending on the loop
-when the run's next attempt is claimed by the same worker, and releasing the old one must
-not drop the new one.
+The runs to renew are read from the worker's registry of held runs (``worker.held``),
+which is keyed by run id *and* token.
 
 A heartbeat is only evidence against the loop if the loop could have run. When the whole
 process was suspended (SIGSTOP, a paused VM or container), this thread wakes late too,
@@ -33,16 +32,18 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from pyrula.errors import StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.engine import RUN_TASK_PREFIX, RUNNING_RUN
 from pyrula.workflows.records import PoisonPolicy
 from pyrula.workflows.stores.base import Store
+from pyrula.workflows.worker.held import Held, HeldRuns
 
-logger = logging.getLogger("pyrula.workflows.worker")
+logger = logging.getLogger(__name__)
 
 
 def was_suspended(late_s: float, cpu_s: float, interval_s: float) -> bool:
@@ -73,42 +74,48 @@ def running_run(task: asyncio.Task[object] | None) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
-    token: int
-    liveness_bound_s: float
+class RenewalSettings:
+    """What the renewal thread renews with, and how it stands a blocked loop's runs down."""
+
+    worker_id: str
+    lock_ttl: float
+    poison: PoisonPolicy
+    #: Whether the run whose code blocked the loop is charged a crash (``pyrula dev``: no).
+    charge_loop_blocked: bool
+    log_extra: Mapping[str, str]
+
+
+class LoopWatch(Protocol):
+    """What the renewal thread reads of the event loop it watches."""
+
+    def last_beat(self) -> float:
+        """When the event loop last stamped its heartbeat (``time.monotonic()``)."""
+        ...
 
 
 class LockRenewer:
-    """Owns the renewal thread. ``held`` is shared with the loop under ``lock``."""
+    """Owns the renewal thread: renews the locks of ``runs`` and stands them down when the
+    event loop ``loop`` (watched through ``watch``) stays blocked past their bound."""
 
     def __init__(
         self,
+        *,
         store: Store,
-        worker_id: str,
         clock: Clock,
-        lock_ttl: float,
-        poison: PoisonPolicy,
-        charge_loop_blocked: bool,
         loop: asyncio.AbstractEventLoop,
-        loop_heartbeat: Callable[[], float],
-        on_cancel: Callable[[str], None],
-        on_stood_down: Callable[[str, int], None],
-        log_extra: dict[str, str],
+        settings: RenewalSettings,
+        runs: HeldRuns,
+        watch: LoopWatch,
     ) -> None:
-        self.lock = threading.Lock()
-        self.held: dict[str, Held] = {}
-        self.stood_down: set[tuple[str, int]] = set()
+        self.runs = runs
         self._store = store
-        self._worker_id = worker_id
         self._clock = clock
-        self._lock_ttl = lock_ttl
-        self._poison = poison
-        self._charge = charge_loop_blocked
         self._loop = loop
-        self._heartbeat = loop_heartbeat
-        self._on_cancel = on_cancel
-        self._on_stood_down = on_stood_down
-        self._extra = log_extra
+        self._settings = settings
+        self._watch = watch
+        self._worker_id = settings.worker_id
+        self._lock_ttl = settings.lock_ttl
+        self._extra = settings.log_extra
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="pyrula-lock-renewal", daemon=True)
         self.failures = 0
@@ -123,28 +130,6 @@ class LockRenewer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-
-    def hold(self, run_id: str, token: int, liveness_bound_s: float) -> None:
-        with self.lock:
-            self.held[run_id] = Held(token, liveness_bound_s)
-
-    def release(self, run_id: str, token: int) -> bool:
-        """Forget this attempt of the run; True if this thread had stood it down."""
-        with self.lock:
-            self._forget(run_id, token)
-            if (run_id, token) in self.stood_down:
-                self.stood_down.discard((run_id, token))
-                return True
-            return False
-
-    def was_stood_down(self, run_id: str, token: int) -> bool:
-        with self.lock:
-            return (run_id, token) in self.stood_down
-
-    def _forget(self, run_id: str, token: int) -> None:
-        held = self.held.get(run_id)
-        if held is not None and held.token == token:
-            del self.held[run_id]
 
     def _main(self) -> None:
         loop = asyncio.new_event_loop()
@@ -181,9 +166,8 @@ class LockRenewer:
             )
 
     async def tick(self) -> None:
-        lag = time.monotonic() - max(self._heartbeat(), self.resumed_at)
-        with self.lock:
-            held = dict(self.held)
+        lag = time.monotonic() - max(self._watch.last_beat(), self.resumed_at)
+        held = self.runs.renewing()
         blocked = {r: h for r, h in held.items() if lag > h.liveness_bound_s}
         if blocked:
             await self._stand_down(blocked, lag)
@@ -199,13 +183,13 @@ class LockRenewer:
             self.failures += 1
             return
         for run_id in result.cancel_requested:
-            self._loop.call_soon_threadsafe(self._on_cancel, run_id)
+            self._loop.call_soon_threadsafe(self.runs.request_cancel, run_id)
         # A lock found gone (another attempt owns the run): stop starting steps now rather
         # than at the attempt's next write, which write-behind may put several steps away.
         for run_id in result.lost:
             lost = held.get(run_id)
             if lost is not None:
-                self._on_stood_down(run_id, lost.token)
+                self.runs.lost(run_id, lost.token)
 
     def _running_run(self) -> str | None:
         """The run whose code holds the blocked loop, or None if it is no run's code."""
@@ -224,14 +208,12 @@ class LockRenewer:
             try:
                 outcome = await self._store.requeue(
                     run_id, held.token, now=self._clock.now(), reason="loop_blocked",
-                    crash=charged and self._charge, poison=self._poison, crash_detail=detail,
+                    crash=charged and self._settings.charge_loop_blocked,
+                    poison=self._settings.poison, crash_detail=detail,
                 )
             except (StaleToken, WorkflowNotFound, StoreUnavailable):
                 outcome = None
-            with self.lock:
-                self._forget(run_id, held.token)
-                self.stood_down.add((run_id, held.token))
-            self._on_stood_down(run_id, held.token)
+            self.runs.stand_down(run_id, held.token)
             if charged:
                 logger.error(
                     "run_attempt_loop_blocked: run %s blocked the event loop for %.1f s "

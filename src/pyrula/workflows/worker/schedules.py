@@ -1,4 +1,5 @@
-"""The schedule loop: every ``schedule_interval``, fire the due schedules of the served names.
+"""The schedule loop: every ``schedule_interval``, fire the due schedules of the served names
+(not while the worker drains or is bound to another project).
 
 For each due schedule (``plan`` in pyrula.workflows.schedules.policy decides the rest):
 
@@ -20,14 +21,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from pyrula.workflows.clock import Clock
 from pyrula.workflows.schedules.policy import plan
 from pyrula.workflows.schedules.schedule import Schedule, epoch
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.loops import TRANSIENT
 from pyrula.workflows.worker.metrics import Metrics
+from pyrula.workflows.worker.runtime import Runtime
 
-logger = logging.getLogger("pyrula.workflows.worker")
+logger = logging.getLogger(__name__)
 
 #: Schedules fired per pass; a full batch is followed by another pass at once.
 BATCH = 100
@@ -39,24 +40,31 @@ FIRED = "pyrula.workflows.schedules.fired"
 
 
 class ScheduleLoop:
-    """Fires the due schedules of ``names`` in ``store``; ``tick`` is one pass."""
+    """Fires the due schedules of ``names`` in ``store``; ``tick`` is one pass. With a
+    ``runtime``, a pass while it is paused fires nothing."""
+
+    name = "schedule"
 
     def __init__(
         self,
         store: Store,
         names: Sequence[str],
-        clock: Clock,
         metrics: Metrics,
         log: dict[str, str],
+        *,
+        interval: float,
+        runtime: Runtime | None = None,
     ) -> None:
+        self.interval = interval
         self._store = store
         self._names = list(names)
-        self._clock = clock
         self._metrics = metrics
         self._log = log
+        self._rt = runtime
 
-    async def tick(self) -> float | None:
-        now = self._clock.now()
+    async def tick(self, now: float) -> float | None:
+        if self._rt is not None and self._rt.paused:
+            return None
         due = await self._store.schedules_due(self._names, now=now, limit=BATCH)
         handled = 0
         for sched in due:

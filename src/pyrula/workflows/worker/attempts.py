@@ -1,0 +1,215 @@
+"""Running a claimed run's attempt: its journal, the engine's ``Attempt``, what it ended as.
+
+Each claimed run is held (``worker.held``) from its claim until its attempt's task ends,
+whatever it ended as; the renewal thread renews its lock meanwhile. A run whose attempt
+lost the store is requeued (reason ``store_unavailable``, no crash counted) once the store
+answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyrula.config.worker import WorkerOptions
+from pyrula.errors import JournalCorrupt, StaleToken, StoreUnavailable, WorkflowNotFound
+from pyrula.workflows.clock import Clock
+from pyrula.workflows.definition import WorkflowSpec
+from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
+from pyrula.workflows.events import Event, EventType, make_event
+from pyrula.workflows.records import ClaimedRun, RunStatus
+from pyrula.workflows.stores.base import Store
+from pyrula.workflows.worker.cache import JournalCache
+from pyrula.workflows.worker.gate import SuspectGate
+from pyrula.workflows.worker.held import HeldRuns
+from pyrula.workflows.worker.loops import backoff_delays
+from pyrula.workflows.worker.metrics import Metrics
+from pyrula.workflows.worker.pool import StepPool
+from pyrula.workflows.worker.runtime import Runtime
+from pyrula.workflows.worker.timers import TimerLoop
+from pyrula.workflows.worker.usercode import UserCodeTracker
+
+logger = logging.getLogger(__name__)
+
+
+class JournalCacheMismatch(RuntimeError):
+    """PYRULA_JOURNAL_CACHE_VERIFY found a cached journal that differs from the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptParts:
+    """What every attempt of one worker is run with."""
+
+    specs: Mapping[str, WorkflowSpec]
+    store: Store
+    clock: Clock
+    options: WorkerOptions
+    settings: AttemptSettings
+    pool: StepPool
+    runs: HeldRuns
+    cache: JournalCache
+    user_code: UserCodeTracker
+    gate: SuspectGate
+    timers: TimerLoop
+    metrics: Metrics
+    log: Mapping[str, str]
+
+
+class AttemptRunner:
+    """Starts the attempt of each claimed run as a task, and sees to what it ended as."""
+
+    def __init__(self, parts: AttemptParts, runtime: Runtime) -> None:
+        self._p = parts
+        self._rt = runtime
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.runs_done = 0
+
+    def start(self, claimed: ClaimedRun) -> None:
+        p = self._p
+        p.runs.claimed(claimed.run_id, claimed.token)
+        crashes = self._crashes(claimed)
+        if crashes:
+            p.user_code.suspect(claimed.run_id, claimed.token)
+        task = asyncio.create_task(
+            self._run(claimed, crashes), name=f"pyrula-attempt:{claimed.run_id}"
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _crashes(self, claimed: ClaimedRun) -> int:
+        """How many crashes counted against the run still count (a suspect has some)."""
+        now, ttl = self._p.clock.now(), self._p.options.poison_retry_ttl_s
+        return sum(1 for t in claimed.crashes if now - t < ttl)
+
+    async def _journal_for(self, claimed: ClaimedRun) -> list[Event]:
+        p = self._p
+        if claimed.journal_error is not None:
+            raise claimed.journal_error
+        if claimed.base_seq == 0:
+            return list(claimed.journal)
+        cached = p.cache.take(claimed.run_id, claimed.base_seq)
+        if cached is None:
+            return await p.store.read_events(claimed.run_id)
+        journal = cached + list(claimed.journal)
+        if p.options.journal_cache_verify:
+            fresh = await p.store.read_events(claimed.run_id)
+            if fresh != journal:
+                raise JournalCacheMismatch(
+                    f"journal cache of run {claimed.run_id} differs from the store "
+                    f"({len(journal)} cached events vs {len(fresh)} stored)"
+                )
+        return journal
+
+    async def _run(self, claimed: ClaimedRun, crashes: int) -> None:
+        p = self._p
+        spec = p.specs[claimed.name]
+        run_log = {"run_id": claimed.run_id, "workflow": claimed.name, **p.log}
+        p.runs.renew(claimed.run_id, claimed.token, self._liveness_bound(spec))
+        try:
+            try:
+                journal = await self._journal_for(claimed)
+            except JournalCacheMismatch as exc:
+                logger.critical("journal_cache_mismatch: %s", exc, extra=run_log)
+                self._rt.fail(exc)
+                return
+            attempt = Attempt(
+                spec, claimed, journal, p.store, executor=p.pool, clock=p.clock,
+                settings=p.settings, user_code=p.user_code,
+            )
+            if p.runs.attach(attempt):
+                attempt.abandon()  # stood down while its journal was being read
+            admission = None
+            if crashes:
+                # A suspect: its code runs apart from the other suspects' (worker.gate).
+                admission = p.gate.enter(claimed.run_id, claimed.token, crashes)
+            outcome = await attempt.run(admission=admission)
+            await self._after(claimed, outcome, run_log)
+        except JournalCorrupt as exc:
+            await self._fail_corrupt(claimed, exc, run_log)
+        except StoreUnavailable as exc:
+            logger.warning("run %s: store unavailable before the attempt began (%s)",
+                           claimed.run_id, exc, extra=run_log)
+            self._rt.store_failed()
+            await self._requeue_unavailable(claimed, run_log)
+        finally:
+            # A newer attempt of the same run may be in flight here already (this one was
+            # stood down): forget only this attempt.
+            p.gate.leave(claimed.run_id, claimed.token)
+            p.user_code.attempt_ended(claimed.run_id, claimed.token)
+            p.runs.release(claimed.run_id, claimed.token)
+            self._rt.capacity.set()
+
+    def _liveness_bound(self, spec: WorkflowSpec) -> float:
+        return max(3 * self._p.options.lock_ttl, spec.timeout or 0.0)
+
+    async def _after(self, claimed: ClaimedRun, outcome: Outcome, run_log: dict[str, Any]) -> None:
+        p = self._p
+        kind = outcome.kind
+        p.metrics.inc("pyrula.workflows.attempts", outcome=kind.value)
+        if kind is OutcomeKind.PARKED:
+            p.cache.put(claimed.run_id, outcome.journal)
+            if outcome.wake_at is not None:
+                p.timers.note_timer(outcome.wake_at)
+        else:
+            p.cache.drop(claimed.run_id)
+        if kind in (OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.CANCELLED,
+                    OutcomeKind.CONTINUED):
+            self.runs_done += 1
+            p.metrics.inc("pyrula.workflows.runs.finished", status=kind.value)
+        if kind is OutcomeKind.FAILED and outcome.error is not None:
+            logger.info("run %s failed [%s] %s", claimed.run_id, outcome.error.get("code"),
+                        outcome.error.get("message"), extra=run_log)
+        elif kind is OutcomeKind.LOST:
+            logger.warning("run %s: lock lost to another attempt; stood down", claimed.run_id,
+                           extra={"event": "run_lock_lost", **run_log})
+        elif kind is OutcomeKind.STORE_UNAVAILABLE:
+            self._rt.store_failed()
+            await self._requeue_unavailable(claimed, run_log)
+
+    async def _fail_corrupt(self, claimed: ClaimedRun, exc: JournalCorrupt,
+                            run_log: dict[str, Any]) -> None:
+        """Fail a run whose journal holds an entry pyrula did not write: replaying it could
+        only crash or run steps again, on every worker and every attempt. Its code is not
+        the cause, so this is a failure of the run, not a crash counted toward poison."""
+        logger.error("run_journal_corrupt: %s; the run fails", exc,
+                     extra={"event": "run_journal_corrupt", **run_log})
+        error = {"code": "corrupt_journal", "error_type": "JournalCorrupt",
+                 "message": str(exc), "detail": {"seq": exc.seq, "reason": exc.reason}}
+        now = self._p.clock.now()
+        event = make_event(EventType.RUN_ERROR, now, code=error["code"],
+                           error_type=error["error_type"], message=error["message"],
+                           detail=error["detail"])
+        try:
+            await self._p.store.finish(claimed.run_id, claimed.token, [event], now=now,
+                                       status=RunStatus.FAILED, error=error)
+        except StaleToken:
+            return  # another attempt holds the run; it meets the same entry
+        except StoreUnavailable:
+            await self._requeue_unavailable(claimed, run_log)
+            return
+        self.runs_done += 1
+        self._p.metrics.inc("pyrula.workflows.runs.finished", status="failed")
+
+    async def _requeue_unavailable(self, claimed: ClaimedRun, run_log: dict[str, Any]) -> None:
+        """Put the run back (reason store_unavailable) once the store answers again. The
+        run stays held meanwhile (the renewal thread renews its lock as soon as the store
+        is back), however long the outage: the requeue is fenced, so it lands only if no
+        one recovered the run in between, and the run is not charged a crash for it."""
+        delays = backoff_delays(0.1, 1.0)
+        while True:
+            try:
+                await self._p.store.requeue(
+                    claimed.run_id, claimed.token, now=self._p.clock.now(),
+                    reason="store_unavailable",
+                )
+                logger.warning("run %s requeued: the store was unavailable during its attempt",
+                               claimed.run_id, extra={"event": "run_requeued", **run_log})
+                return
+            except (StaleToken, WorkflowNotFound):
+                return
+            except StoreUnavailable:
+                self._rt.store_failed()
+                await asyncio.sleep(delays())

@@ -1,0 +1,154 @@
+"""The claim loop: claim up to the free capacity, in one store call across workflow names.
+
+A full batch means there is more: it claims again at once, and under a backlog in
+batches (one claim per quarter of the slots freed, or after a short moment). Otherwise a
+store with a doorbell (``Doorbell``) wakes it as soon as work arrives; without one it
+polls every ``claim_poll_interval``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pyrula.config.worker import WorkerOptions
+from pyrula.errors import StoreUnavailable
+from pyrula.workflows.clock import Clock
+from pyrula.workflows.records import ClaimedRun
+from pyrula.workflows.stores.base import Store
+from pyrula.workflows.stores.capabilities import Doorbell
+from pyrula.workflows.worker.held import HeldRuns
+from pyrula.workflows.worker.loops import first
+from pyrula.workflows.worker.runtime import Runtime
+from pyrula.workflows.worker.usercode import UserCodeTracker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimParts:
+    """What the claim loop claims with, and whom it hands the claimed runs to."""
+
+    store: Store
+    doorbell: Doorbell | None
+    clock: Clock
+    options: WorkerOptions
+    worker_id: str
+    names: Sequence[str]
+    runs: HeldRuns
+    user_code: UserCodeTracker
+    #: Starts a claimed run's attempt (``AttemptRunner.start``).
+    start: Callable[[ClaimedRun], None]
+    #: Told of the held runs right after a claim returned runs, before any of them starts.
+    on_claimed: Callable[[dict[str, int]], None] | None
+    log: dict[str, str]
+
+
+class ClaimLoop:
+    name = "claim"
+
+    def __init__(self, parts: ClaimParts, runtime: Runtime) -> None:
+        self.interval = parts.options.claim_poll_interval
+        self._p = parts
+        self._rt = runtime
+        #: When the loop last made progress (a fleet's stall watchdog reads its age).
+        self.progress = time.monotonic()
+        self._lost = False
+        self._backlog = False
+
+    def _free(self) -> int:
+        return self._p.options.max_concurrent_runs - self._p.runs.in_flight()
+
+    async def tick(self, now: float) -> float | None:
+        p, o = self._p, self._p.options
+        self.progress = time.monotonic()
+        if self._rt.paused:
+            return o.claim_poll_interval
+        free = self._free()
+        if free <= 0:
+            self._rt.capacity.clear()
+            await first(self._rt.capacity.wait(), self._rt.stopping.wait())
+            return 0.0
+        low_water = max(1, o.max_concurrent_runs // 4)
+        if self._backlog and free < low_water:
+            # Under a backlog, claim in batches: one claim per quarter of the slots freed
+            # (or after a short moment), not one store round trip per finished run.
+            await self._await_capacity(low_water, o.claim_poll_interval / 4)
+            free = self._free()
+        if self._lost:
+            await self._requeue_lost_claims()
+        try:
+            claimed = await p.store.claim(
+                p.worker_id, p.names, limit=free, now=p.clock.now(), lock_ttl=o.lock_ttl,
+            )
+        except StoreUnavailable:
+            # The claim may have run with its reply lost (the connection went after the
+            # request was sent): its runs are locked by this worker, which does not know
+            # them. They are put back before the next claim, once the store answers.
+            self._lost = True
+            raise
+        self.progress = time.monotonic()
+        for run in claimed:
+            p.start(run)
+        if claimed and p.on_claimed is not None:
+            # Before any claimed run starts: whoever watches this process (a fleet's
+            # supervisor) then knows every run to requeue should it die from here on, and
+            # that the runs other than suspects are about to enter their code.
+            p.user_code.claimed(run.run_id for run in claimed)
+            p.on_claimed(p.runs.held())
+        # A full batch means there is more: claim again at once.
+        self._backlog = bool(claimed) and len(claimed) >= free
+        if self._backlog:
+            return 0.0
+        if p.doorbell is not None:
+            await self._wait_for_work(p.doorbell)
+            return 0.0
+        return None
+
+    async def _wait_for_work(self, doorbell: Doorbell) -> None:
+        # A store with a doorbell wakes us as soon as work arrives, instead of a poll: each
+        # wait lasts claim_poll_interval, and without a ring the claim looks anyway once a
+        # second or so (a ring is lost with a client that dies between its submit and its
+        # ring on a cluster), not after every wait.
+        p, stopping = self._p, self._rt.stopping
+        poll = p.options.claim_poll_interval
+        look_by = time.monotonic() + max(1.0, poll)
+        while not stopping.is_set():
+            waiting = asyncio.ensure_future(doorbell.wait_for_work(p.names, poll))
+            await first(waiting, stopping.wait())
+            self.progress = time.monotonic()
+            if waiting.cancelled():
+                break
+            if waiting.result() or time.monotonic() >= look_by:  # raises its error
+                break
+
+    async def _requeue_lost_claims(self) -> None:
+        """Put back (reason store_unavailable, no crash counted) the runs locked by this
+        worker that it does not hold: those of a claim whose reply was lost. Without this
+        they would wait out their lock and be reclaimed as orphans, each charged a crash."""
+        p = self._p
+        outcomes = await p.store.requeue_unheld(p.worker_id, set(p.runs.held()),
+                                                now=p.clock.now())
+        self._lost = False
+        for outcome in outcomes:
+            logger.warning(
+                "run %s requeued: claimed by this worker when the store went away, but the "
+                "claim's reply was lost", outcome.run_id,
+                extra={"event": "run_requeued", "run_id": outcome.run_id, **p.log},
+            )
+
+    async def _await_capacity(self, free: int, timeout: float) -> None:
+        """Until ``free`` slots are free, the worker stops, or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while self._free() < free:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._rt.stopping.is_set():
+                return
+            self._rt.capacity.clear()
+            try:
+                await asyncio.wait_for(self._rt.capacity.wait(), left)
+            except TimeoutError:
+                return

@@ -1,0 +1,112 @@
+"""A worker's probes: /livez (its loops turn), /readyz (it serves), /metrics.
+
+/livez fails once a loop has failed for ``LIVENESS_FAILURE_S`` without a completed tick,
+or a fatal error stopped the worker. /readyz says why the worker does not serve: it
+drains, a loop failed, the store is bound to another project, it is still starting, or
+the store does not answer a ping within ``PING_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Protocol
+
+from pyrula.health_http import ProbeServer
+from pyrula.workflows.stores.base import Store
+from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S
+from pyrula.workflows.worker.metrics import Metrics
+from pyrula.workflows.worker.runtime import Runtime, WorkerState
+
+logger = logging.getLogger(__name__)
+
+PING_TIMEOUT_S = 2.0
+#: A claim completed this recently shows the store answers (``store_reachable``); an idle
+#: claim loop completes one about every second.
+STORE_SEEN_S = 2.0
+
+
+class Probed(Protocol):
+    """What the probes report of a worker."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def shards(self) -> dict[str, int]: ...
+
+
+class Probes:
+    def __init__(self, worker: Probed, runtime: Runtime) -> None:
+        self._w = worker
+        self._rt = runtime
+
+    async def start(self, host: str, port: int) -> tuple[ProbeServer, tuple[str, int]]:
+        """Serve the probes on ``host``:``port``; the server and the address it listens on."""
+        server = ProbeServer(
+            {"/livez": self.livez, "/readyz": self.readyz, "/metrics": self.metrics},
+            host, port,
+        )
+        address = await server.start()
+        logger.info("health probes on http://%s:%d", *address,
+                    extra={"worker_id": self._w.worker_id})
+        return server, address
+
+    async def store_reachable(self) -> bool:
+        """Whether the store answers now: a claim that completed within the last
+        ``STORE_SEEN_S`` says so at no cost; otherwise a ``ping()`` within 2 s."""
+        claim = self._rt.loops.get("claim")
+        if claim is not None and claim.failing_since is None and claim.last_ok is not None \
+                and time.monotonic() - claim.last_ok < STORE_SEEN_S:
+            return True
+        try:
+            await asyncio.wait_for(self._w.store.aping(), PING_TIMEOUT_S)
+        except Exception:  # any failure to answer in time: not reachable
+            return False
+        return True
+
+    def _failed_loop(self) -> str | None:
+        now = time.monotonic()
+        for state in self._rt.loops.values():
+            if state.failed_for(now) >= LIVENESS_FAILURE_S:
+                return state.name
+        return None
+
+    async def livez(self) -> tuple[int, Any]:
+        worker_id = self._w.worker_id
+        failed = self._failed_loop()
+        if failed is not None or self._rt.fatal is not None:
+            return 503, {"status": "loop_failed", "loop": failed, "worker_id": worker_id}
+        return 200, {"status": "ok", "worker_id": worker_id}
+
+    async def readyz(self) -> tuple[int, Any]:
+        body: dict[str, Any] = {"worker_id": self._w.worker_id}
+        rt = self._rt
+        if rt.stop_requested or rt.state in (WorkerState.DRAINING, WorkerState.STOPPED):
+            return 503, {"status": "draining", **body}
+        if rt.fatal is not None or self._failed_loop() is not None:
+            return 503, {"status": "loop_failed", **body}
+        if not rt.binding_ok:
+            return 503, {"status": "store_binding_mismatch", **body}
+        if rt.state is WorkerState.STARTING:
+            return 503, {"status": "starting", **body}
+        try:
+            await asyncio.wait_for(self._w.store.aping(), PING_TIMEOUT_S)
+        except Exception:  # any failure to answer in time means not ready
+            return 503, {"status": "store_unreachable", **body}
+        return 200, {"status": "ready", "shards": self._w.shards(),
+                     "in_flight": self._w.in_flight, **body}
+
+    async def metrics(self) -> tuple[int, Any]:
+        metrics = self._w.metrics
+        metrics.set("pyrula.workflows.runs.in_flight", float(self._w.in_flight))
+        return 200, metrics.prometheus({"worker_id": self._w.worker_id})

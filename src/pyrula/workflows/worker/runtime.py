@@ -1,0 +1,102 @@
+"""What a worker's loops and attempts share: its state, its stop, its store-failure stamp.
+
+Everything here lives on the worker's event loop, except ``stop()`` (safe from a signal
+handler, a coroutine or a thread) and ``last_beat()`` (read by the renewal thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from enum import StrEnum
+
+from pyrula.workflows.worker.loops import LoopState
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 0.1
+
+
+class WorkerState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Runtime:
+    """The worker's shared state: one per worker."""
+
+    def __init__(self) -> None:
+        self.state = WorkerState.STARTING
+        self.stop_requested = False
+        #: False while the store is bound to another project or environment.
+        self.binding_ok = True
+        #: The error that stopped the worker (``run()`` re-raises it).
+        self.fatal: BaseException | None = None
+        self.loops: dict[str, LoopState] = {}
+        self.stopping = asyncio.Event()
+        #: Set whenever an attempt ends (a slot is free).
+        self.capacity = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._beat = time.monotonic()
+        self._store_failed_at = float("-inf")
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind to the event loop ``run()`` serves on."""
+        self._loop = loop
+        self.stopping = asyncio.Event()
+        self.capacity = asyncio.Event()
+        if self.stop_requested:
+            self.stopping.set()
+
+    @property
+    def paused(self) -> bool:
+        """True while the worker must start no new work (draining, or bound elsewhere)."""
+        return self.stop_requested or not self.binding_ok
+
+    def stop(self) -> None:
+        """Begin the graceful shutdown; safe from a signal handler, a coroutine or a thread."""
+        self.stop_requested = True
+        if self.state in (WorkerState.STARTING, WorkerState.READY):
+            self.state = WorkerState.DRAINING
+        loop, stopping = self._loop, self.stopping
+        if loop is not None and not loop.is_closed():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                stopping.set()
+            else:
+                loop.call_soon_threadsafe(stopping.set)
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop the worker for ``exc`` (the first such error is the one re-raised)."""
+        if self.fatal is None:
+            self.fatal = exc
+        self.stop()
+
+    # --- the store's health ---------------------------------------------------------
+
+    def store_failed(self) -> None:
+        self._store_failed_at = time.monotonic()
+
+    def store_failed_within(self, seconds: float) -> bool:
+        """Whether a store call of this worker failed within the last ``seconds``."""
+        times = [self._store_failed_at] + [
+            s.last_failed for s in self.loops.values() if s.last_failed is not None]
+        return time.monotonic() - max(times) < seconds
+
+    # --- the loop's heartbeat -------------------------------------------------------
+
+    def last_beat(self) -> float:
+        """When the event loop last stamped its heartbeat (monotonic)."""
+        return self._beat
+
+    async def beat(self) -> None:
+        """Stamped by the event loop itself: proof for /livez and the watchdog that it turns."""
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
