@@ -4,6 +4,7 @@ asking each for how many runs; and where the next claim's round starts."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from pyrula.workflows.stores.valkey.shard_choice import (
     OTHER,
     OWN,
     Candidate,
+    Group,
     Visit,
     candidates,
     cursor_after,
@@ -29,7 +31,7 @@ Rings = Sequence[tuple[int, float]]
 
 
 def plan(rings: Rings, *, limit: int, shard_count: int = 8,
-         held: Sequence[int] = (), cursor: Mapping[int, int] | None = None,
+         held: Sequence[int] = (), cursor: Mapping[Group, int] | None = None,
          seen: Mapping[int, float] | None = None) -> list[tuple[int, int]]:
     """(shard, share) of a first round of one name's claim."""
     found = candidates([(N, [(str(s), at) for s, at in rings])], {N: set(held)})
@@ -74,12 +76,12 @@ SEEN_ALL = {s: 100.0 for s in range(8)}
                      [(1, 8)], id="a-shard-never-visited-counts-as-rung-since-the-last-visit"),
     ],
 )
-def test_first_round(rings: Rings, options: dict[str, object],
+def test_first_round(rings: Rings, options: dict[str, Any],
                      expected: list[tuple[int, int]]) -> None:
-    assert plan(rings, **options) == expected  # type: ignore[arg-type]
+    assert plan(rings, **options) == expected
 
 
-def c(shard: int, group: int = OTHER, rung: float = 100.0) -> Candidate:
+def c(shard: int, group: Group = OTHER, rung: float = 100.0) -> Candidate:
     return Candidate(group, N, shard, rung)
 
 
@@ -111,7 +113,7 @@ def test_next_round(ordered: list[Candidate], visited: set[tuple[str, int]],
      pytest.param(set(), OTHER, id="an-unleased-shard-is-another-workers")],
 )
 def test_a_named_shard_is_visited_alone_for_the_whole_limit(held: set[int],
-                                                            group: int) -> None:
+                                                            group: Group) -> None:
     assert named_round(N, 4, held, 10) == [Visit(Candidate(group, N, 4, NAMED), 10)]
 
 

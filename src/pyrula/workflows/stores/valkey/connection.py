@@ -11,6 +11,7 @@ import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Sequence
+from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,7 +26,15 @@ from pyrula.workflows.stores.valkey.script import SCRIPT, SHA
 logger = logging.getLogger(__name__)
 
 SCHEMES = ("redis", "rediss", "valkey", "valkeys")
-EVICTION_CHECKS = ("error", "warn", "off")
+
+
+class EvictionCheck(StrEnum):
+    """What a worker's startup does about a server whose eviction policy can delete runs."""
+
+    ERROR = "error"  # refuse to start
+    WARN = "warn"  # log a warning and start
+    OFF = "off"  # do not look
+
 #: Error replies that mean the server is busy or changing, not that the call is wrong.
 _BUSY = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM")
 
@@ -84,11 +93,11 @@ class Connection:
             raise ConfigurationError(f"completed_ttl must be seconds >= 0, got {completed_ttl!r}")
         self.completed_ttl = int(completed_ttl)
         check = eviction_policy_check or os.environ.get("PYRULA_VALKEY_EVICTION_CHECK") or "error"
-        if check not in EVICTION_CHECKS:
+        if check not in tuple(EvictionCheck):
             raise ConfigurationError(
-                f"eviction_policy_check must be one of {', '.join(EVICTION_CHECKS)}, got {check!r}"
+                f"eviction_policy_check must be one of {', '.join(EvictionCheck)}, got {check!r}"
             )
-        self.eviction_policy_check = check
+        self.eviction_policy_check = EvictionCheck(check)
         self.keys = KeySpace(ns)
         self._max_connections = max_connections
         try:

@@ -13,7 +13,6 @@ from pyrula.errors import JournalCorrupt
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import ClaimedRun, RunHandle
 from pyrula.workflows.stores.common import NO_OWNER, record_params
-from pyrula.workflows.stores.valkey import shard_choice
 from pyrula.workflows.stores.valkey.codec import (
     as_scored,
     dumps,
@@ -28,7 +27,20 @@ from pyrula.workflows.stores.valkey.flow import Flow
 from pyrula.workflows.stores.valkey.keys import name_hash
 from pyrula.workflows.stores.valkey.leases import Leases
 from pyrula.workflows.stores.valkey.registry import Registry
-from pyrula.workflows.stores.valkey.shard_choice import OTHER, OWN, Candidate, Visit
+from pyrula.workflows.stores.valkey.shard_choice import (
+    OTHER,
+    OWN,
+    Candidate,
+    Group,
+    Visit,
+    candidates,
+    cursor_after,
+    first_round,
+    named_round,
+    next_round,
+    order,
+    shares,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +94,7 @@ class Queue:
         self.doorbell = doorbell
         self.flow = flow
         # (name, OWN / OTHER shards) -> the shard the next claim's round starts from.
-        self._cursor: dict[tuple[str, int], int] = {}
+        self._cursor: dict[tuple[str, Group], int] = {}
         # (name, shard) -> the doorbell's score for it when a claim of this store last
         # visited it (a higher score since: rung again, visit it first).
         self._seen: dict[tuple[str, int], float] = {}
@@ -128,10 +140,10 @@ class Queue:
     async def _candidates(self, names: Sequence[str]) -> list[Candidate]:
         rings = await self.doorbell.rings(names)
         held = {name: self.leases.held_shards(name) for name in names}
-        return shard_choice.candidates(list(zip(names, rings, strict=True)), held)
+        return candidates(list(zip(names, rings, strict=True)), held)
 
     def _order(self, found: Sequence[Candidate]) -> list[Candidate]:
-        return shard_choice.order(found, cursor=self._cursor, seen=self._seen,
+        return order(found, cursor=self._cursor, seen=self._seen,
                                   shard_count=self.connection.shard_count)
 
     async def claim(
@@ -156,8 +168,8 @@ class Queue:
                 self._cursor.setdefault((name, group), random.randrange(conn.shard_count))
         ordered = self._order(found)
         # The shard a wake-up named, alone at first.
-        visit = (shard_choice.named_round(*hint, self.leases.held_shards(hint[0]), limit)
-                 if hint else shard_choice.first_round(ordered, limit))
+        visit = (named_round(*hint, self.leases.held_shards(hint[0]), limit)
+                 if hint else first_round(ordered, limit))
         if not visit:
             bell.forget_rings()  # nothing rung: the next claim reads the doorbell anew
             return []  # before reserving: a reservation is only given back by the settle
@@ -197,7 +209,7 @@ class Queue:
                 fuller.append((name, shard))
 
         async def claim_on(round_: Sequence[Visit]) -> None:
-            self._cursor.update(shard_choice.cursor_after(round_, conn.shard_count))
+            self._cursor.update(cursor_after(round_, conn.shard_count))
             if reserved:
                 for visit in round_:
                     rows, left = await conn.op(
@@ -234,7 +246,7 @@ class Queue:
                         break
                     hint = None  # a wake for a shard others emptied: look at the doorbell
                     ordered = self._order(await self._candidates(names))
-                round_ = shard_choice.next_round(ordered, visited, set(fuller), remaining)
+                round_ = next_round(ordered, visited, set(fuller), remaining)
                 fuller.clear()
                 if not round_:
                     break
@@ -306,7 +318,7 @@ class Queue:
         ]))
         calls: list[Call] = [
             (keys.base_of(n, s), ("wake_due", now, share))
-            for (n, s), share in zip(plan, shard_choice.shares(limit, len(plan)), strict=True)
+            for (n, s), share in zip(plan, shares(limit, len(plan)), strict=True)
         ]
         woken = 0
         rung: dict[str, list[int]] = {}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from pyrula.errors import ConfigurationError, StoreUnavailable
 from pyrula.workflows.stores.valkey.codec import parse_info, raise_first
-from pyrula.workflows.stores.valkey.connection import Connection
+from pyrula.workflows.stores.valkey.connection import Connection, EvictionCheck
 from pyrula.workflows.stores.valkey.resp import ReplyError
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class Registry:
 
     async def _check_eviction(self) -> None:
         conn = self.connection
-        if conn.eviction_policy_check == "off":
+        if conn.eviction_policy_check is EvictionCheck.OFF:
             return
         replies = await conn.router().each_primary(("INFO", "memory"))
         where, reply = replies[0]
@@ -53,7 +53,7 @@ class Registry:
                 f"{maxmemory}: eviction deletes live journals. Use noeviction, or accept the "
                 "risk with eviction_policy_check='warn' or 'off' (PYRULA_VALKEY_EVICTION_CHECK)"
             )
-            if conn.eviction_policy_check == "error":
+            if conn.eviction_policy_check is EvictionCheck.ERROR:
                 raise ConfigurationError(message)
             logger.warning("%s", message, extra={"event": "valkey_eviction_policy"})
         elif policy.startswith("allkeys-") or policy.startswith("volatile-"):

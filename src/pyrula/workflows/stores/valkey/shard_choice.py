@@ -21,14 +21,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
+from enum import IntEnum
 from typing import NamedTuple
 
 logger = logging.getLogger(__name__)
 
 #: The fewest runs a claim asks of each shard it visits (when it wants that many).
 CLAIM_SHARE = 8
-#: Candidate groups: a shard a worker of this store leases, or another worker's.
-OWN, OTHER = 0, 1
+
+
+class Group(IntEnum):
+    """Whose a rung shard is: a worker of this store leases it, or another worker does.
+    Claims visit own shards first; a round for a short claim, other workers' first."""
+
+    OWN = 0
+    OTHER = 1
+
+
+OWN, OTHER = Group.OWN, Group.OTHER
 #: The ring time of a shard a bell token named (not read from the doorbell).
 NAMED = -1.0
 
@@ -36,7 +46,7 @@ NAMED = -1.0
 class Candidate(NamedTuple):
     """A rung shard a claim may visit."""
 
-    group: int  # OWN or OTHER
+    group: Group
     name: str
     shard: int
     rung: float  # the doorbell's score: when the shard was last rung (ms)
@@ -50,7 +60,7 @@ class Visit(NamedTuple):
 
 
 #: Where each (name, group)'s next round starts: the shard after the last one visited.
-Cursor = Mapping[tuple[str, int], int]
+Cursor = Mapping[tuple[str, Group], int]
 #: (name, shard) -> the ring time of the shard when this store last visited it.
 Seen = Mapping[tuple[str, int], float]
 
@@ -88,7 +98,7 @@ def order(found: Sequence[Candidate], *, cursor: Cursor, seen: Seen,
     """``found`` in the order a claim visits them: by group; in each, the shards rung
     since last seen, newest first, then the others from the group's cursor on."""
 
-    def key(c: Candidate) -> tuple[int, int, float]:
+    def key(c: Candidate) -> tuple[Group, int, float]:
         if c.rung > seen.get((c.name, c.shard), -1.0):
             return c.group, 0, -c.rung
         return c.group, 1, float((c.shard - cursor[(c.name, c.group)]) % shard_count)
@@ -119,7 +129,7 @@ def next_round(ordered: Sequence[Candidate], visited: Collection[tuple[str, int]
     return [Visit(c, n) for c, n in zip(chosen, shares(remaining, len(chosen)), strict=True)]
 
 
-def cursor_after(round_: Sequence[Visit], shard_count: int) -> dict[tuple[str, int], int]:
+def cursor_after(round_: Sequence[Visit], shard_count: int) -> dict[tuple[str, Group], int]:
     """The cursor moves of a round: each (name, group) starts after its last shard."""
     return {(v.candidate.name, v.candidate.group): (v.candidate.shard + 1) % shard_count
             for v in round_}
