@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import orjson
 
@@ -109,7 +109,7 @@ class Flow:
         return [(self.connection.keys.flow(o), ("flow_renew", expiry, *ids))
                 for o, ids in flows.items()]
 
-    def forget(self, run_ids: Sequence[str] | set[str]) -> None:
+    def forget(self, run_ids: Collection[str]) -> None:
         """Runs whose locks were lost: their slots expire with them."""
         for run_id in run_ids:
             self._runs.pop(run_id, None)
