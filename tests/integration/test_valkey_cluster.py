@@ -61,7 +61,7 @@ async def test_a_cluster_is_detected_and_runs_complete_on_every_primary(
     async with opened(store):
         worker = make_worker(store, [one_step], max_concurrent_runs=30)
         async with serving(worker):
-            assert store._is_cluster is True
+            assert store.connection.is_cluster is True
             runs = [(await worker.client.submit(one_step, {"tag": f"{valkey_namespace}-{i}"},
                                                 owner=f"o{i % 3}")).run_id
                     for i in range(150)]
@@ -98,7 +98,7 @@ async def test_cluster_false_against_a_cluster_names_cluster_true_at_the_first_r
         # other slots: even a run whose own keys live here meets the cluster at once.
         with pytest.raises(ConfigurationError, match="cluster=True"):
             await store.submit(NAME, {}, now=time.time(), idempotency_key=local)
-        assert store._is_cluster is False
+        assert store.connection.is_cluster is False
         with pytest.raises(ConfigurationError, match="cluster=True"):
             await store.submit(NAME, {}, now=time.time(), idempotency_key=remote)
         # The pipelined paths too: reads over every shard, and scripts batched over shards.

@@ -54,7 +54,7 @@ async def test_a_worker_whose_own_shards_hold_only_held_back_runs_claims_elsewhe
             await store.shard_lease_tick(worker_id=worker_id, names=[NAME], now=now,
                                          options=lease)
         assert (mine.shards_held("w1"), theirs.shards_held("w2")) == ({NAME: 2}, {NAME: 2})
-        own, other = sorted(mine._leases["w1"][NAME]), sorted(theirs._leases["w2"][NAME])
+        own, other = sorted(mine.leases.held["w1"][NAME]), sorted(theirs.leases.held["w2"][NAME])
 
         await mine.aflow_control_set("t", max_concurrent=1)
         keys = keys_on_shards([other[0], own[0], own[1], other[1]], 4, valkey_namespace)

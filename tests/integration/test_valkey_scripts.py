@@ -91,7 +91,7 @@ async def test_noscript_again_after_the_reload_raises_store_unavailable(
     redis error (which would stop the worker)."""
     store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns", shard_count=2)
     admin = redis.asyncio.Redis.from_url(fresh_valkey_server.url)
-    reload = store.load_script
+    reload = store.connection.load_script
     reloads = 0
 
     async def reload_then_flush() -> None:
@@ -100,7 +100,7 @@ async def test_noscript_again_after_the_reload_raises_store_unavailable(
         await reload()
         await admin.script_flush()
 
-    monkeypatch.setattr(store, "load_script", reload_then_flush)
+    monkeypatch.setattr(store.connection, "load_script", reload_then_flush)
     try:
         async with opened(store):
             with pytest.raises(StoreUnavailable, match="(?i)noscript|no matching script"):

@@ -56,8 +56,8 @@ async def test_settling_keeps_a_time_a_parker_lowered(valkey_url: str,
             # 1: still our lease, timers left; 2: our lease, none left; 3: a parker lowered
             # it below the next timer; 4: lost, a timer left.
             admin.zadd(summary, {"1": 5000.5, "2": 5000.5, "3": 1200.0})
-            assert await store._op(summary, "timer_settle", lease, 1, 3000, 2, "", 3, 4000,
-                                   4, 6000) == 4
+            assert await store.connection.op(summary, "timer_settle", lease, 1, 3000, 2, "",
+                                             3, 4000, 4, 6000) == 4
             assert admin.zrange(summary, 0, -1, withscores=True) == [
                 ("3", 1200.0), ("1", 3000.0), ("4", 6000.0)]
 

@@ -100,7 +100,7 @@ async def test_a_run_goes_through_tls_with_the_certificate_and_its_name_verified
     store = ValkeyStore(url=tls_server.url(), namespace="tls", shard_count=2)
     sync_store = ValkeyStore(url=tls_server.url(), namespace="tls", shard_count=2)
     assert store.tls
-    context = store._link_options.tls
+    context = store.connection.link_options.tls
     assert context is not None and context.check_hostname  # the name is checked too
     async with opened(store, sync_store):
         worker = make_worker(store, [one_step])

@@ -182,11 +182,11 @@ def test_tls_options_build_a_verifying_context(tmp_path: Path) -> None:
 
     store = ValkeyStore(url="rediss://127.0.0.1:6390")
     assert store.tls
-    context = store._link_options.tls
+    context = store.connection.link_options.tls
     assert context is not None
     assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
     relaxed = ValkeyStore(url="valkeys://127.0.0.1:6390?ssl_check_hostname=false")
-    assert relaxed._link_options.tls is not None
-    assert relaxed._link_options.tls.verify_mode is ssl.CERT_REQUIRED
-    assert not relaxed._link_options.tls.check_hostname
-    assert ValkeyStore(url="redis://127.0.0.1:6390")._link_options.tls is None
+    assert relaxed.connection.link_options.tls is not None
+    assert relaxed.connection.link_options.tls.verify_mode is ssl.CERT_REQUIRED
+    assert not relaxed.connection.link_options.tls.check_hostname
+    assert ValkeyStore(url="redis://127.0.0.1:6390").connection.link_options.tls is None

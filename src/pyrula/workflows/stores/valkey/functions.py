@@ -1,40 +1,27 @@
-"""Script loading: one Lua script per build, loaded with SCRIPT LOAD, called by EVALSHA.
-
-The operations live one per file in ``lua/`` (each opens with its KEYS/ARGV/returns
-header); they are joined with a dispatch table into the one script of this build, so a
-rolling deploy adds exactly one entry to the server's script cache.
-"""
+"""Script loading for deploys: load this build's script (``script.py``) before its workers
+start; workers call it by EVALSHA and reload it on NOSCRIPT."""
 
 from __future__ import annotations
 
-import hashlib
-from importlib import resources
+import logging
 
+from pyrula.workflows._sync import run_sync
+from pyrula.workflows.stores.valkey.connection import Connection
+from pyrula.workflows.stores.valkey.script import SCRIPT, SHA
 
-def _source() -> str:
-    files = sorted(
-        (f for f in resources.files("pyrula.workflows.stores.valkey").joinpath("lua").iterdir()
-         if f.name.endswith(".lua")),
-        key=lambda f: f.name,
-    )
-    return "\n".join(f.read_text() for f in files)
+logger = logging.getLogger(__name__)
 
-
-SCRIPT = _source()
-SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
+__all__ = ["SCRIPT", "SHA", "upgrade_scripts"]
 
 
 def upgrade_scripts(url: str, *, cluster: bool | None = None) -> str:
     """Load this build's script into the server (every primary of a cluster) before its
     workers start; returns the script's SHA-1. Old builds' scripts are not pruned."""
-    from pyrula.workflows._sync import run_sync
-    from pyrula.workflows.stores.valkey.store import ValkeyStore
-
-    store = ValkeyStore(url=url, cluster=cluster, eviction_policy_check="off")
+    connection = Connection(url=url, cluster=cluster, eviction_policy_check="off")
 
     async def load() -> str:
-        await store.load_script()
-        await store.aclose()
+        await connection.load_script()
+        await connection.aclose()
         return SHA
 
     return run_sync(load())

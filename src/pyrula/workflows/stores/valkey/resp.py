@@ -17,6 +17,9 @@ Two kinds of link share one interface, ``await link.request(packed, count)``:
 Error replies are returned as :class:`ReplyError` values in place, never raised here; a
 connection that fails raises :class:`ConnectFailed` (nothing was sent) or
 :class:`LinkLost` (the request may or may not have run).
+
+It stays one module over 400 lines: the two links share their parsing, pending-reply
+queue and handshake, and split apart they would each import the other's internals.
 """
 
 from __future__ import annotations

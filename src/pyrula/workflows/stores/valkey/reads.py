@@ -1,0 +1,235 @@
+"""Reads of runs: a record, a journal, a page of runs, a wait for a run's end; and what an
+ArchivingStore reads of ended runs (their index by finish time, records with journals)
+and asks of them (let their live copies expire)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pyrula.errors import WorkflowNotFound
+from pyrula.workflows.events import Event
+from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.stores.valkey.codec import (
+    as_hash,
+    as_scored,
+    events,
+    implied_of,
+    raise_first,
+    run_info,
+)
+from pyrula.workflows.stores.valkey.connection import Connection
+from pyrula.workflows.stores.valkey.keys import ENDED_OFFSET
+from pyrula.workflows.stores.valkey.registry import Registry
+from pyrula.workflows.stores.valkey.resp import Command
+
+logger = logging.getLogger(__name__)
+
+
+class Reads:
+    """What callers read of runs."""
+
+    def __init__(self, connection: Connection, registry: Registry) -> None:
+        self.connection = connection
+        self.registry = registry
+
+    def _unknown(self, run_id: str) -> bool:
+        return self.connection.keys.base_of_run(run_id) is None
+
+    async def get_run(self, run_id: str) -> RunInfo | None:
+        if self._unknown(run_id):
+            return None
+        key = self.connection.keys.run(run_id)
+        fields = as_hash(await self.connection.read(key, "HGETALL", key))
+        return run_info(run_id, fields) if fields else None
+
+    async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        if self._unknown(run_id):
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        conn = self.connection
+        journal, run = conn.keys.journal(run_id), conn.keys.run(run_id)
+        if after_seq > 0:
+            raw = await conn.read(journal, "LRANGE", journal, after_seq, -1)
+            if not raw and not await conn.read(run, "EXISTS", run):
+                raise WorkflowNotFound(f"no run with id {run_id!r}")
+            return events(run_id, raw, after_seq + 1)
+        # From the start: the record too, for run:submitted (one round trip).
+        record, raw = await conn.pipeline(
+            [(run, ("HGETALL", run)), (journal, ("LRANGE", journal, 0, -1))], idempotent=True)
+        raise_first((record, raw))
+        fields = as_hash(record)
+        if not fields:
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        if not raw:  # nothing written yet: what the record implies
+            raw = ["", ""] if fields.get("w1") else [""]
+        return events(run_id, raw, 1, implied_of(fields))
+
+    async def list_runs(
+        self,
+        *,
+        name: str | None = None,
+        status: RunStatus | None = None,
+        owner: str | None = None,
+        limit: int = 100,
+        before: tuple[float, str] | None = None,
+    ) -> list[RunInfo]:
+        conn = self.connection
+        names = [name] if name is not None else await self.registry.names()
+        page: list[RunInfo] = []
+        # Scatter: each shard's index newest first, in chunks, until enough rows match.
+        top = "+inf" if before is None else before[0]
+        bases = [conn.keys.base_of(n, s) for n in names for s in range(conn.shard_count)]
+        chunk = max(limit, 50)
+        for base in bases:
+            offset = 0
+            while True:
+                index = f"{base}:index"
+                ids = as_scored(await conn.read(
+                    index, "ZREVRANGEBYSCORE", index, top, "-inf", "WITHSCORES",
+                    "LIMIT", offset, chunk,
+                ))
+                if not ids:
+                    break
+                offset += len(ids)
+                matched = 0
+                for run_id, created in ids:
+                    if before is not None and (created, run_id) >= before:
+                        continue
+                    info = await self.get_run(run_id)
+                    if info is None:
+                        continue
+                    if status is not None and info.status != status:
+                        continue
+                    if owner is not None and (info.owner or "") != owner:
+                        continue
+                    page.append(info)
+                    matched += 1
+                if len(ids) < chunk or matched >= limit:
+                    break
+        page.sort(key=lambda i: (i.created_at, i.run_id), reverse=True)
+        return page[:limit]
+
+    async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
+        conn = self.connection
+        base = conn.keys.base_of_run(run_id)
+        if base is None:
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        info = await self.get_run(run_id)
+        marked = False
+        while True:
+            if info is None:
+                # An earlier run of a continue_as_new chain may have expired while the chain
+                # goes on: its start id's tail record names the chain's latest run.
+                chain = f"{conn.keys.base_of_run(run_id)}:chain:{run_id}"
+                tail = await conn.read(chain, "GET", chain)
+                if tail is None or tail == run_id:
+                    raise WorkflowNotFound(f"no run with id {run_id!r}")
+                run_id, marked = str(tail), False
+                info = await self.get_run(run_id)
+                continue
+            if info.status.terminal:
+                return info
+            if not marked:
+                # Mark the run as waited on: its finish then leaves a token to wake us.
+                marked = True
+                base = conn.keys.base_of_run(run_id)
+                if base is None:
+                    raise WorkflowNotFound(f"no run with id {run_id!r}")
+                if str(await conn.op(base, "await", run_id)) != "WAIT":
+                    info = await self.get_run(run_id)
+                    continue
+            wait = 5.0
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    raise TimeoutError(f"run {run_id} did not end within {timeout} s")
+            # Woken by the store, no polling: a blocking rotation of the run's "done" list,
+            # which leaves its token (and its TTL) for other waiters, and the record read
+            # right behind it on the same connection.
+            wait = max(wait, 0.01)
+            done_key, run_key = conn.keys.done(run_id), conn.keys.run(run_id)
+            moved, fields = await conn.blocking(done_key, [
+                ("BLMOVE", done_key, done_key, "LEFT", "RIGHT", wait), ("HGETALL", run_key),
+            ], wait)
+            raise_first((moved, fields))
+            record = as_hash(fields)
+            info = run_info(run_id, record) if record else None
+
+    # --- archiving (ArchivingStore) --------------------------------------------------
+
+    async def ended_runs(
+        self, *, after: tuple[float, str] | None, until: float, limit: int
+    ) -> list[tuple[float, str]]:
+        """(finished_at, run_id) of ended runs after the cursor ``after`` and at or before
+        ``until``, oldest first, at most ``limit``: read from each shard's ``times``, which
+        holds ended runs (scored by their finish time - ENDED_OFFSET) for
+        ``completed_ttl``."""
+        conn = self.connection
+        keys = [f"{conn.keys.base_of(n, s)}:times"
+                for n in await self.registry.names() for s in range(conn.shard_count)]
+        low: Any = "-inf" if after is None else after[0] - ENDED_OFFSET
+        if limit <= 0 or not keys:
+            return []
+        found: list[tuple[float, str]] = []
+        pending = [(key, 0) for key in keys]
+        while pending:
+            pages = await conn.pipeline([
+                (key, ("ZRANGEBYSCORE", key, low, until - ENDED_OFFSET, "WITHSCORES",
+                       "LIMIT", offset, limit))
+                for key, offset in pending
+            ], idempotent=True)
+            again = []
+            for (key, offset), reply in zip(pending, pages, strict=True):
+                if isinstance(reply, BaseException):
+                    raise reply
+                page = [(member, score + ENDED_OFFSET) for member, score in as_scored(reply)]
+                fresh = [(float(ended), str(member)) for member, ended in page
+                         if after is None or (float(ended), str(member)) > after]
+                found.extend(fresh)
+                # A full page wholly at or before the cursor (ties on its score): read on.
+                if not fresh and len(page) >= limit:
+                    again.append((key, offset + len(page)))
+            pending = again
+        found.sort()
+        return found[:limit]
+
+    async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
+        """Let these ended runs' live copies (record, journal, done list) expire within
+        ``ttl`` seconds; a run still in flight, one with a shorter TTL, and one that
+        continued as new (a chain's earlier runs keep ``completed_ttl``) are left alone."""
+        by_shard: dict[str, list[str]] = {}
+        for run_id in run_ids:
+            base = self.connection.keys.base_of_run(run_id)
+            if base is not None:
+                by_shard.setdefault(base, []).append(run_id)
+        seconds = max(0, int(ttl))
+        raise_first(await self.connection.batch(
+            [(base, ("expire_finished", seconds, *ids)) for base, ids in by_shard.items()]
+        ))
+
+    async def read_finished(
+        self, run_ids: Sequence[str]
+    ) -> dict[str, tuple[RunInfo, list[Event]]]:
+        """Each ended run's record and whole journal, in one round trip; runs that are gone
+        or have not ended are left out."""
+        conn = self.connection
+        wanted = [r for r in run_ids if conn.keys.base_of_run(r) is not None]
+        commands: list[tuple[str | None, Command]] = []
+        for run_id in wanted:
+            run, journal = conn.keys.run(run_id), conn.keys.journal(run_id)
+            commands.append((run, ("HGETALL", run)))
+            commands.append((journal, ("LRANGE", journal, 0, -1)))
+        replies = await conn.pipeline(commands, idempotent=True)
+        raise_first(replies)
+        out: dict[str, tuple[RunInfo, list[Event]]] = {}
+        for i, run_id in enumerate(wanted):
+            fields, raw = as_hash(replies[2 * i]), replies[2 * i + 1]
+            if not fields:
+                continue
+            info = run_info(run_id, fields)
+            if info.status.terminal:
+                out[run_id] = (info, events(run_id, raw or [""], 1, implied_of(fields)))
+        return out

@@ -1,0 +1,131 @@
+"""The namespace's meta hash: its data format, each workflow name with the shard count it
+was recorded with, the project binding; and the checks a worker runs before it starts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from pyrula.errors import ConfigurationError, StoreUnavailable
+from pyrula.workflows.stores.valkey.codec import parse_info, raise_first
+from pyrula.workflows.stores.valkey.connection import Connection, EvictionCheck
+from pyrula.workflows.stores.valkey.resp import ReplyError
+
+logger = logging.getLogger(__name__)
+
+#: The layout of a namespace's keys (recorded in its meta hash by the first store to use
+#: it). 2: run:submitted is held by the run record, not written to the journal.
+DATA_FORMAT = 2
+
+
+class Registry:
+    """The names of a namespace and the checks of its recorded layout."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._known: set[str] = set()
+
+    async def prepare(self, names: Sequence[str]) -> None:
+        """What a worker checks before any loop starts: cluster mode, eviction policy,
+        the recorded shard count of each name; then loads the script."""
+        await self._check_eviction()
+        for name in names:
+            await self.register(name)
+        await self.connection.load_script()
+
+    async def _check_eviction(self) -> None:
+        conn = self.connection
+        if conn.eviction_policy_check is EvictionCheck.OFF:
+            return
+        replies = await conn.router().each_primary(("INFO", "memory"))
+        where, reply = replies[0]
+        if isinstance(reply, ReplyError):
+            if reply.code == "NOPERM":
+                logger.warning("cannot read INFO memory to check the eviction policy")
+                return
+            raise StoreUnavailable(f"Valkey at {where}: {reply}")
+        memory = parse_info(str(reply))
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        maxmemory = int(memory.get("maxmemory", 0) or 0)
+        if policy.startswith("allkeys-") and maxmemory > 0:
+            message = (
+                f"Valkey at {conn.where()} has maxmemory-policy {policy} with maxmemory "
+                f"{maxmemory}: eviction deletes live journals. Use noeviction, or accept the "
+                "risk with eviction_policy_check='warn' or 'off' (PYRULA_VALKEY_EVICTION_CHECK)"
+            )
+            if conn.eviction_policy_check is EvictionCheck.ERROR:
+                raise ConfigurationError(message)
+            logger.warning("%s", message, extra={"event": "valkey_eviction_policy"})
+        elif policy.startswith("allkeys-") or policy.startswith("volatile-"):
+            logger.warning(
+                "Valkey at %s has maxmemory-policy %s: finished-run history and short-lived "
+                "keys may be evicted", conn.where(), policy,
+                extra={"event": "valkey_eviction_policy"},
+            )
+
+    async def register(self, name: str) -> None:
+        """Record ``name`` with this store's shard count, or check the one recorded."""
+        if name in self._known:
+            return
+        conn = self.connection
+        field = f"shards:{name}"
+        meta = conn.keys.meta
+        replies = await conn.pipeline([
+            (meta, ("HGET", meta, "format")),
+            (meta, ("HSETNX", meta, field, conn.shard_count)),
+            (meta, ("HGET", meta, field)),
+        ])
+        raise_first(replies)
+        found, _, recorded = replies
+        if found is None:
+            await self._claim_format(name)
+        elif int(found) != DATA_FORMAT:
+            raise self._wrong_format(int(found))
+        if int(recorded) != conn.shard_count:
+            raise ConfigurationError(
+                f"workflow {name!r} was recorded with shard_count={recorded} in namespace "
+                f"{conn.namespace!r}, this store has shard_count={conn.shard_count}; use the "
+                "same shard_count on every worker (drain a name before changing its count)"
+            )
+        self._known.add(name)
+
+    async def _claim_format(self, name: str) -> None:
+        """A namespace without a recorded data format is new, or was written by a build
+        older than the format's record: in that case other names are registered already."""
+        conn = self.connection
+        meta = conn.keys.meta
+        fields = await conn.read(meta, "HKEYS", meta)
+        if any(f.startswith("shards:") and f != f"shards:{name}" for f in fields):
+            raise self._wrong_format(1)
+        await conn.call(meta, "HSETNX", meta, "format", DATA_FORMAT)
+        found = await conn.read(meta, "HGET", meta, "format")
+        if int(found) != DATA_FORMAT:
+            raise self._wrong_format(int(found))
+
+    def _wrong_format(self, found: int) -> ConfigurationError:
+        return ConfigurationError(
+            f"namespace {self.connection.namespace!r} in Valkey at {self.connection.where()} "
+            f"holds runs in data format {found}; this build reads and writes format "
+            f"{DATA_FORMAT}. Drain the namespace with the build that wrote it (or use another "
+            "namespace) first"
+        )
+
+    async def names(self) -> list[str]:
+        """Every workflow name registered in the namespace, sorted."""
+        meta = self.connection.keys.meta
+        fields = await self.connection.read(meta, "HKEYS", meta)
+        return sorted(f[len("shards:"):] for f in fields if f.startswith("shards:"))
+
+    async def bind(
+        self, project: str | None, environment: str | None
+    ) -> tuple[str | None, str | None]:
+        """Record the project and environment (first binding wins); returns the recorded."""
+        recorded: list[str | None] = []
+        conn = self.connection
+        meta = conn.keys.meta
+        for key, value in (("project", project), ("environment", environment)):
+            if value is not None:
+                await conn.call(meta, "HSETNX", meta, f"binding.{key}", value)
+            found = await conn.read(meta, "HGET", meta, f"binding.{key}")
+            recorded.append(None if found is None else str(found))
+        return recorded[0], recorded[1]
