@@ -15,6 +15,7 @@ ENGINE = {
     "pyrula.workflows.engine",
     "pyrula.workflows.replay",
     "pyrula.workflows.operations",
+    "pyrula.workflows.blockers",
     "pyrula.workflows.writes",
     "pyrula.workflows.stop",
     "pyrula.workflows.events",

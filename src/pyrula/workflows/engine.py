@@ -10,10 +10,13 @@ every replay.
 
 The attempt is made of parts: :mod:`~pyrula.workflows.replay` (pure: what the journal
 says of each operation), :mod:`~pyrula.workflows.operations` (what the code asks: steps,
-sleeps, waits, values), :mod:`~pyrula.workflows.writes` (the write-behind buffer and its
-fenced writes) and :mod:`~pyrula.workflows.stop` (why the attempt stops, which reason
-wins). This module drives them: the attempt loop runs the code until it returns, parks,
-or is stopped, and ends the attempt accordingly.
+sleeps, waits, values), :mod:`~pyrula.workflows.blockers` (what it waits on),
+:mod:`~pyrula.workflows.writes` (the write-behind buffer and its fenced writes) and
+:mod:`~pyrula.workflows.stop` (why the attempt stops, which reason wins). This module
+drives them: the attempt loop runs the code until it returns, parks or is stopped, and
+ends the attempt accordingly. What a worker reads of its attempts' code (the watchdog's
+``RUN_TASK_PREFIX`` and ``RUNNING_RUN``, the ``UserCodeMonitor`` it passes) is defined
+with the code in :mod:`~pyrula.workflows.operations` and offered here too.
 
 The engine does no I/O of its own: every write goes through the fenced
 :class:`~pyrula.workflows.stores.base.AttemptStore` calls of the store it is given.
@@ -22,25 +25,23 @@ The engine does no I/O of its own: every write goes through the fenced
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import logging
 import traceback
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from pyrula.workflows.blockers import BlockerKind, Blockers
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.context import WorkflowContext
-from pyrula.workflows.definition import WorkflowSpec, current_engine
+from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.errors import ContinueAsNew, NonDeterminismError, PayloadTooLarge, StepFailed
-from pyrula.workflows.events import INTERRUPT_SIGNAL, Event
+from pyrula.workflows.events import Event
 from pyrula.workflows.operations import RUN_TASK_PREFIX as RUN_TASK_PREFIX
 from pyrula.workflows.operations import RUNNING_RUN as RUNNING_RUN
-from pyrula.workflows.operations import BlockerKind, Operations, Unmonitored
-from pyrula.workflows.operations import StepTimeout as StepTimeout
+from pyrula.workflows.operations import Body, Operations, Unmonitored
 from pyrula.workflows.operations import UserCodeMonitor as UserCodeMonitor
 from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
 from pyrula.workflows.replay import (
@@ -51,8 +52,7 @@ from pyrula.workflows.replay import (
     woken_by_timeout,
 )
 from pyrula.workflows.stop import Halt, StandDown, Stop, StopReason, StopState
-from pyrula.workflows.writes import EngineStore as EngineStore
-from pyrula.workflows.writes import Writes
+from pyrula.workflows.writes import EngineStore, Writes
 
 logger = logging.getLogger(__name__)
 
@@ -129,41 +129,28 @@ class Attempt:
         settings = settings or AttemptSettings()
         self._user_code: UserCodeMonitor = user_code or Unmonitored()
         self._wake = asyncio.Event()
+        self._body = Body(claimed.run_id, self._user_code)
         self._stops = StopState()
         self._replay = Replay(journal, workflow=claimed.name, run_id=claimed.run_id)
         self._writes = Writes(
             store, claimed.run_id, claimed.token, self._replay, self._stops, clock,
             lock_ttl=settings.lock_ttl, buffer_size=settings.event_buffer_size,
             boundary_durability=settings.step_boundary_durability, wake=self._wake,
-            on_cancel=self.request_cancel, waiting=self._waiting_on_engine,
+            on_cancel=self.request_cancel, waiting=self._body.waiting,
         )
+        self._blockers = Blockers(self._wake, self._body.waiting)
         self._ops = Operations(
-            claimed, self._replay, self._writes, self._stops, clock, wake=self._wake,
-            executor=executor, user_code=self._user_code, waiting=self._waiting_on_engine,
+            claimed, self._replay, self._writes, self._stops, clock, self._blockers,
+            executor=executor, user_code=self._user_code, waiting=self._body.waiting,
             max_payload_bytes=settings.max_payload_bytes,
             inline_retry_max=settings.inline_retry_max,
         )
-        self._task: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[Any] | None = None  # the body's, once started
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def journal(self) -> list[Event]:
         return self._replay.journal
-
-    @contextlib.contextmanager
-    def _waiting_on_engine(self) -> Iterator[None]:
-        """The workflow body waits here on the store or on a durable sleep or wait, not in
-        its own code, and is not counted as in user code meanwhile. Only the body's own
-        task counts so: a branch of an ``asyncio.gather`` (a task of its own) waiting here
-        leaves the body, which awaits the gather, in progress."""
-        body = self._task is not None and asyncio.current_task() is self._task
-        if body:
-            self._user_code.leave(self.run_id)
-        try:
-            yield
-        finally:
-            if body:  # before the body's code goes on (its finally blocks included)
-                self._user_code.enter(self.run_id)
 
     # --- asked from outside ---------------------------------------------------------
 
@@ -239,13 +226,8 @@ class Attempt:
                 return ended
             if deadline is not None and deadline <= self._clock.now():  # it passed meanwhile
                 return await self._fail(self._timeout_error())
-        context = contextvars.copy_context()
-        context.run(current_engine.set, self._ops)
-        context.run(RUNNING_RUN.set, self.run_id)
-        ctx = WorkflowContext(self._ops)
-        self._task = asyncio.get_running_loop().create_task(
-            _body(self.spec.fn(ctx, self.params), self._user_code, self.run_id),
-            name=RUN_TASK_PREFIX + self.run_id, context=context,
+        self._task = self._body.start(
+            self.spec.fn(WorkflowContext(self._ops), self.params), self._ops
         )
         self._task.add_done_callback(lambda _: self._wake.set())
         while True:
@@ -265,7 +247,7 @@ class Attempt:
             if deadline is not None and self._clock.now() >= deadline:
                 await self._stop_task()
                 return await self._fail(self._timeout_error())
-            if self._ops.blockers and self._ops.steps_running == 0 and await self._quiescent():
+            if self._blockers.any and not self._blockers.steps_running and await self._quiescent():
                 parked = await self._park(deadline)
                 if parked is not None:
                     return parked
@@ -301,46 +283,30 @@ class Attempt:
         assert self._task is not None
         for _ in range(3):
             await asyncio.sleep(0)
-            if self._task.done() or self._ops.steps_running or not self._ops.blockers:
+            if self._task.done() or self._blockers.steps_running or not self._blockers.any:
                 return False
-        return not any(b.future.done() for b in self._ops.blockers.values())
+        return not self._blockers.any_resolved()
 
     async def _park(self, deadline: float | None) -> Outcome | None:
         now = self._clock.now()
-        blockers = list(self._ops.blockers.values())
-        due = [b for b in blockers if b.wake_at is not None and b.wake_at <= now]
+        due = self._blockers.due(now)
         if due:
             # A timer passed while other branches were busy: resolve it here, no park.
             for blocker in due:
                 if blocker.kind is BlockerKind.WAIT:
                     self._writes.add(woken_by_timeout(self._clock.now(), blocker.call))
             await self._writes.flush()
-            for blocker in due:
-                if blocker.kind is not BlockerKind.WAIT and not blocker.future.done():
-                    blocker.future.set_result(None)
-            self._rewake_waits()
+            self._blockers.wake_due(due)
             return None
-        wakes = [b.wake_at for b in blockers if b.wake_at is not None]
-        if deadline is not None:
-            wakes.append(deadline)
-        wake_at = min(wakes) if wakes else None
-        signals = sorted({b.signal for b in blockers if b.signal is not None})
-        interrupt = next((b.interrupt for b in blockers if b.signal == INTERRUPT_SIGNAL), None)
-        parked = await self._writes.park(
-            now=now, wake_at=wake_at, signals=signals, interrupt=interrupt
-        )
-        if parked:
+        plan = self._blockers.plan(deadline)
+        if await self._writes.park(
+            now=now, wake_at=plan.wake_at, signals=plan.signals, interrupt=plan.interrupt
+        ):
             await self._stop_task()
-            return Outcome(OutcomeKind.PARKED, self.journal, wake_at=wake_at)
+            return Outcome(OutcomeKind.PARKED, self.journal, wake_at=plan.wake_at)
         # Not parked: a signal we wait for had already arrived, or a cancel came.
-        self._rewake_waits()
+        self._blockers.rewake_waits()
         return None
-
-    def _rewake_waits(self) -> None:
-        """Let every waiting branch re-check the journal (a signal or timeout may be in)."""
-        for blocker in list(self._ops.blockers.values()):
-            if blocker.kind is BlockerKind.WAIT and not blocker.future.done():
-                blocker.future.set_result(None)
 
     async def _stop_task(self) -> None:
         self._stops.ask(Stop.ending())
@@ -415,16 +381,6 @@ class Attempt:
         return Outcome(
             OutcomeKind.FAILED if outcome.quarantined else OutcomeKind.REQUEUED, self.journal
         )
-
-
-async def _body(awaitable: Awaitable[Any], monitor: UserCodeMonitor, run_id: str) -> Any:
-    # The body's code is in progress from its first line to its end (left before the task
-    # is done, so the attempt never writes the run's end while it still counts).
-    monitor.enter(run_id)
-    try:
-        return await awaitable
-    finally:
-        monitor.leave(run_id)
 
 
 def _traceback(exc: BaseException) -> str:

@@ -5,9 +5,10 @@ Each operation takes the next call index and follows the replay algorithm: look 
 up (:class:`~pyrula.workflows.replay.Replay`: the name check, then what was recorded),
 replay that, or do the operation for real and record it through the attempt's
 write-behind buffer (:class:`~pyrula.workflows.writes.Writes`). An operation that must
-wait for time or a signal blocks on a :class:`Blocker`, which the attempt loop parks the
-run on. A step's own code runs on the injected executor (sync) or the event loop (async),
-outside the workflow's context, in a user-code section reported to the monitor.
+wait for time or a signal blocks (:mod:`~pyrula.workflows.blockers`), and the attempt
+loop parks the run on it. A step's own code runs on the injected executor (sync) or the
+event loop (async), outside the workflow's context, in a user-code section reported to
+the monitor.
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ import contextlib
 import contextvars
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Protocol
 
+from pyrula.workflows.blockers import BlockerKind, Blockers
 from pyrula.workflows.clock import Clock
-from pyrula.workflows.definition import StepInfo, StepSpec, current_engine, current_step
+from pyrula.workflows.definition import (
+    StepCaller,
+    StepInfo,
+    StepSpec,
+    current_engine,
+    current_step,
+)
 from pyrula.workflows.errors import NonDeterminismError, PayloadTooLarge, StepFailed
 from pyrula.workflows.events import INTERRUPT_SIGNAL, dumps, loads
 from pyrula.workflows.records import ClaimedRun
@@ -80,28 +86,53 @@ class StepTimeout(TimeoutError):
     """A step ran past its ``timeout=``."""
 
 
-class BlockerKind(Enum):
-    SLEEP = "sleep"
-    WAIT = "wait"
-    RETRY = "retry"
+class Body:
+    """The task running the workflow function of one attempt, and its user-code section."""
 
+    def __init__(self, run_id: str, monitor: UserCodeMonitor) -> None:
+        self._run_id = run_id
+        self._monitor = monitor
+        self._task: asyncio.Task[Any] | None = None
 
-@dataclass(slots=True)
-class Blocker:
-    """An operation waiting for the run to be woken: a timer, a signal, or both."""
+    def start(self, code: Awaitable[Any], engine: StepCaller) -> asyncio.Task[Any]:
+        """Run ``code`` (the workflow function's coroutine) in a task of its own, whose
+        ``@step`` calls go to ``engine``."""
+        context = contextvars.copy_context()
+        context.run(current_engine.set, engine)
+        context.run(RUNNING_RUN.set, self._run_id)
+        self._task = asyncio.get_running_loop().create_task(
+            self._in_progress(code), name=RUN_TASK_PREFIX + self._run_id, context=context
+        )
+        return self._task
 
-    call: int
-    future: asyncio.Future[Any]
-    wake_at: float | None = None
-    signal: str | None = None
-    interrupt: Any = None
-    kind: BlockerKind = BlockerKind.SLEEP
+    async def _in_progress(self, code: Awaitable[Any]) -> Any:
+        # The body's code is in progress from its first line to its end (left before the
+        # task is done, so the attempt never writes the run's end while it still counts).
+        self._monitor.enter(self._run_id)
+        try:
+            return await code
+        finally:
+            self._monitor.leave(self._run_id)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """The workflow body waits here on the store or on a durable sleep or wait, not in
+        its own code, and is not counted as in user code meanwhile. Only the body's own
+        task counts so: a branch of an ``asyncio.gather`` (a task of its own) waiting here
+        leaves the body, which awaits the gather, in progress."""
+        body = self._task is not None and asyncio.current_task() is self._task
+        if body:
+            self._monitor.leave(self._run_id)
+        try:
+            yield
+        finally:
+            if body:  # before the body's code goes on (its finally blocks included)
+                self._monitor.enter(self._run_id)
 
 
 class Operations:
     """The operations of one attempt's workflow code; what ``WorkflowContext`` and the
-    ``@step`` wrappers call. ``blockers`` and ``steps_running`` tell the attempt loop
-    what the code waits on."""
+    ``@step`` wrappers call."""
 
     def __init__(
         self,
@@ -110,8 +141,8 @@ class Operations:
         writes: Writes,
         stops: StopState,
         clock: Clock,
+        blockers: Blockers,
         *,
-        wake: asyncio.Event,
         executor: Executor | None,
         user_code: UserCodeMonitor,
         waiting: Callable[[], contextlib.AbstractContextManager[None]],
@@ -127,14 +158,12 @@ class Operations:
         self._writes = writes
         self._stops = stops
         self._clock = clock
-        self._wake = wake
+        self._blockers = blockers
         self._executor = executor
         self._user_code = user_code
         self._waiting = waiting
         self._max_payload_bytes = max_payload_bytes
         self._inline_retry_max = inline_retry_max
-        self.blockers: dict[int, Blocker] = {}
-        self.steps_running = 0
 
     @property
     def is_replaying(self) -> bool:
@@ -244,13 +273,13 @@ class Operations:
             return
         if remaining <= self._inline_retry_max:
             await self._writes.flush()
-            with self._step_in_progress(), self._waiting():
+            with self._blockers.step_in_progress(), self._waiting():
                 # A step in progress, so the attempt does not park under it.
                 await self._clock.sleep(remaining)
             return
         if not self._replay.retry_recorded(call, retry_at):
             self._writes.add(retry_sleeping(self._clock.now(), spec.name, call, retry_at))
-        await self._block(Blocker(call, self._future(), wake_at=retry_at, kind=BlockerKind.RETRY))
+        await self._blockers.block(call, wake_at=retry_at, kind=BlockerKind.RETRY)
 
     async def _execute(
         self, spec: StepSpec, info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -262,7 +291,7 @@ class Operations:
         context.run(current_step.set, info)
         context.run(RUNNING_RUN.set, self.run_id)
         loop = asyncio.get_running_loop()
-        with self._step_in_progress():
+        with self._blockers.step_in_progress():
             future: asyncio.Future[Any]
             run_id, monitor = self.run_id, self._user_code
             monitor.enter(run_id)
@@ -301,34 +330,7 @@ class Operations:
         done.add_done_callback(lambda _: _call_soon(loop, monitor.leave, run_id))
         return asyncio.wrap_future(done, loop=loop)
 
-    @contextlib.contextmanager
-    def _step_in_progress(self) -> Iterator[None]:
-        """Count a step as running (executing, or waiting out a short retry delay).
-
-        The attempt parks only when no step is in progress; when the last one ends, the
-        loop looks again.
-        """
-        self.steps_running += 1
-        try:
-            yield
-        finally:
-            self.steps_running -= 1
-            if self.blockers:
-                self._wake.set()
-
     # --- sleeps, waits, values ----------------------------------------------------------
-
-    def _future(self) -> asyncio.Future[Any]:
-        return asyncio.get_running_loop().create_future()
-
-    async def _block(self, blocker: Blocker) -> Any:
-        self.blockers[blocker.call] = blocker
-        self._wake.set()
-        try:
-            with self._waiting():
-                return await blocker.future
-        finally:
-            self.blockers.pop(blocker.call, None)
 
     async def op_sleep(self, *, seconds: float | None, until: float | None) -> None:
         call = self._take_call()
@@ -339,7 +341,7 @@ class Operations:
         if decision.command is not None:
             self._writes.add(decision.command)
         if decision.wake_at is not None:
-            await self._block(Blocker(call, self._future(), wake_at=decision.wake_at))
+            await self._blockers.block(call, wake_at=decision.wake_at)
 
     async def op_wait(self, signal: str, timeout: float | None) -> Any:
         call = self._take_call()
@@ -373,10 +375,10 @@ class Operations:
                 self._writes.add(turn.command)
                 await self._writes.flush()
                 continue
-            await self._block(Blocker(
-                call, self._future(), wake_at=turn.wake_at, signal=signal,
-                interrupt=interrupt, kind=BlockerKind.WAIT,
-            ))
+            await self._blockers.block(
+                call, wake_at=turn.wake_at, signal=signal, interrupt=interrupt,
+                kind=BlockerKind.WAIT,
+            )
 
     def op_value(self, op: str, make: Callable[[Clock], Any]) -> Any:
         call = self._take_call()
