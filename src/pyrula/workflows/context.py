@@ -7,14 +7,52 @@ recorded; ``sleep``, ``wait_for_signal`` and ``interrupt`` park the run durably.
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from pyrula.workflows.errors import ContinueAsNew
 
 if TYPE_CHECKING:
-    from pyrula.workflows.engine import Attempt
+    from pyrula.workflows.clock import Clock
+
+logger = logging.getLogger(__name__)
+
+
+class AttemptOperations(Protocol):
+    """What a :class:`WorkflowContext` asks of the attempt running the workflow's code
+    (:class:`pyrula.workflows.operations.Operations`): who the run is, and its journaled
+    operations."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def owner(self) -> str | None: ...
+
+    @property
+    def token(self) -> int: ...
+
+    @property
+    def start_id(self) -> str: ...
+
+    @property
+    def is_replaying(self) -> bool: ...
+
+    async def op_sleep(self, *, seconds: float | None, until: float | None) -> None: ...
+
+    async def op_wait(self, signal: str, timeout: float | None) -> Any: ...
+
+    async def op_interrupt(self, payload: Any) -> Any: ...
+
+    def op_value(self, op: str, make: Callable[[Clock], Any]) -> Any: ...
+
+    def check_payload(self, value: Any, what: str) -> Any: ...
 
 
 def _seconds(value: float | timedelta, what: str) -> float:
@@ -30,7 +68,7 @@ class WorkflowContext:
 
     __slots__ = ("_attempt",)
 
-    def __init__(self, attempt: Attempt) -> None:
+    def __init__(self, attempt: AttemptOperations) -> None:
         self._attempt = attempt
 
     @property

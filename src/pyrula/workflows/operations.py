@@ -1,0 +1,399 @@
+"""What a run's code asks of its attempt: the operations behind ``WorkflowContext`` and
+``@step``.
+
+Each operation takes the next call index and follows the replay algorithm: look the index
+up (:class:`~pyrula.workflows.replay.Replay`: the name check, then what was recorded),
+replay that, or do the operation for real and record it through the attempt's
+write-behind buffer (:class:`~pyrula.workflows.writes.Writes`). An operation that must
+wait for time or a signal blocks (:mod:`~pyrula.workflows.blockers`), and the attempt
+loop parks the run on it. A step's own code runs on the injected executor (sync) or the
+event loop (async), outside the workflow's context, in a user-code section reported to
+the monitor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+from pyrula.workflows.blockers import BlockerKind, Blockers
+from pyrula.workflows.clock import Clock
+from pyrula.workflows.definition import (
+    StepCaller,
+    StepInfo,
+    StepSpec,
+    current_engine,
+    current_step,
+)
+from pyrula.workflows.errors import NonDeterminismError, PayloadTooLarge, StepFailed
+from pyrula.workflows.events import INTERRUPT_SIGNAL, dumps, loads
+from pyrula.workflows.records import ClaimedRun
+from pyrula.workflows.replay import (
+    Replay,
+    WaitTurn,
+    retry_sleeping,
+    step_completed,
+    step_failed,
+    step_started,
+)
+from pyrula.workflows.stop import Stop, StopState
+from pyrula.workflows.writes import Writes
+
+logger = logging.getLogger(__name__)
+
+#: Tasks running a run's own code (its body, its async steps) are named with this prefix
+#: and the run id, so a watchdog can tell whose code holds the event loop.
+RUN_TASK_PREFIX = "pyrula-run:"
+#: The run whose code runs in this context: set in the contexts of a run's body and of its
+#: async steps. A task their code starts (a ``gather`` leg, an agent's tool call) copies
+#: the context, and so names the run too; on Python 3.12 and later a watchdog reads it
+#: through ``Task.get_context()``, where the task name would only name the engine's own.
+RUNNING_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "pyrula_running_run", default=None
+)
+
+
+class UserCodeMonitor(Protocol):
+    """Told, on the event loop, when a run's own code starts and stops being in progress:
+    its workflow body (except while the body itself waits on the store or on a durable
+    sleep or wait) and each of its steps (a sync step until its thread returns). Sections
+    nest and overlap (parallel steps); a run is in user code while any is open. ``enter``
+    is called before the code can run, and the code runs only once it returned (a fleet
+    child reports the run to its supervisor there first)."""
+
+    def enter(self, run_id: str) -> None: ...
+
+    def leave(self, run_id: str) -> None: ...
+
+
+class Unmonitored:
+    """The monitor of an attempt nobody watches."""
+
+    def enter(self, run_id: str) -> None:
+        pass
+
+    def leave(self, run_id: str) -> None:
+        pass
+
+
+class StepTimeout(TimeoutError):
+    """A step ran past its ``timeout=``."""
+
+
+class Body:
+    """The task running the workflow function of one attempt, and its user-code section."""
+
+    def __init__(self, run_id: str, monitor: UserCodeMonitor) -> None:
+        self._run_id = run_id
+        self._monitor = monitor
+        self._task: asyncio.Task[Any] | None = None
+
+    def start(self, code: Awaitable[Any], engine: StepCaller) -> asyncio.Task[Any]:
+        """Run ``code`` (the workflow function's coroutine) in a task of its own, whose
+        ``@step`` calls go to ``engine``."""
+        context = contextvars.copy_context()
+        context.run(current_engine.set, engine)
+        context.run(RUNNING_RUN.set, self._run_id)
+        self._task = asyncio.get_running_loop().create_task(
+            self._in_progress(code), name=RUN_TASK_PREFIX + self._run_id, context=context
+        )
+        return self._task
+
+    async def _in_progress(self, code: Awaitable[Any]) -> Any:
+        # The body's code is in progress from its first line to its end (left before the
+        # task is done, so the attempt never writes the run's end while it still counts).
+        self._monitor.enter(self._run_id)
+        try:
+            return await code
+        finally:
+            self._monitor.leave(self._run_id)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """The workflow body waits here on the store or on a durable sleep or wait, not in
+        its own code, and is not counted as in user code meanwhile. Only the body's own
+        task counts so: a branch of an ``asyncio.gather`` (a task of its own) waiting here
+        leaves the body, which awaits the gather, in progress."""
+        body = self._task is not None and asyncio.current_task() is self._task
+        if body:
+            self._monitor.leave(self._run_id)
+        try:
+            yield
+        finally:
+            if body:  # before the body's code goes on (its finally blocks included)
+                self._monitor.enter(self._run_id)
+
+
+class Operations:
+    """The operations of one attempt's workflow code; what ``WorkflowContext`` and the
+    ``@step`` wrappers call."""
+
+    def __init__(
+        self,
+        claimed: ClaimedRun,
+        replay: Replay,
+        writes: Writes,
+        stops: StopState,
+        clock: Clock,
+        blockers: Blockers,
+        *,
+        executor: Executor | None,
+        user_code: UserCodeMonitor,
+        waiting: Callable[[], contextlib.AbstractContextManager[None]],
+        max_payload_bytes: int,
+        inline_retry_max: float,
+    ) -> None:
+        self.run_id = claimed.run_id
+        self.name = claimed.name
+        self.owner = claimed.owner
+        self.token = claimed.token
+        self.start_id = claimed.start_id
+        self._replay = replay
+        self._writes = writes
+        self._stops = stops
+        self._clock = clock
+        self._blockers = blockers
+        self._executor = executor
+        self._user_code = user_code
+        self._waiting = waiting
+        self._max_payload_bytes = max_payload_bytes
+        self._inline_retry_max = inline_retry_max
+
+    @property
+    def is_replaying(self) -> bool:
+        return self._replay.is_replaying
+
+    def check_payload(self, value: Any, what: str) -> Any:
+        """Serialise ``value`` and return its JSON round trip; refuse what will not fit."""
+        try:
+            data = dumps(value)
+        except TypeError as exc:
+            raise TypeError(f"{what} is {exc}") from None
+        limit = self._max_payload_bytes
+        if len(data) > limit:
+            raise PayloadTooLarge(
+                f"{what} is {len(data)} bytes, above max_payload_bytes ({limit})"
+            )
+        return loads(data)
+
+    # --- calls ------------------------------------------------------------------------
+
+    def _refuse_if_ending(self) -> None:
+        """Start nothing new once the attempt is ending or a cancel is known.
+
+        The attempt loop ends an attempt (park, cancel, stand-down, failure) by cancelling
+        the workflow task, which still runs its ``finally`` blocks: a step started there
+        would execute unjournaled, on every park. A known cancel ends the attempt at the
+        loop's next turn, which may come only after the code has started more.
+        """
+        if self._stops.refuses:
+            raise asyncio.CancelledError
+
+    def _take_call(self) -> int:
+        self._refuse_if_ending()
+        return self._replay.take_call()
+
+    @contextlib.contextmanager
+    def _checked(self) -> Iterator[None]:
+        """Replay's name check: a divergence stops the attempt (the first one found is the
+        one the run fails with) and is raised into the workflow code at its call too."""
+        try:
+            yield
+        except NonDeterminismError as exc:
+            self._stops.ask(Stop.non_determinism(exc))
+            raise
+
+    # --- steps ------------------------------------------------------------------------
+
+    def call_step(self, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # The call index is taken here, synchronously, so steps started together
+        # (asyncio.gather) are numbered in the order the code called them.
+        call = self._take_call()
+        return self._step(call, spec, args, kwargs)
+
+    async def _step(
+        self, call: int, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        with self._checked():
+            history = self._replay.step(call, spec.name)
+        if history.completed:
+            return history.result
+        if history.failure is not None:
+            raise history.failure
+        failures, retry_at = history.failures, history.retry_at
+        while True:
+            if retry_at is not None:
+                await self._retry_delay(call, spec, retry_at)
+            await self._writes.settle()
+            self._refuse_if_ending()  # a retry starts the step anew
+            self._stops.raise_if_halted()  # nothing can be recorded: start no new step
+            attempt = failures + 1
+            self._writes.add(step_started(self._clock.now(), spec.name, call, attempt))
+            try:
+                info = StepInfo(self.run_id, self.name, spec.name, call, self.token, attempt)
+                result = await self._execute(spec, info, args, kwargs)
+            except Exception as exc:  # the step's own failure: record it, maybe retry
+                will_retry = failures < spec.retries
+                error_type = type(exc).__name__
+                message = str(exc) or error_type
+                if will_retry:
+                    delay = spec.backoff(failures + 1) * random.uniform(1.0, 1.1)
+                    retry_at = self._clock.now() + delay
+                self._writes.add(step_failed(
+                    self._clock.now(), spec.name, call, attempt, error_type, message,
+                    retry_at=retry_at if will_retry else None,
+                ))
+                failures += 1
+                await self._writes.boundary()
+                if not will_retry:
+                    raise StepFailed(spec.name, error_type, message, attempt) from None
+                continue
+            try:
+                result = self.check_payload(result, f"the result of step {spec.name!r}")
+            except (TypeError, PayloadTooLarge) as exc:
+                error_type = type(exc).__name__
+                self._writes.add(step_failed(
+                    self._clock.now(), spec.name, call, attempt, error_type, str(exc)
+                ))
+                await self._writes.boundary()
+                raise StepFailed(spec.name, error_type, str(exc), attempt) from None
+            self._writes.add(step_completed(self._clock.now(), spec.name, call, result))
+            await self._writes.boundary()
+            return result
+
+    async def _retry_delay(self, call: int, spec: StepSpec, retry_at: float) -> None:
+        remaining = retry_at - self._clock.now()
+        if remaining <= 0:
+            return
+        if remaining <= self._inline_retry_max:
+            await self._writes.flush()
+            with self._blockers.step_in_progress(), self._waiting():
+                # A step in progress, so the attempt does not park under it.
+                await self._clock.sleep(remaining)
+            return
+        if not self._replay.retry_recorded(call, retry_at):
+            self._writes.add(retry_sleeping(self._clock.now(), spec.name, call, retry_at))
+        await self._blockers.block(call, wake_at=retry_at, kind=BlockerKind.RETRY)
+
+    async def _execute(
+        self, spec: StepSpec, info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        # Step code runs outside the workflow context: a step calling another @step
+        # calls the plain function; step_info() tells it which step it is.
+        context = contextvars.copy_context()
+        context.run(current_engine.set, None)
+        context.run(current_step.set, info)
+        context.run(RUNNING_RUN.set, self.run_id)
+        loop = asyncio.get_running_loop()
+        with self._blockers.step_in_progress():
+            future: asyncio.Future[Any]
+            run_id, monitor = self.run_id, self._user_code
+            monitor.enter(run_id)
+            if spec.is_async:
+                future = loop.create_task(
+                    spec.fn(*args, **kwargs), name=RUN_TASK_PREFIX + self.run_id, context=context
+                )
+                future.add_done_callback(lambda _: monitor.leave(run_id))
+            else:
+                future = self._in_thread(loop, lambda: context.run(spec.fn, *args, **kwargs))
+            try:
+                return await asyncio.wait_for(future, spec.timeout)
+            except TimeoutError:
+                if spec.timeout is not None and future.cancelled():
+                    raise StepTimeout(
+                        f"step {spec.name!r} timed out after {spec.timeout:g} s"
+                    ) from None
+                raise
+
+    def _in_thread(
+        self, loop: asyncio.AbstractEventLoop, call: Callable[[], Any]
+    ) -> asyncio.Future[Any]:
+        """Run a sync step's ``call`` on the executor, its user-code section entered by the
+        caller. The section ends when the thread returns (or the call is cancelled before
+        it began), not when the step is given up: a timed-out step's thread runs on."""
+        run_id, monitor = self.run_id, self._user_code
+        if self._executor is None:  # the loop's default executor
+            future = loop.run_in_executor(None, call)
+            future.add_done_callback(lambda _: monitor.leave(run_id))
+            return future
+        try:
+            done = self._executor.submit(call)
+        except BaseException:
+            monitor.leave(run_id)
+            raise
+        done.add_done_callback(lambda _: _call_soon(loop, monitor.leave, run_id))
+        return asyncio.wrap_future(done, loop=loop)
+
+    # --- sleeps, waits, values ----------------------------------------------------------
+
+    async def op_sleep(self, *, seconds: float | None, until: float | None) -> None:
+        call = self._take_call()
+        with self._checked():
+            decision = self._replay.sleep(
+                call, now=self._clock.now(), seconds=seconds, until=until
+            )
+        if decision.command is not None:
+            self._writes.add(decision.command)
+        if decision.wake_at is not None:
+            await self._blockers.block(call, wake_at=decision.wake_at)
+
+    async def op_wait(self, signal: str, timeout: float | None) -> Any:
+        call = self._take_call()
+        return await self._wait(call, "pyrula.wait_for_signal", signal, timeout, None)
+
+    async def op_interrupt(self, payload: Any) -> Any:
+        call = self._take_call()
+        payload = self.check_payload(payload, "interrupt payload")
+        return await self._wait(call, "pyrula.interrupt", INTERRUPT_SIGNAL, None, payload)
+
+    async def _wait(
+        self, call: int, op: str, signal: str, timeout: float | None, interrupt: Any
+    ) -> Any:
+        with self._checked():
+            opened = self._replay.open_wait(
+                call, op, signal, now=self._clock.now(), timeout=timeout, interrupt=interrupt
+            )
+        if opened.turn is WaitTurn.SIGNALLED:
+            return opened.payload
+        assert opened.waiting is not None
+        if opened.command is not None:
+            self._writes.add(opened.command)
+        while True:
+            turn = self._replay.resolve_wait(call, signal, opened.waiting, self._clock.now())
+            if turn.turn is WaitTurn.SIGNALLED:
+                return turn.payload
+            if turn.turn is WaitTurn.TIMED_OUT:
+                return None
+            if turn.turn is WaitTurn.DECIDE_TIMEOUT:
+                assert turn.command is not None
+                self._writes.add(turn.command)
+                await self._writes.flush()
+                continue
+            await self._blockers.block(
+                call, wake_at=turn.wake_at, signal=signal, interrupt=interrupt,
+                kind=BlockerKind.WAIT,
+            )
+
+    def op_value(self, op: str, make: Callable[[Clock], Any]) -> Any:
+        call = self._take_call()
+        with self._checked():
+            history = self._replay.value(call, op)
+        if history.completed:
+            return history.result
+        value = make(self._clock)
+        self._writes.add(step_completed(self._clock.now(), op, call, value))
+        return value
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:
+    """``fn(arg)`` on ``loop`` from any thread; dropped if the loop has closed."""
+    try:
+        loop.call_soon_threadsafe(fn, arg)
+    except RuntimeError:  # the loop is closed: nobody is left to tell
+        pass

@@ -1,0 +1,207 @@
+"""The writes of one attempt: its events on their way to the store.
+
+The attempt's operations add their events to a write-behind buffer. They are written in
+order by one writer at a time (each write takes the whole buffer, so events get their
+seqs in the order they were made): appended as the code goes on, or with the write that
+parks the run, ends it or puts it back in the queue. Every write is fenced by the
+attempt's token inside the store; a refused write (the lock went to another attempt, the
+store is gone) becomes the attempt's stop and unwinds it with
+:class:`~pyrula.workflows.stop.Halt`, and no write is tried after that. When a step's
+events are written is the step boundary rule of :meth:`Writes.boundary`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from pyrula.workflows.clock import Clock
+from pyrula.workflows.errors import StaleToken, StoreUnavailable
+from pyrula.workflows.events import Event, stamp_successor
+from pyrula.workflows.records import RequeueOutcome, RunStatus
+from pyrula.workflows.replay import Replay
+from pyrula.workflows.stop import Halt, StandDown, Stop, StopState
+from pyrula.workflows.stores.base import AttemptStore
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class EngineStore(AttemptStore, Protocol):
+    async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]: ...
+
+
+class Writes:
+    """The buffer and the writer of one attempt (of ``run_id``, fenced by ``token``)."""
+
+    def __init__(
+        self,
+        store: EngineStore,
+        run_id: str,
+        token: int,
+        replay: Replay,
+        stops: StopState,
+        clock: Clock,
+        *,
+        lock_ttl: float,
+        buffer_size: int,
+        boundary_durability: bool,
+        wake: asyncio.Event,
+        on_cancel: Callable[[], None],
+        waiting: Callable[[], contextlib.AbstractContextManager[None]],
+    ) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._token = token
+        self._replay = replay
+        self._stops = stops
+        self._clock = clock
+        self._lock_ttl = lock_ttl
+        self._buffer_size = buffer_size
+        self._boundary_durability = boundary_durability
+        self._wake = wake
+        self._on_cancel = on_cancel
+        self._waiting = waiting
+        self._pending: list[Event] = []
+        # A step's completion is pending in the buffer and must be written before anything
+        # else starts (see boundary).
+        self._boundary_due = False
+        # One write of the attempt at a time: each takes the buffer, and events get their
+        # seqs in the order written.
+        self._writing = asyncio.Lock()
+
+    @property
+    def boundary_due(self) -> bool:
+        return self._boundary_due
+
+    def add(self, event: Event) -> Event:
+        self._pending.append(event)
+        return event
+
+    async def write(self, call: Callable[[], Awaitable[T]]) -> T:
+        """One fenced store call; a refusal stops the attempt and raises :class:`Halt`."""
+        self._stops.raise_if_halted()
+        try:
+            return await call()
+        except StaleToken:
+            logger.warning(
+                "run %s attempt %d lost its lock; standing down", self._run_id, self._token
+            )
+            stop = Stop.lost()
+        except StoreUnavailable:
+            stop = Stop.store_unavailable()
+        self._stops.ask(stop)
+        raise Halt(stop.reason.value)
+
+    async def absorb(self, written: list[Event], last_seq: int) -> None:
+        """Give the events just written their seqs; fetch any written by others between."""
+        gap: list[Event] = []
+        if self._replay.has_gap(len(written), last_seq):
+            after = self._replay.last_seq
+            gap = await self.write(lambda: self._store.read_events(self._run_id, after))
+        self._replay.absorb(written, last_seq, gap)
+
+    @contextlib.asynccontextmanager
+    async def _taking(self) -> AsyncIterator[list[Event]]:
+        """The writer's turn, with the whole buffer taken."""
+        async with self._writing:
+            self._boundary_due = False
+            batch, self._pending = self._pending, []
+            yield batch
+
+    async def flush(self) -> None:
+        if not self._pending and not self._writing.locked():
+            self._boundary_due = False  # nothing to write nor to wait for
+            return
+        with self._waiting():
+            async with self._taking() as batch:
+                if not batch:
+                    return
+                result = await self.write(
+                    lambda: self._store.append(
+                        self._run_id, self._token, batch,
+                        now=self._clock.now(), lock_ttl=self._lock_ttl,
+                    )
+                )
+                await self.absorb(batch, result.last_seq)
+        if result.cancel_requested:
+            self._on_cancel()
+
+    async def boundary(self) -> None:
+        """A step boundary: the step's events become durable before anything follows it.
+
+        With ``boundary_durability`` they are written before the next step starts, with
+        the run's park or end if one of those comes first, or at the attempt loop's next
+        turn, whichever is first: so a run that returns right after its last step records
+        the step and its end in one write, and a step's completion never waits behind a
+        sibling still running. Otherwise they are written behind, when the buffer is full
+        (or at the park or the end).
+        """
+        if len(self._pending) >= self._buffer_size:
+            await self.flush()
+        elif self._boundary_durability:
+            self._boundary_due = True
+            self._wake.set()
+
+    async def settle(self) -> None:
+        """Before anything starts: the completions it follows are durable."""
+        if self._boundary_due:
+            await self.flush()
+
+    # --- the writes that end the attempt ------------------------------------------------
+
+    async def park(
+        self, *, now: float, wake_at: float | None, signals: Sequence[str], interrupt: Any
+    ) -> bool:
+        """Park the run with the buffer's events. False if it keeps its lock instead (a
+        signal it waits for had already arrived, or a cancel came): the journal then holds
+        what came, and the cancel is passed on."""
+        async with self._taking() as batch:
+            known = self._replay.last_seq
+            result = await self.write(
+                lambda: self._store.park(
+                    self._run_id, self._token, batch, now=now, wake_at=wake_at,
+                    signals=signals, known_seq=known, interrupt=interrupt,
+                )
+            )
+            if result.parked:
+                await self.absorb(batch, result.last_seq)
+                return True
+        self._replay.absorb(batch, result.last_seq, result.events)
+        if result.cancel_requested:
+            self._on_cancel()
+        return False
+
+    async def finish(
+        self,
+        status: RunStatus,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+        successor_params: Any = None,
+    ) -> None:
+        """End the run with the buffer's events (its terminal event last)."""
+        async with self._taking() as batch:
+            finished = await self.write(
+                lambda: self._store.finish(
+                    self._run_id, self._token, batch, now=self._clock.now(), status=status,
+                    result=result, error=error, successor_params=successor_params,
+                )
+            )
+            if finished.successor_id is not None:
+                stamp_successor(batch, finished.successor_id)
+            await self.absorb(batch, finished.last_seq)
+
+    async def requeue(self, stand: StandDown) -> RequeueOutcome:
+        """Put the run back in the queue with the buffer's events."""
+        async with self._taking() as batch:
+            return await self.write(
+                lambda: self._store.requeue(
+                    self._run_id, self._token, now=self._clock.now(), reason=stand.reason,
+                    events=batch, crash=stand.crash, crash_detail=stand.detail or None,
+                )
+            )
