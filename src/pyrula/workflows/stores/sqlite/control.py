@@ -1,0 +1,83 @@
+"""The SQLite store's run control: what a client does to a run it does not hold (signal
+it, cancel it, wake it from its sleep)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pyrula.workflows.errors import RunNotActive
+from pyrula.workflows.events import INTERRUPT_SIGNAL, EventType, make_event
+from pyrula.workflows.records import RunStatus
+from pyrula.workflows.stores.sqlite import rows
+from pyrula.workflows.stores.sqlite.calls import Calls
+from pyrula.workflows.stores.sqlite.connection import Database
+from pyrula.workflows.stores.waiters import ResultWaiters
+
+logger = logging.getLogger(__name__)
+
+
+class RunControl:
+    """signal, cancel and wake_run of the store protocol."""
+
+    def __init__(self, db: Database, calls: Calls, waiters: ResultWaiters) -> None:
+        self._db = db
+        self._calls = calls
+        self._waiters = waiters
+
+    async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
+        def op() -> None:
+            with self._db.tx() as conn:
+                row = rows.require(conn, run_id)
+                status = RunStatus(row["status"])
+                if status.terminal:
+                    raise RunNotActive(f"run {run_id} has already ended ({status.value})")
+                type_ = (
+                    EventType.INTERRUPT_RESUMED if name == INTERRUPT_SIGNAL
+                    else EventType.SIGNAL_RECEIVED
+                )
+                event = make_event(type_, now, name=name, payload=payload)
+                last = rows.append(conn, run_id, row["journal_len"], [event], now)
+                seen = rows.uj(row["signal_seq"]) or {}
+                seen[name] = last
+                conn.execute("UPDATE runs SET signal_seq=? WHERE run_id=?", (rows.j(seen), run_id))
+                waiting = rows.uj(row["waiting_for"]) or []
+                if status is RunStatus.WAITING and name in waiting:
+                    rows.enqueue(conn, run_id, row["name"], row["owner"])
+
+        await self._calls.call(op, inline=True)
+
+    async def cancel(self, run_id: str, *, now: float) -> bool:
+        def op() -> bool:
+            with self._db.tx() as conn:
+                row = rows.require(conn, run_id)
+                status = RunStatus(row["status"])
+                if status.terminal:
+                    return False
+                if status is RunStatus.RUNNING:
+                    conn.execute(
+                        "UPDATE runs SET cancel_requested=1, updated_at=? WHERE run_id=?",
+                        (now, run_id),
+                    )
+                    return True
+                cancelled = make_event(EventType.RUN_CANCELLED, now)
+                rows.append(conn, run_id, row["journal_len"], [cancelled], now)
+                rows.end(conn, run_id, RunStatus.CANCELLED, now)
+                return True
+
+        done = await self._calls.call(op, inline=True)
+        self._waiters.notify(run_id)
+        return done
+
+    async def wake_run(self, run_id: str, *, now: float) -> bool:
+        def op() -> bool:
+            with self._db.tx() as conn:
+                row = rows.require(conn, run_id)
+                if row["status"] != RunStatus.SLEEPING:
+                    return False
+                woken = make_event(EventType.RUN_WOKEN, now, reason="manual")
+                rows.append(conn, run_id, row["journal_len"], [woken], now)
+                rows.enqueue(conn, run_id, row["name"], row["owner"])
+                return True
+
+        return await self._calls.call(op, inline=True)
