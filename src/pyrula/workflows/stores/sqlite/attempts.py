@@ -29,7 +29,7 @@ from pyrula.workflows.stores.common import (
 from pyrula.workflows.stores.sqlite import rows
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
-from pyrula.workflows.stores.waiters import ResultWaiters
+from pyrula.workflows.stores.sqlite.reads import Wakeups
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +37,10 @@ logger = logging.getLogger(__name__)
 class Attempts:
     """append, park, finish, requeue, renew, reclaim, reclaim_worker, requeue_unheld."""
 
-    def __init__(self, db: Database, calls: Calls, waiters: ResultWaiters) -> None:
+    def __init__(self, db: Database, calls: Calls, wakeups: Wakeups) -> None:
         self._db = db
         self._calls = calls
-        self._waiters = waiters
+        self._wakeups = wakeups
 
     async def append(
         self, run_id: str, token: int, events: Sequence[Event], *, now: float, lock_ttl: float
@@ -138,7 +138,7 @@ class Attempts:
                 return FinishResult(last, successor_id)
 
         finished = await self._calls.call(op, inline=True)
-        self._waiters.notify(run_id)
+        self._wakeups.notify(run_id)
         return finished
 
     async def requeue(
@@ -160,7 +160,7 @@ class Attempts:
                 return _requeue(conn, row, length, now, reason, crash, poison, crash_detail)
 
         outcome = await self._calls.call(op, inline=True)
-        self._waiters.notify(run_id)
+        self._wakeups.notify(run_id)
         return outcome
 
     async def renew(
@@ -263,7 +263,7 @@ class Attempts:
     def _notified(self, outcomes: list[RequeueOutcome]) -> list[RequeueOutcome]:
         """Wake this process's waiters on ``outcomes``' runs (some may have ended)."""
         for outcome in outcomes:
-            self._waiters.notify(outcome.run_id)
+            self._wakeups.notify(outcome.run_id)
         return outcomes
 
 

@@ -12,7 +12,7 @@ from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.sqlite import rows
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
-from pyrula.workflows.stores.waiters import ResultWaiters
+from pyrula.workflows.stores.sqlite.reads import Wakeups
 
 logger = logging.getLogger(__name__)
 
@@ -20,10 +20,10 @@ logger = logging.getLogger(__name__)
 class RunControl:
     """signal, cancel and wake_run of the store protocol."""
 
-    def __init__(self, db: Database, calls: Calls, waiters: ResultWaiters) -> None:
+    def __init__(self, db: Database, calls: Calls, wakeups: Wakeups) -> None:
         self._db = db
         self._calls = calls
-        self._waiters = waiters
+        self._wakeups = wakeups
 
     async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
         def op() -> None:
@@ -66,7 +66,7 @@ class RunControl:
                 return True
 
         done = await self._calls.call(op, inline=True)
-        self._waiters.notify(run_id)
+        self._wakeups.notify(run_id)
         return done
 
     async def wake_run(self, run_id: str, *, now: float) -> bool:

@@ -13,7 +13,7 @@ from pyrula.workflows.stores.common import error_event
 from pyrula.workflows.stores.sqlite import rows
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
-from pyrula.workflows.stores.waiters import ResultWaiters
+from pyrula.workflows.stores.sqlite.reads import Wakeups
 
 logger = logging.getLogger(__name__)
 
@@ -21,10 +21,10 @@ logger = logging.getLogger(__name__)
 class Membership:
     """register_worker, unregister_worker, stranded and fail_stranded."""
 
-    def __init__(self, db: Database, calls: Calls, waiters: ResultWaiters) -> None:
+    def __init__(self, db: Database, calls: Calls, wakeups: Wakeups) -> None:
         self._db = db
         self._calls = calls
-        self._waiters = waiters
+        self._wakeups = wakeups
 
     async def register_worker(
         self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
@@ -74,5 +74,5 @@ class Membership:
 
         failed = await self._calls.call(op)
         for run_id in failed:
-            self._waiters.notify(run_id)
+            self._wakeups.notify(run_id)
         return failed

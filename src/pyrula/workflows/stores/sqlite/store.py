@@ -42,9 +42,8 @@ from pyrula.workflows.stores.sqlite.control import RunControl
 from pyrula.workflows.stores.sqlite.flow import FlowLimits
 from pyrula.workflows.stores.sqlite.membership import Membership
 from pyrula.workflows.stores.sqlite.queue import WorkQueue
-from pyrula.workflows.stores.sqlite.reads import Reads
+from pyrula.workflows.stores.sqlite.reads import Reads, Wakeups
 from pyrula.workflows.stores.sqlite.schedules import Schedules
-from pyrula.workflows.stores.waiters import ResultWaiters
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +67,12 @@ class SQLiteStore(SyncAdmin):
         )
         self.path = db.path
         self._calls = calls = Calls(db)
-        waiters = ResultWaiters()
+        wakeups = Wakeups()
         self._queue = WorkQueue(db, calls)
-        self._attempts = Attempts(db, calls, waiters)
-        self._reads = Reads(db, calls, waiters)
-        self._control = RunControl(db, calls, waiters)
-        self._membership = Membership(db, calls, waiters)
+        self._attempts = Attempts(db, calls, wakeups)
+        self._reads = Reads(db, calls, wakeups)
+        self._control = RunControl(db, calls, wakeups)
+        self._membership = Membership(db, calls, wakeups)
         self._flow = FlowLimits(db, calls)
         self._schedules = Schedules(db, calls)
         db.connection()  # fail fast on an unusable path
