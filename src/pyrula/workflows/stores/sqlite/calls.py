@@ -66,8 +66,8 @@ class Calls:
         """
         if SYNC_DRIVE.get():
             # A synchronous caller's thread, with no loop to keep turning: it may wait
-            # for the lock itself, as the store thread does (the old sync admin calls ran
-            # here too). Its own transaction: nothing else is batched with it.
+            # for the lock itself, as the store thread does. Its own transaction: nothing
+            # else is batched with it, and it has committed when fn returns.
             return fn()
         loop = asyncio.get_running_loop()
         call = Call(fn, loop, loop.create_future())

@@ -17,6 +17,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,7 +43,15 @@ _AUTOCHECKPOINT = 1000
 #: Failures of the disk under the file, not of the statement: a call that meets one is
 #: reported as StoreUnavailable (the worker puts its run back; nothing was written).
 _DISK_ERRORS = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN})
-SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+class Synchronous(StrEnum):
+    """SQLite's ``synchronous`` setting: when a commit waits for the disk."""
+
+    OFF = "OFF"
+    NORMAL = "NORMAL"  # WAL: a commit survives a crash of the process, not a power loss
+    FULL = "FULL"  # a commit survives a power loss too
+    EXTRA = "EXTRA"
 
 
 def _primary_code(exc: BaseException) -> int | None:
@@ -78,13 +87,14 @@ class Database:
             raise ConfigurationError(
                 "SQLiteStore needs a file path (use MemoryStore for an in-memory store)"
             )
-        if synchronous.upper() not in SYNCHRONOUS:
+        try:
+            self.synchronous = Synchronous(synchronous.upper())
+        except ValueError:
             raise ConfigurationError(
                 f"synchronous must be OFF, NORMAL, FULL or EXTRA, got {synchronous!r}"
-            )
+            ) from None
         self.path = str(Path(path).expanduser())
         self.busy_ms = int(busy_timeout * 1000)
-        self.synchronous = synchronous.upper()
         #: Guards the connection; held by a transaction (or a whole batch) and by reads.
         #: Never waited for on an event loop.
         self.lock = threading.RLock()
@@ -106,7 +116,7 @@ class Database:
     @property
     def commits_wait_for_sync(self) -> bool:
         """A commit waits for the disk: not in WAL mode, or ``synchronous`` FULL or EXTRA."""
-        return not (self.wal and self.synchronous in ("OFF", "NORMAL"))
+        return not (self.wal and self.synchronous in (Synchronous.OFF, Synchronous.NORMAL))
 
     def is_open(self) -> bool:
         """This process has the connection open (using it needs no file to be opened)."""
