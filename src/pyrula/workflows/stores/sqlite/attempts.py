@@ -26,10 +26,22 @@ from pyrula.workflows.stores.common import (
     quarantine_error,
     requeued_event,
 )
-from pyrula.workflows.stores.sqlite import rows
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
 from pyrula.workflows.stores.sqlite.reads import Wakeups
+from pyrula.workflows.stores.sqlite.rows import (
+    RUN_COLUMNS,
+    append_events,
+    end_run,
+    enqueue,
+    fenced_run,
+    fenced_update,
+    from_json,
+    insert_events,
+    new_run,
+    read_journal,
+    to_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +59,12 @@ class Attempts:
     ) -> AppendResult:
         def op() -> AppendResult:
             with self._db.tx() as conn:
-                last, cancel_requested = rows.fenced_update(
+                last, cancel_requested = fenced_update(
                     conn, run_id, token,
                     "journal_len=journal_len+?, updated_at=?, lock_expires=?",
                     (len(events), now, now + lock_ttl), "journal_len, cancel_requested",
                 )
-                rows.insert_events(conn, run_id, last - len(events), events)
+                insert_events(conn, run_id, last - len(events), events)
                 return AppendResult(last, bool(cancel_requested))
 
         return await self._calls.call(op, inline=True)
@@ -71,20 +83,20 @@ class Attempts:
     ) -> ParkResult:
         def op() -> ParkResult:
             with self._db.tx() as conn:
-                row = rows.fenced(conn, run_id, token)
-                last = rows.append(conn, run_id, row["journal_len"], events, now)
-                seen = rows.uj(row["signal_seq"]) or {}
+                row = fenced_run(conn, run_id, token)
+                last = append_events(conn, run_id, row["journal_len"], events, now)
+                seen = from_json(row["signal_seq"]) or {}
                 arrived = any(int(seen.get(s, 0)) > known_seq for s in signals)
                 if arrived or row["cancel_requested"]:
-                    tail = rows.journal(conn, run_id, known_seq)
+                    tail = read_journal(conn, run_id, known_seq)
                     return ParkResult(False, last, tail, bool(row["cancel_requested"]))
                 conn.execute(
                     "UPDATE runs SET status=?, lock_owner=NULL, waiting_for=?, interrupt=?, "
                     "wake_at=?, parked_seq=? WHERE run_id=?",
                     (
                         (RunStatus.WAITING if signals else RunStatus.SLEEPING).value,
-                        rows.j(list(signals)) if signals else None,
-                        rows.j(interrupt) if INTERRUPT_SIGNAL in signals else None,
+                        to_json(list(signals)) if signals else None,
+                        to_json(interrupt) if INTERRUPT_SIGNAL in signals else None,
                         wake_at,
                         last,
                         run_id,
@@ -112,20 +124,20 @@ class Attempts:
             with self._db.tx() as conn:
                 if status is not RunStatus.CONTINUED:
                     # The fence, the end and the journal length in one statement.
-                    (last,) = rows.fenced_update(
+                    (last,) = fenced_update(
                         conn, run_id, token,
                         "status=?, result=?, error=?, lock_owner=NULL, wake_at=NULL, "
                         "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL, "
                         "journal_len=journal_len+?",
-                        (status.value, rows.j(result), None if error is None else rows.j(error),
+                        (status.value, to_json(result), None if error is None else to_json(error),
                          now, now, len(events)),
                         "journal_len",
                     )
-                    rows.insert_events(conn, run_id, last - len(events), events)
+                    insert_events(conn, run_id, last - len(events), events)
                     return FinishResult(last, None)
-                row = rows.fenced(conn, run_id, token)
+                row = fenced_run(conn, run_id, token)
                 batch = [dict(e) for e in events]
-                successor_id = rows.new_run(
+                successor_id = new_run(
                     conn, row["name"], successor_params, row["owner"], now, None,
                     row["start_id"], predecessor=run_id,
                 )
@@ -133,8 +145,8 @@ class Attempts:
                     "UPDATE runs SET successor_id=? WHERE run_id=?", (successor_id, run_id)
                 )
                 stamp_successor(batch, successor_id)
-                last = rows.append(conn, run_id, row["journal_len"], batch, now)
-                rows.end(conn, run_id, status, now, result, error)
+                last = append_events(conn, run_id, row["journal_len"], batch, now)
+                end_run(conn, run_id, status, now, result, error)
                 return FinishResult(last, successor_id)
 
         finished = await self._calls.call(op, inline=True)
@@ -155,8 +167,8 @@ class Attempts:
     ) -> RequeueOutcome:
         def op() -> RequeueOutcome:
             with self._db.tx() as conn:
-                row = rows.fenced(conn, run_id, token)
-                length = rows.append(conn, run_id, row["journal_len"], events, now)
+                row = fenced_run(conn, run_id, token)
+                length = append_events(conn, run_id, row["journal_len"], events, now)
                 return _requeue(conn, row, length, now, reason, crash, poison, crash_detail)
 
         outcome = await self._calls.call(op, inline=True)
@@ -200,7 +212,7 @@ class Attempts:
         def op() -> list[RequeueOutcome]:
             with self._db.tx() as conn:
                 sql = (
-                    f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE status='running' "
+                    f"SELECT {RUN_COLUMNS} FROM runs WHERE status='running' "
                     "AND lock_expires<=?"
                 )
                 args: list[Any] = [now]
@@ -269,7 +281,7 @@ class Attempts:
 
 def _held_by(conn: sqlite3.Connection, worker_id: str) -> list[sqlite3.Row]:
     held: list[sqlite3.Row] = conn.execute(
-        f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE status='running' AND lock_owner=?",
+        f"SELECT {RUN_COLUMNS} FROM runs WHERE status='running' AND lock_owner=?",
         (worker_id,),
     ).fetchall()
     return held
@@ -285,18 +297,18 @@ def _requeue(
     counted = None
     if crash:
         policy = poison or PoisonPolicy()
-        crashes = live_crashes(rows.uj(row["crashes"]) or [], now, policy.retry_ttl_s) + [now]
-        conn.execute("UPDATE runs SET crashes=? WHERE run_id=?", (rows.j(crashes), run_id))
+        crashes = live_crashes(from_json(row["crashes"]) or [], now, policy.retry_ttl_s) + [now]
+        conn.execute("UPDATE runs SET crashes=? WHERE run_id=?", (to_json(crashes), run_id))
         counted = len(crashes)
         if counted > policy.max_retries:
             error = quarantine_error(counted, crash_detail)
-            rows.append(conn, run_id, length, [error_event(now, error)], now)
-            rows.end(conn, run_id, RunStatus.FAILED, now, error=error)
+            append_events(conn, run_id, length, [error_event(now, error)], now)
+            end_run(conn, run_id, RunStatus.FAILED, now, error=error)
             return RequeueOutcome(run_id, True)
     if row["cancel_requested"]:
-        rows.append(conn, run_id, length, [make_event(EventType.RUN_CANCELLED, now)], now)
-        rows.end(conn, run_id, RunStatus.CANCELLED, now)
+        append_events(conn, run_id, length, [make_event(EventType.RUN_CANCELLED, now)], now)
+        end_run(conn, run_id, RunStatus.CANCELLED, now)
         return RequeueOutcome(run_id, False)
-    rows.append(conn, run_id, length, [requeued_event(now, reason, counted)], now)
-    rows.enqueue(conn, run_id, row["name"], row["owner"])
+    append_events(conn, run_id, length, [requeued_event(now, reason, counted)], now)
+    enqueue(conn, run_id, row["name"], row["owner"])
     return RequeueOutcome(run_id, False)

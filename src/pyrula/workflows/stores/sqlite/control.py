@@ -9,10 +9,17 @@ from typing import Any
 from pyrula.workflows.errors import RunNotActive
 from pyrula.workflows.events import INTERRUPT_SIGNAL, EventType, make_event
 from pyrula.workflows.records import RunStatus
-from pyrula.workflows.stores.sqlite import rows
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
 from pyrula.workflows.stores.sqlite.reads import Wakeups
+from pyrula.workflows.stores.sqlite.rows import (
+    append_events,
+    end_run,
+    enqueue,
+    from_json,
+    require_run,
+    to_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +35,7 @@ class RunControl:
     async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
         def op() -> None:
             with self._db.tx() as conn:
-                row = rows.require(conn, run_id)
+                row = require_run(conn, run_id)
                 status = RunStatus(row["status"])
                 if status.terminal:
                     raise RunNotActive(f"run {run_id} has already ended ({status.value})")
@@ -37,20 +44,20 @@ class RunControl:
                     else EventType.SIGNAL_RECEIVED
                 )
                 event = make_event(type_, now, name=name, payload=payload)
-                last = rows.append(conn, run_id, row["journal_len"], [event], now)
-                seen = rows.uj(row["signal_seq"]) or {}
+                last = append_events(conn, run_id, row["journal_len"], [event], now)
+                seen = from_json(row["signal_seq"]) or {}
                 seen[name] = last
-                conn.execute("UPDATE runs SET signal_seq=? WHERE run_id=?", (rows.j(seen), run_id))
-                waiting = rows.uj(row["waiting_for"]) or []
+                conn.execute("UPDATE runs SET signal_seq=? WHERE run_id=?", (to_json(seen), run_id))
+                waiting = from_json(row["waiting_for"]) or []
                 if status is RunStatus.WAITING and name in waiting:
-                    rows.enqueue(conn, run_id, row["name"], row["owner"])
+                    enqueue(conn, run_id, row["name"], row["owner"])
 
         await self._calls.call(op, inline=True)
 
     async def cancel(self, run_id: str, *, now: float) -> bool:
         def op() -> bool:
             with self._db.tx() as conn:
-                row = rows.require(conn, run_id)
+                row = require_run(conn, run_id)
                 status = RunStatus(row["status"])
                 if status.terminal:
                     return False
@@ -61,8 +68,8 @@ class RunControl:
                     )
                     return True
                 cancelled = make_event(EventType.RUN_CANCELLED, now)
-                rows.append(conn, run_id, row["journal_len"], [cancelled], now)
-                rows.end(conn, run_id, RunStatus.CANCELLED, now)
+                append_events(conn, run_id, row["journal_len"], [cancelled], now)
+                end_run(conn, run_id, RunStatus.CANCELLED, now)
                 return True
 
         done = await self._calls.call(op, inline=True)
@@ -72,12 +79,12 @@ class RunControl:
     async def wake_run(self, run_id: str, *, now: float) -> bool:
         def op() -> bool:
             with self._db.tx() as conn:
-                row = rows.require(conn, run_id)
+                row = require_run(conn, run_id)
                 if row["status"] != RunStatus.SLEEPING:
                     return False
                 woken = make_event(EventType.RUN_WOKEN, now, reason="manual")
-                rows.append(conn, run_id, row["journal_len"], [woken], now)
-                rows.enqueue(conn, run_id, row["name"], row["owner"])
+                append_events(conn, run_id, row["journal_len"], [woken], now)
+                enqueue(conn, run_id, row["name"], row["owner"])
                 return True
 
         return await self._calls.call(op, inline=True)

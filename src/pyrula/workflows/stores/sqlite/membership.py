@@ -10,10 +10,10 @@ from typing import Any
 
 from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.common import error_event
-from pyrula.workflows.stores.sqlite import rows
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
 from pyrula.workflows.stores.sqlite.reads import Wakeups
+from pyrula.workflows.stores.sqlite.rows import append_events, end_run, from_json, to_json
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class Membership:
                     "INSERT INTO workers(worker_id, names, expires) VALUES (?, ?, ?) "
                     "ON CONFLICT(worker_id) DO UPDATE SET names=excluded.names, "
                     "expires=excluded.expires",
-                    (worker_id, rows.j(list(names)), now + ttl),
+                    (worker_id, to_json(list(names)), now + ttl),
                 )
 
         await self._calls.call(op)
@@ -51,7 +51,7 @@ class Membership:
         def op(conn: sqlite3.Connection) -> list[str]:
             served: set[str] = set()
             for row in conn.execute("SELECT names FROM workers WHERE expires>?", (now,)):
-                served.update(rows.uj(row[0]) or [])
+                served.update(from_json(row[0]) or [])
             queued = [r[0] for r in conn.execute(
                 "SELECT DISTINCT name FROM runs WHERE status='queued'")]
             return sorted(n for n in queued if n not in served)
@@ -68,8 +68,8 @@ class Membership:
                     "AND updated_at<=? ORDER BY queue_seq LIMIT ?", (name, older_than, limit),
                 ).fetchall()
                 for run_id, length in found:
-                    rows.append(conn, run_id, length, [error_event(now, error)], now)
-                    rows.end(conn, run_id, RunStatus.FAILED, now, error=dict(error))
+                    append_events(conn, run_id, length, [error_event(now, error)], now)
+                    end_run(conn, run_id, RunStatus.FAILED, now, error=dict(error))
                 return [str(r[0]) for r in found]
 
         failed = await self._calls.call(op)

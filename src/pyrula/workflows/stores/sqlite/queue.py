@@ -13,10 +13,17 @@ from pyrula.workflows.errors import JournalCorrupt, WorkflowNotFound
 from pyrula.workflows.events import Event, EventType, make_event
 from pyrula.workflows.records import ClaimedRun, RunHandle, RunStatus
 from pyrula.workflows.stores.common import NO_OWNER, pick_owner, record_params, started_event
-from pyrula.workflows.stores.sqlite import rows
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
 from pyrula.workflows.stores.sqlite.flow import flow_allows
+from pyrula.workflows.stores.sqlite.rows import (
+    append_events,
+    enqueue,
+    from_json,
+    insert_events,
+    new_run,
+    read_journal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +56,7 @@ class WorkQueue:
                     ).fetchone()
                     if row is not None:
                         return RunHandle(name, row[0]), False
-                run_id = rows.new_run(
+                run_id = new_run(
                     conn, name, params, owner or NO_OWNER, now, idempotency_key, None
                 )
                 return RunHandle(name, run_id), True
@@ -114,8 +121,8 @@ class WorkQueue:
                 ).fetchall()
                 for run_id, name, owner, length in due:
                     woken = make_event(EventType.RUN_WOKEN, now, reason="timer")
-                    rows.append(conn, run_id, length, [woken], now)
-                    rows.enqueue(conn, run_id, name, owner)
+                    append_events(conn, run_id, length, [woken], now)
+                    enqueue(conn, run_id, name, owner)
                 return len(due)
 
         return await self._calls.call(op)
@@ -152,7 +159,7 @@ def _take(
     if row is None:
         raise WorkflowNotFound(f"no run with id {run_id!r}")
     name, params, owner, attempt, length, base, start_id, created_at, crashes = row
-    rows.insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id)])
+    insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id)])
     values: Any = None
     journal: list[Event] = []
     corrupt: JournalCorrupt | None = None
@@ -160,7 +167,7 @@ def _take(
         # Not a reason to fail the claim (and roll back the others it took): the
         # worker fails this run, whose attempt and lock are taken like theirs.
         values = record_params(run_id, params)
-        journal = rows.journal(conn, run_id, base)
+        journal = read_journal(conn, run_id, base)
     except JournalCorrupt as exc:
         corrupt = exc
     return ClaimedRun(
@@ -173,7 +180,7 @@ def _take(
         base_seq=base,
         start_id=start_id,
         created_at=created_at,
-        crashes=tuple(rows.uj(crashes) or ()),
+        crashes=tuple(from_json(crashes) or ()),
         journal_error=corrupt,
     )
 

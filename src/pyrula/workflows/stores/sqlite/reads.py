@@ -22,9 +22,16 @@ from pyrula.workflows._sync import SYNC_DRIVE
 from pyrula.workflows.errors import WorkflowNotFound
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import RunInfo, RunStatus
-from pyrula.workflows.stores.sqlite import rows
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
+from pyrula.workflows.stores.sqlite.rows import (
+    RUN_COLUMNS,
+    TERMINAL,
+    read_journal,
+    require_run,
+    run_info,
+    run_row,
+)
 from pyrula.workflows.stores.waiters import EndWatch, ResultWaiters
 
 logger = logging.getLogger(__name__)
@@ -77,15 +84,15 @@ class Reads:
 
     def _get(self, run_id: str) -> RunInfo | None:
         def op(conn: sqlite3.Connection) -> RunInfo | None:
-            row = rows.row(conn, run_id)
-            return None if row is None else rows.info(row)
+            row = run_row(conn, run_id)
+            return None if row is None else run_info(row)
 
         return self._db.read(op)
 
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         def op(conn: sqlite3.Connection) -> list[Event]:
-            rows.require(conn, run_id)
-            return rows.journal(conn, run_id, after_seq)
+            require_run(conn, run_id)
+            return read_journal(conn, run_id, after_seq)
 
         return await self._calls.call(lambda: self._db.read(op))
 
@@ -114,13 +121,13 @@ class Reads:
             args.extend([before[0], before[0], before[1]])
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = (
-            f"SELECT {rows.RUN_COLUMNS} FROM runs {where} "
+            f"SELECT {RUN_COLUMNS} FROM runs {where} "
             "ORDER BY created_at DESC, run_id DESC LIMIT ?"
         )
         args.append(limit)
 
         def op(conn: sqlite3.Connection) -> list[RunInfo]:
-            return [rows.info(r) for r in conn.execute(sql, args).fetchall()]
+            return [run_info(r) for r in conn.execute(sql, args).fetchall()]
 
         return await self._calls.call(lambda: self._db.read(op))
 
@@ -173,10 +180,10 @@ class Reads:
             for i in range(0, len(run_ids), 500):
                 chunk = run_ids[i:i + 500]
                 for row in conn.execute(
-                    f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE run_id IN "
-                    f"({','.join('?' * len(chunk))}) AND status IN ({rows.TERMINAL})", chunk,
+                    f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id IN "
+                    f"({','.join('?' * len(chunk))}) AND status IN ({TERMINAL})", chunk,
                 ):
-                    ended[row["run_id"]] = rows.info(row)
+                    ended[row["run_id"]] = run_info(row)
             return ended
 
         return await self._calls.call(lambda: self._db.read(op), inline=True)
@@ -191,7 +198,7 @@ class Reads:
         low = (-math.inf, "") if after is None else (float(after[0]), str(after[1]))
         sql = (
             "SELECT finished_at, run_id FROM runs WHERE finished_at IS NOT NULL "
-            f"AND status IN ({rows.TERMINAL}) "
+            f"AND status IN ({TERMINAL}) "
             "AND (finished_at > ? OR (finished_at = ? AND run_id > ?)) AND finished_at <= ? "
             "ORDER BY finished_at, run_id LIMIT ?"
         )

@@ -29,30 +29,30 @@ RUN_COLUMNS = (
 TERMINAL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
 
 
-def j(value: Any) -> bytes:
+def to_json(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
 
 
-def uj(data: bytes | str | None) -> Any:
+def from_json(data: bytes | str | None) -> Any:
     return None if data is None else orjson.loads(data)
 
 
-def row(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
+def run_row(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
     found: sqlite3.Row | None = conn.execute(
         f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id=?", (run_id,)
     ).fetchone()
     return found
 
 
-def require(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row:
-    found = row(conn, run_id)
+def require_run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row:
+    found = run_row(conn, run_id)
     if found is None:
         raise WorkflowNotFound(f"no run with id {run_id!r}")
     return found
 
 
-def fenced(conn: sqlite3.Connection, run_id: str, token: int) -> sqlite3.Row:
-    found = require(conn, run_id)
+def fenced_run(conn: sqlite3.Connection, run_id: str, token: int) -> sqlite3.Row:
+    found = require_run(conn, run_id)
     if found["status"] != RunStatus.RUNNING or found["attempt"] != token:
         raise StaleToken(run_id, token, found["attempt"])
     return found
@@ -71,28 +71,28 @@ def fenced_update(
         (*args, run_id, token),
     ).fetchone()
     if updated is None:
-        fenced(conn, run_id, token)  # raises: the run is unknown or not ours
+        fenced_run(conn, run_id, token)  # raises: the run is unknown or not ours
         raise AssertionError("unreachable: the fenced update matched no row")
     return updated
 
 
-def info(found: sqlite3.Row) -> RunInfo:
+def run_info(found: sqlite3.Row) -> RunInfo:
     return RunInfo(
         run_id=found["run_id"],
         name=found["name"],
         status=RunStatus(found["status"]),
         attempt=found["attempt"],
-        params=uj(found["params"]),
+        params=from_json(found["params"]),
         owner=found["owner"] or None,
         created_at=found["created_at"],
         updated_at=found["updated_at"],
         started_at=found["started_at"],
         finished_at=found["finished_at"],
-        result=uj(found["result"]),
-        error=uj(found["error"]),
+        result=from_json(found["result"]),
+        error=from_json(found["error"]),
         wake_at=found["wake_at"],
-        waiting_for=tuple(uj(found["waiting_for"]) or ()),
-        interrupt=uj(found["interrupt"]),
+        waiting_for=tuple(from_json(found["waiting_for"]) or ()),
+        interrupt=from_json(found["interrupt"]),
         idempotency_key=found["idempotency_key"],
         start_id=found["start_id"],
         successor_id=found["successor_id"],
@@ -108,7 +108,7 @@ def insert_events(
         length += 1
         stored = dict(event)
         stored["seq"] = length
-        rows.append((run_id, length, j(stored)))
+        rows.append((run_id, length, to_json(stored)))
     if len(rows) == 1:
         conn.execute("INSERT INTO events(run_id, seq, data) VALUES (?, ?, ?)", rows[0])
     elif rows:
@@ -116,7 +116,7 @@ def insert_events(
     return length
 
 
-def append(
+def append_events(
     conn: sqlite3.Connection, run_id: str, length: int, events: Sequence[Event], now: float
 ) -> int:
     """Journal ``events`` after seq ``length`` and move ``journal_len``; the new length."""
@@ -127,7 +127,7 @@ def append(
     return length
 
 
-def journal(conn: sqlite3.Connection, run_id: str, after: int = 0) -> list[Event]:
+def read_journal(conn: sqlite3.Connection, run_id: str, after: int = 0) -> list[Event]:
     """The run's events after seq ``after``; JournalCorrupt for a row that is not one."""
     rows = conn.execute(
         "SELECT seq, data FROM events WHERE run_id=? AND seq>? ORDER BY seq", (run_id, after)
@@ -184,17 +184,17 @@ def new_run(
         "INSERT INTO runs(run_id, name, owner, params, status, attempt, created_at, "
         "updated_at, idempotency_key, start_id, journal_len, crashes, signal_seq) "
         "VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?, 0, '[]', '{}')",
-        (run_id, name, owner, j(params), now, now, idempotency_key, start_id or run_id),
+        (run_id, name, owner, to_json(params), now, now, idempotency_key, start_id or run_id),
     )
     event = submitted_event(now, name, params, owner or None, idempotency_key)
     if predecessor is not None:
         event["predecessor"] = predecessor
-    append(conn, run_id, 0, [event], now)
+    append_events(conn, run_id, 0, [event], now)
     enqueue(conn, run_id, name, owner)
     return run_id
 
 
-def end(
+def end_run(
     conn: sqlite3.Connection, run_id: str, status: RunStatus, now: float,
     result: Any = None, error: dict[str, Any] | None = None,
 ) -> None:
@@ -202,5 +202,6 @@ def end(
     conn.execute(
         "UPDATE runs SET status=?, result=?, error=?, lock_owner=NULL, wake_at=NULL, "
         "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL WHERE run_id=?",
-        (status.value, j(result), None if error is None else j(error), now, now, run_id),
+        (status.value, to_json(result), None if error is None else to_json(error), now, now,
+         run_id),
     )
