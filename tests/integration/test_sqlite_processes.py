@@ -97,19 +97,19 @@ def test_a_process_waiting_on_many_results_learns_of_ends_in_other_processes(
         for n in range(2)
     ]
     lookups = 0
-    real = store._ends._ended
+    real = store._reads.ends._ended
 
     async def counted(run_ids: list[str]) -> Any:
         nonlocal lookups
         lookups += 1
         return await real(run_ids)
 
-    store._ends._ended = counted  # type: ignore[method-assign]
+    store._reads.ends._ended = counted  # type: ignore[method-assign]
 
     async def wait_all() -> list[str]:
         waits = [store.wait_result(run_id, timeout=60) for run_id in submitted]
         gathered = asyncio.gather(*waits)
-        await watched(store._ends, len(submitted))  # every waiter waits before any run ends
+        await watched(store._reads.ends, len(submitted))  # every waiter waits before any run ends
         await asyncio.to_thread(Path(go).touch)
         return [info.status for info in await gathered]
 

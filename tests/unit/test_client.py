@@ -131,7 +131,7 @@ def test_store_from_url() -> None:
 def test_a_sqlite_url_sets_synchronous_and_refuses_other_options(tmp_path: Path) -> None:
     store = store_from_url(f"sqlite:///{tmp_path}/a.db?synchronous=full")
     try:
-        with store._tx() as conn:  # type: ignore[attr-defined]
+        with store._db.tx() as conn:  # type: ignore[attr-defined]
             assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     finally:
         store.close()  # type: ignore[attr-defined]

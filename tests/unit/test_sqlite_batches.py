@@ -33,7 +33,7 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
 def _commits(store: SQLiteStore) -> list[str]:
     """Every COMMIT the store's connection runs from here on."""
     seen: list[str] = []
-    store._connection().set_trace_callback(
+    store._db.connection().set_trace_callback(
         lambda sql: seen.append(sql) if sql.strip().upper() == "COMMIT" else None
     )
     return seen
@@ -113,17 +113,17 @@ async def test_a_failed_commit_fails_every_call_of_the_batch(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = await _running(store, 5)
-    real_commit = store._commit
+    real_commit = store._db.commit
 
     def failing_commit(conn: sqlite3.Connection) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(store, "_commit", failing_commit)
+    monkeypatch.setattr(store._db, "commit", failing_commit)
     outcomes = await asyncio.gather(
         *(store.append(r.run_id, r.token, _step(1), now=T, lock_ttl=60) for r in runs),
         return_exceptions=True,
     )
-    monkeypatch.setattr(store, "_commit", real_commit)
+    monkeypatch.setattr(store._db, "commit", real_commit)
 
     assert all(isinstance(o, StoreUnavailable) for o in outcomes), outcomes
     for run in runs:  # rolled back, every one
@@ -210,7 +210,7 @@ async def test_a_call_cancelled_before_it_ran_is_skipped(store: SQLiteStore) -> 
         occupied.set()
         release.wait()
 
-    blocker = asyncio.ensure_future(store._call(occupy))  # occupies the thread
+    blocker = asyncio.ensure_future(store._calls.call(occupy))  # occupies the thread
     assert await asyncio.to_thread(occupied.wait, 10)
     append = asyncio.ensure_future(
         store.append(run.run_id, run.token, _step(1), now=T, lock_ttl=60)
@@ -257,10 +257,10 @@ async def test_the_wal_is_checkpointed_off_the_store_thread(store: SQLiteStore) 
 async def test_a_failing_checkpointer_hands_back_to_sqlites_own_checkpoint(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pyrula.workflows.stores.sqlite_thread import Checkpointer
+    from pyrula.workflows.stores.sqlite.checkpoint import Checkpointer
 
     def autocheckpoint() -> int:
-        return int(store._connection().execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+        return int(store._db.connection().execute("PRAGMA wal_autocheckpoint").fetchone()[0])
 
     runs = await _running(store, 2)
     await store.append(runs[0].run_id, runs[0].token, _step(1), now=T, lock_ttl=60)
@@ -277,7 +277,7 @@ async def test_calls_run_on_the_loop_when_nothing_makes_them_wait(store: SQLiteS
         *(store.append(r.run_id, r.token, _step(1), now=T, lock_ttl=60) for r in runs)
     )
     assert [r.last_seq for r in results] == [3] * 10
-    assert store._thread is None  # no call needed the store thread: it never started
+    assert store._calls.thread is None  # no call needed the store thread: it never started
 
 
 async def test_many_calls_at_once_leave_the_loop_turns_in_between(store: SQLiteStore) -> None:
@@ -303,7 +303,7 @@ async def test_with_synchronous_full_no_call_runs_on_the_loop(tmp_path: Path) ->
     store = SQLiteStore(tmp_path / "full.db", synchronous="FULL")  # a commit syncs
     try:
         await store.submit("wf", {}, now=T)
-        assert store._thread is not None
+        assert store._calls.thread is not None
     finally:
         store.close()
 
@@ -314,9 +314,9 @@ async def test_a_store_nobody_closed_ends_its_thread_once_collected(tmp_path: Pa
 
     path = tmp_path / "g.db"
     store = SQLiteStore(path)
-    await store._call(lambda: None)  # a call for the store thread: it starts
-    assert store._thread is not None
-    thread = store._thread._thread
+    await store._calls.call(lambda: None)  # a call for the store thread: it starts
+    assert store._calls.thread is not None
+    thread = store._calls.thread._thread
     collected = weakref.ref(store)
     del store
     gc.collect()
@@ -330,7 +330,7 @@ async def test_a_store_nobody_closed_ends_its_thread_once_collected(tmp_path: Pa
 def test_a_checkpointer_ends_when_idle_and_stops_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pyrula.workflows.stores.sqlite_thread import Checkpointer
+    from pyrula.workflows.stores.sqlite.checkpoint import Checkpointer
 
     path = str(tmp_path / "c.db")
     SQLiteStore(path).close()

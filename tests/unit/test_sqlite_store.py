@@ -12,7 +12,7 @@ import pytest
 
 from pyrula.workflows import ConfigurationError, SQLiteStore
 from pyrula.workflows.schedules import Schedule
-from pyrula.workflows.stores.sqlite_schema import SCHEMA_VERSION
+from pyrula.workflows.stores.sqlite.schema import SCHEMA_VERSION
 
 
 def _version(path: Path) -> int:
@@ -100,7 +100,7 @@ def _claim_steps(store: SQLiteStore, queued: int, tmp: Path) -> int:
     async def main() -> None:
         for i in range(queued):
             await store.submit("wf", {"i": i}, now=1.0 + i, owner=("a", "b")[i % 2])
-        conn = store._connection()
+        conn = store._db.connection()
         conn.set_progress_handler(count, 1)
         try:
             claimed = await store.claim("w", ["wf"], limit=10, now=1e6, lock_ttl=60)

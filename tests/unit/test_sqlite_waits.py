@@ -76,11 +76,11 @@ async def test_waiters_on_runs_ended_elsewhere_share_their_lookups(
 ) -> None:
     waiting, working = stores
     ids = [(await waiting.submit("wf", i, now=T))[0].run_id for i in range(40)]
-    lookups = _count(waiting._ends, "_ended", monkeypatch)
+    lookups = _count(waiting._reads.ends, "_ended", monkeypatch)
     reads = _count(waiting, "get_run", monkeypatch)
 
     waits = asyncio.gather(*(waiting.wait_result(run_id, timeout=30) for run_id in ids))
-    await watched(waiting._ends, len(ids))
+    await watched(waiting._reads.ends, len(ids))
     await _finish_all(working, 40)
     infos = await waits
 
@@ -95,7 +95,7 @@ async def test_a_run_that_never_ends_is_only_looked_up_ever_less_often(
 ) -> None:
     waiting, _ = stores
     run_id = (await waiting.submit("wf", 1, now=T))[0].run_id
-    lookups = _count(waiting._ends, "_ended", monkeypatch)
+    lookups = _count(waiting._reads.ends, "_ended", monkeypatch)
     reads = _count(waiting, "get_run", monkeypatch)
 
     with pytest.raises(TimeoutError):
@@ -113,7 +113,7 @@ async def test_an_end_elsewhere_wakes_every_waiter_of_that_run(
     waiting, working = stores
     run_id = (await waiting.submit("wf", {"x": 1}, now=T))[0].run_id
     waits = asyncio.gather(*(waiting.wait_result(run_id, timeout=30) for _ in range(3)))
-    await watched(waiting._ends, 1)
+    await watched(waiting._reads.ends, 1)
     await _finish_all(working, 1)
     infos = await waits
     assert [i.result for i in infos] == [{"x": 1}] * 3

@@ -1,9 +1,18 @@
-"""The SQLite store's schema. Bump SCHEMA_VERSION with any change to it.
+"""The SQLite store's schema and its migration. Bump SCHEMA_VERSION with any change to it.
 
 A change that only adds tables or indexes (``CREATE ... IF NOT EXISTS``) lists the
 versions it upgrades in place in ADDITIVE_FROM: opening such a file creates what is new
 and records the new version.
 """
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+from pyrula.workflows.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 #: Versions this schema upgrades in place (2 added the schedules table).
@@ -88,3 +97,31 @@ SCHEMA = (
         stamp REAL
     )""",
 )
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Create what is missing of the schema and record its version, in one transaction.
+
+    Raises ConfigurationError for a file of another schema version this one cannot
+    upgrade in place (nothing is changed then).
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in SCHEMA:
+            conn.execute(statement)
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            conn.execute(
+                "INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
+            )
+        elif int(row[0]) in ADDITIVE_FROM:
+            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (SCHEMA_VERSION,))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"SQLite store {path} has schema version {row[0]}, this pyrula "
+                f"needs {SCHEMA_VERSION}"
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,257 @@
+"""The SQLite store's work queue: submitting runs, claiming them (fair across owners,
+within their flow-control limits) and waking those whose timer fell due."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from pyrula.workflows.errors import JournalCorrupt, WorkflowNotFound
+from pyrula.workflows.events import Event, EventType, make_event
+from pyrula.workflows.records import ClaimedRun, RunHandle, RunStatus
+from pyrula.workflows.stores.common import NO_OWNER, pick_owner, record_params, started_event
+from pyrula.workflows.stores.sqlite.calls import Calls
+from pyrula.workflows.stores.sqlite.connection import Database
+from pyrula.workflows.stores.sqlite.flow import flow_allows
+from pyrula.workflows.stores.sqlite.rows import (
+    append_events,
+    enqueue,
+    from_json,
+    insert_events,
+    new_run,
+    read_journal,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Claims of at most this many runs may run on the caller's event loop (see Calls.call).
+_INLINE_CLAIM = 64
+
+
+class WorkQueue:
+    """submit, claim, claim_run and wake_due of the store protocol."""
+
+    def __init__(self, db: Database, calls: Calls) -> None:
+        self._db = db
+        self._calls = calls
+
+    async def submit(
+        self,
+        name: str,
+        params: Any,
+        *,
+        now: float,
+        owner: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[RunHandle, bool]:
+        def op() -> tuple[RunHandle, bool]:
+            with self._db.tx() as conn:
+                if idempotency_key is not None:
+                    row = conn.execute(
+                        "SELECT run_id FROM runs WHERE name=? AND idempotency_key=?",
+                        (name, idempotency_key),
+                    ).fetchone()
+                    if row is not None:
+                        return RunHandle(name, row[0]), False
+                run_id = new_run(
+                    conn, name, params, owner or NO_OWNER, now, idempotency_key, None
+                )
+                return RunHandle(name, run_id), True
+
+        return await self._calls.call(op, inline=True)
+
+    async def claim(
+        self,
+        worker_id: str,
+        names: Sequence[str],
+        *,
+        limit: int,
+        now: float,
+        lock_ttl: float,
+    ) -> list[ClaimedRun]:
+        def op() -> list[ClaimedRun]:
+            claimed: list[ClaimedRun] = []
+            with self._db.tx() as conn:
+                flow = conn.execute("SELECT 1 FROM flow_control LIMIT 1").fetchone() is not None
+                queues = [_NameQueue(conn, name, limit) for name in names]
+                blocked: set[str] = set()
+                progress = True
+                while len(claimed) < limit and progress:
+                    progress = False
+                    for queue in queues:
+                        if len(claimed) >= limit:
+                            break
+                        run_id = _pick(conn, queue, now, blocked, flow)
+                        if run_id is None:
+                            continue
+                        progress = True
+                        claimed.append(_take(conn, run_id, worker_id, now, lock_ttl))
+                for queue in queues:
+                    queue.record_served()
+            return claimed
+
+        if not names or limit <= 0:
+            return []
+        # A claim of many runs takes milliseconds: only small ones run on the loop.
+        return await self._calls.call(op, inline=limit <= _INLINE_CLAIM)
+
+    async def claim_run(
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
+    ) -> ClaimedRun | None:
+        def op() -> ClaimedRun | None:
+            with self._db.tx() as conn:
+                row = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+                if row is None or row[0] != RunStatus.QUEUED:
+                    return None
+                return _take(conn, run_id, worker_id, now, lock_ttl)
+
+        return await self._calls.call(op, inline=True)
+
+    async def wake_due(self, *, now: float, limit: int) -> int:
+        def op() -> int:
+            with self._db.tx() as conn:
+                due = conn.execute(
+                    "SELECT run_id, name, owner, journal_len FROM runs WHERE status IN "
+                    "('sleeping', 'waiting') AND wake_at IS NOT NULL AND wake_at<=? "
+                    "ORDER BY wake_at LIMIT ?",
+                    (now, limit),
+                ).fetchall()
+                for run_id, name, owner, length in due:
+                    woken = make_event(EventType.RUN_WOKEN, now, reason="timer")
+                    append_events(conn, run_id, length, [woken], now)
+                    enqueue(conn, run_id, name, owner)
+                return len(due)
+
+        return await self._calls.call(op)
+
+
+def _pick(
+    conn: sqlite3.Connection, queue: _NameQueue, now: float, blocked: set[str], flow: bool,
+) -> str | None:
+    """The next run of ``queue`` by deficit round robin over its owners (as
+    MemoryStore._pick), honouring flow control (``flow``: some owner has a limit)."""
+    candidates = queue.candidates(blocked)
+    while candidates:
+        owner = pick_owner(candidates)
+        if owner is None:
+            break
+        if not flow or flow_allows(conn, owner, now):
+            return queue.take(owner)
+        blocked.add(owner)
+        del candidates[owner]
+    return None
+
+
+def _take(
+    conn: sqlite3.Connection, run_id: str, worker_id: str, now: float, lock_ttl: float
+) -> ClaimedRun:
+    """Start the next attempt of this queued run: one UPDATE and its ``run:started``."""
+    row = conn.execute(
+        "UPDATE runs SET status='running', attempt=attempt+1, lock_owner=?, lock_expires=?, "
+        "started_at=COALESCE(started_at, ?), queue_seq=NULL, journal_len=journal_len+1, "
+        "updated_at=? WHERE run_id=? RETURNING name, params, owner, attempt, journal_len, "
+        "parked_seq, start_id, created_at, crashes",
+        (worker_id, now + lock_ttl, now, now, run_id),
+    ).fetchone()
+    if row is None:
+        raise WorkflowNotFound(f"no run with id {run_id!r}")
+    name, params, owner, attempt, length, base, start_id, created_at, crashes = row
+    insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id)])
+    values: Any = None
+    journal: list[Event] = []
+    corrupt: JournalCorrupt | None = None
+    try:
+        # Not a reason to fail the claim (and roll back the others it took): the
+        # worker fails this run, whose attempt and lock are taken like theirs.
+        values = record_params(run_id, params)
+        journal = read_journal(conn, run_id, base)
+    except JournalCorrupt as exc:
+        corrupt = exc
+    return ClaimedRun(
+        run_id=run_id,
+        name=name,
+        params=values,
+        owner=owner or None,
+        token=attempt,
+        journal=journal,
+        base_seq=base,
+        start_id=start_id,
+        created_at=created_at,
+        crashes=tuple(from_json(crashes) or ()),
+        journal_error=corrupt,
+    )
+
+
+class _NameQueue:
+    """The queued runs of one workflow name, as one claim transaction sees them.
+
+    The owners with queued runs are found by a skip scan of the ``runs_queue`` index (one
+    index seek per owner, not a pass over every queued run), each owner's next runs are
+    read in queue order a batch at a time, and the served counts are kept here and written
+    once at the end of the claim (``record_served``).
+    """
+
+    _OWNERS = (
+        "WITH RECURSIVE o(owner) AS ("
+        "SELECT (SELECT MIN(owner) FROM runs WHERE name=:name AND status='queued') "
+        "UNION ALL SELECT (SELECT MIN(owner) FROM runs WHERE name=:name AND status='queued' "
+        "AND owner>o.owner) FROM o WHERE o.owner IS NOT NULL) "
+        "SELECT o.owner, COALESCE(s.served, 0) FROM o "
+        "LEFT JOIN served s ON s.name=:name AND s.owner=o.owner WHERE o.owner IS NOT NULL"
+    )
+    _NEXT = (
+        "SELECT run_id, created_at, queue_seq FROM runs WHERE name=? AND owner=? "
+        "AND status='queued' AND queue_seq>? ORDER BY queue_seq LIMIT ?"
+    )
+
+    def __init__(self, conn: sqlite3.Connection, name: str, limit: int) -> None:
+        self._conn = conn
+        self.name = name
+        self._limit = limit
+        self._served: dict[str, float] = {}
+        self._taken: dict[str, int] = {}
+        # owner -> its next queued runs (run_id, created_at, queue_seq), oldest first.
+        self._next: dict[str, deque[tuple[str, float, int]]] = {}
+        self._after: dict[str, int] = {}
+        for owner, served in conn.execute(self._OWNERS, {"name": name}).fetchall():
+            self._served[owner] = float(served)
+            self._after[owner] = -1
+            self._fill(owner, 1)
+
+    def _fill(self, owner: str, count: int) -> None:
+        rows = self._conn.execute(
+            self._NEXT, (self.name, owner, self._after[owner], count)
+        ).fetchall()
+        if rows:
+            self._next[owner] = deque((str(r), float(c), int(q)) for r, c, q in rows)
+            self._after[owner] = int(rows[-1][2])
+        else:
+            self._next.pop(owner, None)
+
+    def candidates(self, blocked: set[str]) -> dict[str, tuple[float, float]]:
+        """owner -> (served, created_at of its oldest queued run), for ``pick_owner``."""
+        return {
+            owner: (self._served[owner], runs[0][1])
+            for owner, runs in self._next.items() if owner not in blocked
+        }
+
+    def take(self, owner: str) -> str:
+        """Take ``owner``'s oldest queued run and charge the owner one run served."""
+        runs = self._next[owner]
+        run_id = runs.popleft()[0]
+        self._served[owner] += 1.0
+        self._taken[owner] = self._taken.get(owner, 0) + 1
+        if not runs:
+            self._fill(owner, max(1, self._limit - sum(self._taken.values())))
+        return run_id
+
+    def record_served(self) -> None:
+        if self._taken:
+            self._conn.executemany(
+                "INSERT INTO served(name, owner, served) VALUES (?, ?, ?) "
+                "ON CONFLICT(name, owner) DO UPDATE SET served=served+excluded.served",
+                [(self.name, owner, float(n)) for owner, n in self._taken.items()],
+            )

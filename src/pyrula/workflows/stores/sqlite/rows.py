@@ -1,0 +1,207 @@
+"""The SQLite store's row helpers, shared by its parts: reading a run's row (fenced or
+not), appending to its journal, queueing it, ending it. Each takes the connection of the
+transaction it runs in and does no transaction control of its own."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from pyrula.workflows.errors import StaleToken, WorkflowNotFound
+from pyrula.workflows.events import Event
+from pyrula.workflows.records import TERMINAL_STATUSES, RunInfo, RunStatus
+from pyrula.workflows.stores.common import journal_entry, new_run_id, submitted_event
+
+logger = logging.getLogger(__name__)
+
+RUN_COLUMNS = (
+    "run_id, name, owner, params, status, attempt, created_at, updated_at, started_at, "
+    "finished_at, result, error, wake_at, waiting_for, interrupt, idempotency_key, start_id, "
+    "successor_id, cancel_requested, crashes, lock_owner, lock_expires, journal_len, signal_seq, "
+    "parked_seq"
+)
+
+#: The terminal statuses, as an SQL list (``status IN (...)``).
+TERMINAL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
+
+
+def to_json(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+
+
+def from_json(data: bytes | str | None) -> Any:
+    return None if data is None else orjson.loads(data)
+
+
+def run_row(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row | None:
+    found: sqlite3.Row | None = conn.execute(
+        f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id=?", (run_id,)
+    ).fetchone()
+    return found
+
+
+def require_run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row:
+    found = run_row(conn, run_id)
+    if found is None:
+        raise WorkflowNotFound(f"no run with id {run_id!r}")
+    return found
+
+
+def fenced_run(conn: sqlite3.Connection, run_id: str, token: int) -> sqlite3.Row:
+    found = require_run(conn, run_id)
+    if found["status"] != RunStatus.RUNNING or found["attempt"] != token:
+        raise StaleToken(run_id, token, found["attempt"])
+    return found
+
+
+def fenced_update(
+    conn: sqlite3.Connection, run_id: str, token: int, assignments: str,
+    args: Sequence[Any], returning: str,
+) -> sqlite3.Row:
+    """``UPDATE runs SET assignments`` if this attempt holds the run (the fence and the
+    write in one statement); returns the ``returning`` columns, or raises StaleToken
+    (or WorkflowNotFound) and changes nothing."""
+    updated: sqlite3.Row | None = conn.execute(
+        f"UPDATE runs SET {assignments} WHERE run_id=? AND status='running' AND attempt=? "
+        f"RETURNING {returning}",
+        (*args, run_id, token),
+    ).fetchone()
+    if updated is None:
+        fenced_run(conn, run_id, token)  # raises: the run is unknown or not ours
+        raise AssertionError("unreachable: the fenced update matched no row")
+    return updated
+
+
+def run_info(found: sqlite3.Row) -> RunInfo:
+    return RunInfo(
+        run_id=found["run_id"],
+        name=found["name"],
+        status=RunStatus(found["status"]),
+        attempt=found["attempt"],
+        params=from_json(found["params"]),
+        owner=found["owner"] or None,
+        created_at=found["created_at"],
+        updated_at=found["updated_at"],
+        started_at=found["started_at"],
+        finished_at=found["finished_at"],
+        result=from_json(found["result"]),
+        error=from_json(found["error"]),
+        wake_at=found["wake_at"],
+        waiting_for=tuple(from_json(found["waiting_for"]) or ()),
+        interrupt=from_json(found["interrupt"]),
+        idempotency_key=found["idempotency_key"],
+        start_id=found["start_id"],
+        successor_id=found["successor_id"],
+    )
+
+
+def insert_events(
+    conn: sqlite3.Connection, run_id: str, length: int, events: Sequence[Event]
+) -> int:
+    """Insert ``events`` after seq ``length`` (the caller moves ``journal_len``)."""
+    rows = []
+    for event in events:
+        length += 1
+        stored = dict(event)
+        stored["seq"] = length
+        rows.append((run_id, length, to_json(stored)))
+    if len(rows) == 1:
+        conn.execute("INSERT INTO events(run_id, seq, data) VALUES (?, ?, ?)", rows[0])
+    elif rows:
+        conn.executemany("INSERT INTO events(run_id, seq, data) VALUES (?, ?, ?)", rows)
+    return length
+
+
+def append_events(
+    conn: sqlite3.Connection, run_id: str, length: int, events: Sequence[Event], now: float
+) -> int:
+    """Journal ``events`` after seq ``length`` and move ``journal_len``; the new length."""
+    length = insert_events(conn, run_id, length, events)
+    conn.execute(
+        "UPDATE runs SET journal_len=?, updated_at=? WHERE run_id=?", (length, now, run_id)
+    )
+    return length
+
+
+def read_journal(conn: sqlite3.Connection, run_id: str, after: int = 0) -> list[Event]:
+    """The run's events after seq ``after``; JournalCorrupt for a row that is not one."""
+    rows = conn.execute(
+        "SELECT seq, data FROM events WHERE run_id=? AND seq>? ORDER BY seq", (run_id, after)
+    ).fetchall()
+    return [journal_entry(run_id, seq, data) for seq, data in rows]
+
+
+def _next_queue_seq(conn: sqlite3.Connection) -> int:
+    found = conn.execute(
+        "UPDATE meta SET value=CAST(value AS INTEGER)+1 WHERE key='queue_seq' RETURNING value"
+    ).fetchone()
+    if found is None:
+        conn.execute("INSERT INTO meta(key, value) VALUES ('queue_seq', '1')")
+        return 1
+    return int(found[0])
+
+
+def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str) -> None:
+    """Queue the run last in its name's queue (its owner's served count kept fair)."""
+    # The run itself is left out: a new one is inserted as 'queued' before this call.
+    active = conn.execute(
+        "SELECT 1 FROM runs WHERE name=? AND owner=? AND status='queued' AND run_id!=? "
+        "LIMIT 1",
+        (name, owner, run_id),
+    ).fetchone()
+    if active is None:
+        # A tenant that (re)appears starts level with the least-served active one,
+        # not behind its own past (as MemoryStore._enqueue).
+        floor = conn.execute(
+            "SELECT MIN(s.served) FROM served s WHERE s.name=? AND s.owner!=? AND EXISTS "
+            "(SELECT 1 FROM runs r WHERE r.name=s.name AND r.owner=s.owner "
+            "AND r.status='queued')",
+            (name, owner),
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO served(name, owner, served) VALUES (?, ?, ?) ON CONFLICT(name, owner)"
+            " DO UPDATE SET served=excluded.served",
+            (name, owner, floor or 0.0),
+        )
+    conn.execute(
+        "UPDATE runs SET status='queued', queue_seq=?, lock_owner=NULL, wake_at=NULL, "
+        "waiting_for=NULL, interrupt=NULL WHERE run_id=?",
+        (_next_queue_seq(conn), run_id),
+    )
+
+
+def new_run(
+    conn: sqlite3.Connection, name: str, params: Any, owner: str, now: float,
+    idempotency_key: str | None, start_id: str | None, predecessor: str | None = None,
+) -> str:
+    """Insert a run, journal its ``run:submitted`` and queue it; its id."""
+    run_id = new_run_id(now)
+    conn.execute(
+        "INSERT INTO runs(run_id, name, owner, params, status, attempt, created_at, "
+        "updated_at, idempotency_key, start_id, journal_len, crashes, signal_seq) "
+        "VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?, 0, '[]', '{}')",
+        (run_id, name, owner, to_json(params), now, now, idempotency_key, start_id or run_id),
+    )
+    event = submitted_event(now, name, params, owner or None, idempotency_key)
+    if predecessor is not None:
+        event["predecessor"] = predecessor
+    append_events(conn, run_id, 0, [event], now)
+    enqueue(conn, run_id, name, owner)
+    return run_id
+
+
+def end_run(
+    conn: sqlite3.Connection, run_id: str, status: RunStatus, now: float,
+    result: Any = None, error: dict[str, Any] | None = None,
+) -> None:
+    """Mark the run ended (its lock, timer and queue place dropped)."""
+    conn.execute(
+        "UPDATE runs SET status=?, result=?, error=?, lock_owner=NULL, wake_at=NULL, "
+        "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL WHERE run_id=?",
+        (status.value, to_json(result), None if error is None else to_json(error), now, now,
+         run_id),
+    )
