@@ -49,12 +49,14 @@ class _Via(Generic[C, P, R]):
             raise TypeError(f"{owner.__name__}.{name} would answer with {self._name}")
 
     @overload
-    def __get__(self, store: None, owner: type[Any]) -> _Via[C, P, R]: ...
+    def __get__(self, store: None, owner: type[Any] | None = None) -> _Via[C, P, R]: ...
 
     @overload
-    def __get__(self, store: object, owner: type[Any]) -> Callable[P, R]: ...
+    def __get__(self, store: object, owner: type[Any] | None = None) -> Callable[P, R]: ...
 
-    def __get__(self, store: object | None, owner: type[Any]) -> _Via[C, P, R] | Callable[P, R]:
+    def __get__(
+        self, store: object | None, owner: type[Any] | None = None
+    ) -> _Via[C, P, R] | Callable[P, R]:
         if store is None:
             return self
         method: Callable[P, R] = getattr(getattr(store, self._part), self._name)
