@@ -11,6 +11,7 @@ from typing import Any
 
 from pyrula.workflows.errors import JournalCorrupt
 from pyrula.workflows.events import Event, EventType, dumps, loads, make_event
+from pyrula.workflows.records import RunError
 from pyrula.workflows.schedules.schedule import Schedule
 
 #: Internal key of the tenant of runs submitted without an ``owner``.
@@ -79,30 +80,25 @@ def requeued_event(now: float, reason: str, crashes: int | None = None) -> Event
 
 
 def quarantine_error(crashes: int, detail: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The error of a run failed for crashing more than its poison policy allows."""
     detail = dict(detail or {})
     detail.setdefault("crashes", crashes)
     cause = str(detail.get("cause", "worker_crash"))
     error_type = "EventLoopBlocked" if cause == "loop_blocked" else "WorkerCrashed"
-    return {
-        "code": "max_retries",
-        "error_type": str(detail.pop("error_type", error_type)),
-        "message": (
+    return RunError(
+        code="max_retries",
+        error_type=str(detail.pop("error_type", error_type)),
+        message=(
             f"run quarantined after {crashes} crashes (poison_max_retries exceeded); "
             f"last cause: {cause}"
         ),
-        "detail": detail,
-    }
+        detail=detail,
+    ).as_dict()
 
 
 def error_event(now: float, error: Mapping[str, Any]) -> Event:
-    return make_event(
-        EventType.RUN_ERROR,
-        now,
-        code=error.get("code"),
-        error_type=error.get("error_type"),
-        message=error.get("message"),
-        detail=error.get("detail"),
-    )
+    """The ``run:error`` event that journals ``error`` (a ``RunInfo.error`` dict)."""
+    return RunError.from_dict(error).event(now)
 
 
 def live_crashes(crashes: Iterable[float], now: float, ttl: float) -> list[float]:

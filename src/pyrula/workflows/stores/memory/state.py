@@ -1,0 +1,210 @@
+"""The memory store's shared state: every run record and queue, under one lock.
+
+Each component of the memory store holds the one :class:`MemoryState` and does each of
+its operations under ``lock``, so every call is atomic and the store may be shared
+between an event loop and other threads. The transitions several components make (a run
+is created, enters its queue, leaves it, ends) are methods here, written once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrula.workflows.errors import StaleToken, WorkflowNotFound
+from pyrula.workflows.events import Event, dumps, loads
+from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.stores.waiters import ResultWaiters
+
+logger = logging.getLogger(__name__)
+
+
+def json_copy(value: Any) -> Any:
+    """A JSON round trip of ``value``: what a persistent store would hand back.
+
+    Values are copied on the way in and on the way out, so a caller that mutates its
+    params, a step result or an event it got back cannot rewrite the stored run (which
+    would make a replay differ on this store only).
+    """
+    return loads(dumps(value))
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """One run as the memory store holds it (``owner`` is NO_OWNER for none)."""
+
+    run_id: str
+    name: str
+    params: Any
+    owner: str
+    created_at: float
+    updated_at: float
+    start_id: str
+    idempotency_key: str | None = None
+    status: RunStatus = RunStatus.QUEUED
+    attempt: int = 0
+    journal: list[Event] = field(default_factory=list)
+    lock_owner: str | None = None
+    lock_expires: float = 0.0
+    wake_at: float | None = None
+    waiting_for: tuple[str, ...] = ()
+    interrupt: Any = None
+    signal_seq: dict[str, int] = field(default_factory=dict)
+    cancel_requested: bool = False
+    parked_seq: int = 0
+    crashes: list[float] = field(default_factory=list)
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    successor_id: str | None = None
+
+    def info(self) -> RunInfo:
+        return RunInfo(
+            run_id=self.run_id,
+            name=self.name,
+            status=self.status,
+            attempt=self.attempt,
+            params=json_copy(self.params),
+            owner=self.owner or None,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            result=json_copy(self.result),
+            error=json_copy(self.error),
+            wake_at=self.wake_at,
+            waiting_for=self.waiting_for,
+            interrupt=json_copy(self.interrupt),
+            idempotency_key=self.idempotency_key,
+            start_id=self.start_id,
+            successor_id=self.successor_id,
+        )
+
+    def append(self, events: Sequence[Event], now: float) -> int:
+        """Copy ``events`` onto the journal, numbering them; returns the last seq."""
+        for event in events:
+            stored = json_copy(event)
+            stored["seq"] = len(self.journal) + 1
+            self.journal.append(stored)
+        self.updated_at = now
+        return len(self.journal)
+
+    def tail(self, after_seq: int) -> list[Event]:
+        """Copies of the journal's events after ``after_seq``."""
+        return [json_copy(e) for e in self.journal[after_seq:]]
+
+
+class MemoryState:
+    """The runs, their queues and timers, and the lock every operation holds.
+
+    ``queues`` maps a workflow name to its owners' FIFOs of run ids; ``served`` counts the
+    claims of each owner there, which deficit round robin levels. ``timers`` is a heap of
+    (wake_at, run_id), possibly holding stale entries (a run woken or parked again since).
+    Whoever waits on a run's result is woken when a run ends: a coroutine through
+    ``waiters``, a thread blocked in a synchronous call through ``ended``.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.runs: dict[str, RunRecord] = {}
+        self.idempotency: dict[tuple[str, str], str] = {}
+        self.queues: dict[str, dict[str, deque[str]]] = {}
+        self.served: dict[str, dict[str, float]] = {}
+        self.timers: list[tuple[float, str]] = []
+        self.waiters = ResultWaiters()
+        self.ended = threading.Condition(self.lock)
+
+    def get(self, run_id: str) -> RunRecord:
+        """The run ``run_id``; raises WorkflowNotFound if there is none."""
+        run = self.runs.get(run_id)
+        if run is None:
+            raise WorkflowNotFound(f"no run with id {run_id!r}")
+        return run
+
+    def fenced(self, run_id: str, token: int) -> RunRecord:
+        """The run ``run_id`` if attempt ``token`` holds it; raises StaleToken otherwise."""
+        run = self.get(run_id)
+        if run.status is not RunStatus.RUNNING or run.attempt != token:
+            raise StaleToken(run_id, token, run.attempt)
+        return run
+
+    def new_run(
+        self,
+        run_id: str,
+        name: str,
+        params: Any,
+        owner: str,
+        now: float,
+        *,
+        idempotency_key: str | None = None,
+        start_id: str | None = None,
+    ) -> RunRecord:
+        """Store a new run and queue it (its journal still empty)."""
+        run = RunRecord(
+            run_id=run_id,
+            name=name,
+            params=json_copy(params),
+            owner=owner,
+            created_at=now,
+            updated_at=now,
+            start_id=start_id or run_id,
+            idempotency_key=idempotency_key,
+        )
+        self.runs[run_id] = run
+        self.enqueue(run)
+        return run
+
+    def enqueue(self, run: RunRecord) -> None:
+        """Queue ``run`` behind its owner's other runs of its workflow."""
+        run.status = RunStatus.QUEUED
+        run.lock_owner = None
+        run.wake_at = None
+        run.waiting_for = ()
+        run.interrupt = None
+        owners = self.queues.setdefault(run.name, {})
+        served = self.served.setdefault(run.name, {})
+        if run.owner not in owners or not owners[run.owner]:
+            # A tenant that (re)appears starts level with the least-served active one,
+            # so it neither starves the others nor waits behind their history, nor its
+            # own: runs served while nobody else waited are not held against it (as DRR
+            # resets the deficit of a queue that empties).
+            active = [served.get(o, 0.0) for o, q in owners.items() if q]
+            served[run.owner] = min(active) if active else 0.0
+        owners.setdefault(run.owner, deque()).append(run.run_id)
+
+    def dequeue(self, run: RunRecord) -> None:
+        """Take ``run`` out of its queue, if it is there."""
+        queue = self.queues.get(run.name, {}).get(run.owner)
+        if queue is not None:
+            try:
+                queue.remove(run.run_id)
+            except ValueError:
+                pass
+
+    def end(
+        self,
+        run: RunRecord,
+        status: RunStatus,
+        now: float,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """Move ``run`` to the terminal ``status`` and wake whoever waits on its result."""
+        if run.status is RunStatus.QUEUED:
+            self.dequeue(run)
+        run.status = status
+        run.result = json_copy(result)
+        run.error = json_copy(error)
+        run.lock_owner = None
+        run.wake_at = None
+        run.waiting_for = ()
+        run.finished_at = now
+        run.updated_at = now
+        self.waiters.notify(run.run_id)
+        self.ended.notify_all()
