@@ -295,7 +295,7 @@ async def test_a_run_the_archive_refuses_is_logged_and_skipped(
     for run_id in run_ids:
         await store.live.cancel(run_id, now=T0 + 10)
 
-    with caplog.at_level(logging.ERROR, logger="pyrula.workflows.archive"):
+    with caplog.at_level(logging.ERROR, logger="pyrula.workflows.stores.archive"):
         report = await store.reconcile(now=T0 + 100)
 
     assert (report.archived, report.failed, report.caught_up) == (2, 1, True)
@@ -311,7 +311,7 @@ async def test_a_run_that_expired_before_it_was_archived_is_reported_lost(
     await store.live.cancel(run_id, now=T0 + 1)
     await await_until(lambda: _gone_from_live(store, run_id), timeout=15)
 
-    with caplog.at_level(logging.ERROR, logger="pyrula.workflows.archive"):
+    with caplog.at_level(logging.ERROR, logger="pyrula.workflows.stores.archive"):
         report = await store.reconcile(now=T0 + 100)
 
     assert (report.scanned, report.archived, report.lost) == (1, 0, 1)
@@ -347,7 +347,7 @@ async def test_an_outage_is_retried_by_reconcile_and_nothing_finished_is_lost(
 ) -> None:
     dsn, down = outage_db
     store = make(dsn=dsn, live_ttl_after_archive=300)
-    caplog.set_level(logging.INFO, logger="pyrula.workflows.archive")
+    caplog.set_level(logging.INFO, logger="pyrula.workflows.stores.archive")
     before = await running(store, now=T0)
     await complete(store, before.run_id, before.token, now=T0 + 1)
     assert await store.archive.get_run(before.run_id) is not None
@@ -415,7 +415,7 @@ async def test_a_database_error_in_reconcile_is_logged_and_retried_not_fatal(
                            "40P01")
 
     monkeypatch.setattr(store.archive, "archived", deadlocked)
-    with caplog.at_level(logging.ERROR, logger="pyrula.workflows.archive"):
+    with caplog.at_level(logging.ERROR, logger="pyrula.workflows.stores.archive"):
         delay = await store.reconcile_tick(worker_id="w", names=[WF], now=T0 + 100)
     assert delay is not None and delay > 0
     assert len(logged(caplog, "archive_reconcile_failed")) == 1

@@ -191,19 +191,16 @@ def _sync_driven(store: object) -> bool:
     attributes to another store (the archiving store) does not inherit the answer of what
     it wraps."""
     kind = type(store)
-    if issubclass(kind, SyncAdmin):
-        return kind.sync_driven
-    # Transitional: a backend that does not mix SyncAdmin in yet (the Valkey store)
-    # declares the same class attribute; this line goes once every backend mixes it in.
-    return bool(getattr(kind, "sync_driven", False))
+    return issubclass(kind, SyncAdmin) and kind.sync_driven
 
 
 class SyncWorkflowClient:
     """``WorkflowClient`` for code that is not async: each call blocks until done.
 
-    Each call runs the async client's own code. On a store with blocking connections
-    (``sync_driven``, the Valkey store) it runs right on the calling thread; on the others
-    it runs on a background event loop while the calling thread waits.
+    Each call runs the async client's own code. On a store whose every call can finish
+    without an event loop (``sync_driven``: the memory, SQLite and Valkey stores) it runs
+    right on the calling thread; on the others (the archiving store, whose archive is
+    asyncpg) it runs on a background event loop while the calling thread waits.
     """
 
     def __init__(self, store: Store, **kwargs: Any) -> None:

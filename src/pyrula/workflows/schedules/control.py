@@ -23,7 +23,7 @@ async def apause_schedule(store: ScheduleStore, schedule_id: str) -> None:
 
 
 async def aresume_schedule(
-    store: ScheduleStore, schedule_id: str, *, now: float | None = None
+    store: Store, schedule_id: str, *, now: float | None = None
 ) -> None:
     """Let a paused schedule fire again, from its first occurrence after now: occurrences
     that fell while it was paused are not fired."""
@@ -61,7 +61,7 @@ def pause_schedule(store: ScheduleStore, schedule_id: str) -> None:
 
 
 def resume_schedule(
-    store: ScheduleStore, schedule_id: str, *, now: float | None = None
+    store: Store, schedule_id: str, *, now: float | None = None
 ) -> None:
     run_sync(aresume_schedule(store, schedule_id, now=now))
 

@@ -7,9 +7,11 @@ it the synchronous twin users call from plain code (``store.schedule_create(...)
 way the backend declares:
 
 - ``sync_driven`` True: :func:`~pyrula.workflows._sync.drive` runs it on the calling
-  thread with no event loop (the backend's I/O has a blocking path that never suspends
-  while :data:`~pyrula.workflows._sync.SYNC_DRIVE` is set: the Valkey store's sockets, the
-  SQLite store's connections, the memory store's dictionaries);
+  thread with no event loop (every coroutine of the backend, the client's calls and
+  ``wait_result`` included, has a blocking path that never suspends while
+  :data:`~pyrula.workflows._sync.SYNC_DRIVE` is set: the Valkey store's sockets, the
+  SQLite store's connection, the memory store's lock and condition). ``SyncWorkflowClient``
+  reads the same flag;
 - otherwise :func:`~pyrula.workflows._sync.run_sync` runs it on the process's background
   event loop while the calling thread waits.
 
@@ -73,8 +75,9 @@ class AsyncAdmin(Protocol):
 class SyncAdmin:
     """The synchronous twin of each :class:`AsyncAdmin` operation (mixed into a store)."""
 
-    #: True when every operation of this backend finishes without suspending while
-    #: ``SYNC_DRIVE`` is set (run on the calling thread); False: on the background loop.
+    #: True when every coroutine of this backend (the run operations too) finishes without
+    #: suspending while ``SYNC_DRIVE`` is set (run on the calling thread); False: on the
+    #: background loop.
     sync_driven: ClassVar[bool] = False
 
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -1,6 +1,9 @@
 """The Store seam: the one interface the worker, the engine and the clients talk to.
 
-Small protocols by concern, composed into :class:`Store`. Every state change is one atomic
+Small protocols by concern, composed into the core :class:`RunStore` (every run
+operation, all coroutines); :class:`Store` adds the administration coroutines
+(``admin.py``) and their synchronous twins. Optional abilities are named in
+``capabilities.py`` and resolved once by ``capabilities_of``. Every state change is one atomic
 call (one transaction on SQLite, one script on Valkey). Every write made by an attempt
 carries its fencing token (the attempt number under the lock); a stale token is refused
 inside that same atomic step with :class:`~pyrula.workflows.errors.StaleToken`.
@@ -29,6 +32,13 @@ from pyrula.workflows.records import (
     RunStatus,
 )
 from pyrula.workflows.schedules.schedule import Schedule
+from pyrula.workflows.stores.admin import AsyncAdmin
+from pyrula.workflows.stores.capabilities import ArchiveSource
+
+__all__ = [
+    "ArchiveSource", "AsyncAdmin", "AttemptStore", "Membership", "RunControl", "RunReader",
+    "RunStore", "RunSubmitter", "ScheduleStore", "Store", "SyncCalls", "WorkQueue",
+]
 
 
 class RunSubmitter(Protocol):
@@ -271,52 +281,10 @@ class Membership(Protocol):
         ...
 
 
-class FlowControlStore(Protocol):
-    def flow_control_set(
-        self,
-        owner: str,
-        max_concurrent: int | None = None,
-        max_starts_per_second: float | None = None,
-    ) -> None: ...
-
-    def flow_control_get(self, owner: str) -> FlowControl | None: ...
-
-    def flow_control_delete(self, owner: str) -> bool: ...
-
-
 class ScheduleStore(Protocol):
-    """Schedules, kept as JSON records (``Schedule.definition()``) plus their state.
-
-    The admin calls are synchronous, each with an async twin prefixed ``a``; the worker's
-    schedule loop uses ``schedules_due`` and ``schedule_advance``. Each call is atomic.
-    """
-
-    def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule:
-        """Store ``schedule`` under its id, replacing any record with that id: enabled
-        (a paused one is re-enabled), its ``next_run_at`` the first occurrence after
-        ``now`` (default: the system clock). The last run is kept (for ``overlap``).
-        Returns the schedule as stored."""
-        ...
-
-    def schedule_get(self, schedule_id: str) -> Schedule | None: ...
-
-    def schedule_list(self) -> list[Schedule]:
-        """Every schedule, by id."""
-        ...
-
-    def schedule_delete(self, schedule_id: str) -> bool:
-        """Forget the schedule; False if there was none. Its runs are not touched."""
-        ...
-
-    async def aschedule_create(
-        self, schedule: Schedule, *, now: float | None = None
-    ) -> Schedule: ...
-
-    async def aschedule_get(self, schedule_id: str) -> Schedule | None: ...
-
-    async def aschedule_list(self) -> list[Schedule]: ...
-
-    async def aschedule_delete(self, schedule_id: str) -> bool: ...
+    """What the worker's schedule loop and the schedule controls need (the schedules'
+    administration, ``aschedule_create`` and the rest, is in :class:`AsyncAdmin`).
+    Each call is atomic."""
 
     async def schedules_due(
         self, names: Sequence[str], *, now: float, limit: int
@@ -351,12 +319,12 @@ class ScheduleStore(Protocol):
         ...
 
 
-@runtime_checkable
-class Store(
-    RunSubmitter, AttemptStore, WorkQueue, RunControl, RunReader, FlowControlStore, Membership,
-    ScheduleStore, Protocol,
+class RunStore(
+    RunSubmitter, AttemptStore, WorkQueue, RunControl, RunReader, Membership, ScheduleStore,
+    Protocol,
 ):
-    """Everything a worker and a client need from a store."""
+    """The core: every operation on runs, each a coroutine. What a backend must implement
+    for the worker and the clients (``tests/conformance`` checks it on every backend)."""
 
     async def aping(self) -> None:
         """Raise StoreUnavailable unless the store answers."""
@@ -369,30 +337,41 @@ class Store(
         yet (values given as None record nothing); return what is recorded. Atomic."""
         ...
 
+    async def aclose(self) -> None: ...
+
+
+class SyncCalls(Protocol):
+    """The synchronous calls users make from plain code: the administration twins
+    (``SyncAdmin`` gives every backend the same ones) and ``close``."""
+
     def ping(self) -> None: ...
 
-    def recover_pending_runs(self, name: str) -> int:
-        """Requeue every run of ``name`` whose lock expired; returns how many."""
-        ...
+    def recover_pending_runs(self, name: str) -> int: ...
 
-    async def aclose(self) -> None: ...
+    def flow_control_set(
+        self,
+        owner: str,
+        max_concurrent: int | None = None,
+        max_starts_per_second: float | None = None,
+    ) -> None: ...
+
+    def flow_control_get(self, owner: str) -> FlowControl | None: ...
+
+    def flow_control_delete(self, owner: str) -> bool: ...
+
+    def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule: ...
+
+    def schedule_get(self, schedule_id: str) -> Schedule | None: ...
+
+    def schedule_list(self) -> list[Schedule]: ...
+
+    def schedule_delete(self, schedule_id: str) -> bool: ...
 
     def close(self) -> None: ...
 
 
-class ArchiveSource(Protocol):
-    """What an ArchivingStore asks of its live store besides ``Store`` (memory, SQLite and
-    Valkey have it; a live store without it is archived only as its runs end)."""
-
-    async def ended_runs(
-        self, *, after: tuple[float, str] | None, until: float, limit: int
-    ) -> list[tuple[float, str]]:
-        """(finished_at, run_id) of ended runs with (finished_at, run_id) > ``after`` (None:
-        from the start) and finished_at <= ``until``, oldest first, at most ``limit``."""
-        ...
-
-    async def expire_finished(self, run_ids: Sequence[str], ttl: float) -> None:
-        """Let these ended runs' live copies expire within ``ttl`` seconds; never lengthens
-        a TTL, never touches a run still in flight or one that continued as new (a chain's
-        earlier runs keep the store's own retention). A no-op on stores without TTLs."""
-        ...
+@runtime_checkable
+class Store(RunStore, AsyncAdmin, SyncCalls, Protocol):
+    """Everything a worker and a client need from a store: the core run operations, the
+    administration coroutines and their synchronous twins. Optional abilities (the
+    doorbell, shard leases...) are not here: see ``capabilities.py``."""

@@ -21,16 +21,16 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from pyrula.errors import ArchiveSchemaMismatch, JournalCorrupt, WorkflowNotFound
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import RunInfo
 from pyrula.workflows.stores.archive.pool import ArchiveError, ArchiveUnavailable
 from pyrula.workflows.stores.archive.postgres import PostgresArchive
-from pyrula.workflows.stores.base import ArchiveSource, Store
+from pyrula.workflows.stores.base import Store
+from pyrula.workflows.stores.capabilities import capabilities_of
 
-logger = logging.getLogger("pyrula.workflows.archive")
+logger = logging.getLogger(__name__)
 
 #: At most this many runs, or this many events, per archive statement (whichever first).
 CHUNK_RUNS = 100
@@ -72,6 +72,8 @@ class Archiver:
                  live_ttl_after_archive: float, reconcile_grace: float,
                  reconcile_batch: int) -> None:
         self.live = live
+        caps = capabilities_of(live)
+        self._source, self._finished = caps.archive_source, caps.finished_reader
         self.archive = archive
         self.namespace = namespace
         self.live_ttl_after_archive = live_ttl_after_archive
@@ -114,17 +116,17 @@ class Archiver:
         """The ended runs among ``run_ids`` with their whole journals (others left out),
         and the ids of those whose journal is corrupt: they are refused (logged
         ``archive_failed``), since what the archive keeps must read back as events."""
-        reader = getattr(self.live, "read_finished", None)
+        reader = self._finished
         out: dict[str, tuple[RunInfo, list[Event]]] = {}
         refused: set[str] = set()
         if reader is not None:
             try:
-                return cast(dict[str, tuple[RunInfo, list[Event]]], await reader(run_ids)), refused
+                return dict(await reader.read_finished(run_ids)), refused
             except JournalCorrupt:
                 pass  # one run's journal is not readable: read the batch one run at a time
             for run_id in run_ids:
                 try:
-                    out.update(await reader([run_id]))
+                    out.update(await reader.read_finished([run_id]))
                 except JournalCorrupt as exc:
                     self._refuse(exc)
                     refused.add(run_id)
@@ -147,9 +149,8 @@ class Archiver:
                      extra={"event": "archive_failed", "run_id": exc.run_id})
 
     async def _expire(self, run_ids: Sequence[str]) -> None:
-        expire = getattr(self.live, "expire_finished", None)
-        if expire is not None and run_ids:
-            await expire(run_ids, self.live_ttl_after_archive)
+        if self._source is not None and run_ids:
+            await self._source.expire_finished(run_ids, self.live_ttl_after_archive)
 
     async def _upsert(self, records: Mapping[str, tuple[RunInfo, list[Event]]]) -> list[str]:
         """Archive ``records`` in chunks; a run the archive refuses for a reason other than
@@ -251,7 +252,8 @@ class Archiver:
         """Archive every run that ended up to ``now - reconcile_grace`` and is not archived
         yet, from the cursor on (at most ``max_batches`` batches). Raises ArchiveUnavailable
         if Postgres does not answer (the cursor stays where it was)."""
-        if getattr(self.live, "ended_runs", None) is None:
+        source = self._source
+        if source is None:
             if not self._no_source_logged:
                 self._no_source_logged = True
                 logger.warning(
@@ -260,7 +262,6 @@ class Archiver:
                     extra={"event": "archive_reconcile_unsupported"},
                 )
             return ReconcileReport(leader=False)
-        source = cast(ArchiveSource, self.live)
         now = time.time() if now is None else now
         until = now - self.reconcile_grace
         scanned = archived = lost = failed = 0

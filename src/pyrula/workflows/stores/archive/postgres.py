@@ -22,6 +22,12 @@ from pyrula.errors import ArchiveSchemaMismatch, ConfigurationError, WorkflowNot
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import RunInfo, RunStatus
 from pyrula.workflows.stores.archive.pool import LoopPools, redact
+from pyrula.workflows.stores.archive.rows import (
+    RUN_COLUMNS,
+    UPSERT_RUNS,
+    run_info,
+    upsert_arguments,
+)
 from pyrula.workflows.stores.archive.schema import (
     BASELINE,
     CURRENT_VERSION,
@@ -33,19 +39,6 @@ from pyrula.workflows.stores.archive.schema import (
 
 DSN_SCHEMES = ("postgres", "postgresql")
 
-_RUN_COLUMNS = (
-    "namespace, run_id, name, status, attempt, owner, params, result, error, interrupt, "
-    "wake_at, waiting_for, created_at, updated_at, started_at, finished_at, "
-    "idempotency_key, start_id, successor_id, event_count"
-)
-
-
-def _dumps(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-
-
-def _loads(data: str | None) -> Any:
-    return None if data is None else orjson.loads(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,80 +232,11 @@ class PostgresArchive:
         journal is final once it has ended, so that is the same journal. Returns how many
         runs were written. Raises ValueError for a run that has not ended.
         """
-        by_id: dict[str, tuple[RunInfo, Sequence[Event]]] = {}
-        for info, events in records:
-            if not info.status.terminal:
-                raise ValueError(
-                    f"run {info.run_id} is {info.status.value}: only finished runs are archived"
-                )
-            by_id[info.run_id] = (info, events)
-        if not by_id:
-            return 0
-        infos = [info for info, _ in by_id.values()]
-        ev_runs: list[str] = []
-        ev_seqs: list[int] = []
-        ev_data: list[str] = []
-        counts: list[int] = []
-        for info, events in by_id.values():
-            for position, event in enumerate(events, start=1):
-                ev_runs.append(info.run_id)
-                ev_seqs.append(int(event.get("seq", position)))
-                ev_data.append(_dumps(event))
-            counts.append(len(events))
-        # One statement: one round trip, atomic, and the runs' rows exist when the events'
-        # foreign keys are checked (at the statement's end).
-        async with self._conn() as conn:
-            await conn.execute(
-                self._sql(
-                    f"WITH archived AS (INSERT INTO {{schema}}.runs ({_RUN_COLUMNS}) "
-                    "SELECT $1, r, n, s, a, o, p::json, res::json, err::json, intr::json, w, "
-                    "wf::json, c, u, st, f, ik, si, su, ec FROM unnest("
-                    "$2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[], "
-                    "$8::text[], $9::text[], $10::text[], $11::float8[], $12::text[], "
-                    "$13::float8[], $14::float8[], $15::float8[], $16::float8[], $17::text[], "
-                    "$18::text[], $19::text[], $20::int[]) AS x(r, n, s, a, o, p, res, err, "
-                    "intr, w, wf, c, u, st, f, ik, si, su, ec) "
-                    "ON CONFLICT (namespace, run_id) DO UPDATE SET name = EXCLUDED.name, "
-                    "status = EXCLUDED.status, attempt = EXCLUDED.attempt, "
-                    "owner = EXCLUDED.owner, params = EXCLUDED.params, "
-                    "result = EXCLUDED.result, error = EXCLUDED.error, "
-                    "interrupt = EXCLUDED.interrupt, wake_at = EXCLUDED.wake_at, "
-                    "waiting_for = EXCLUDED.waiting_for, created_at = EXCLUDED.created_at, "
-                    "updated_at = EXCLUDED.updated_at, started_at = EXCLUDED.started_at, "
-                    "finished_at = EXCLUDED.finished_at, "
-                    "idempotency_key = EXCLUDED.idempotency_key, "
-                    "start_id = EXCLUDED.start_id, successor_id = EXCLUDED.successor_id, "
-                    "event_count = EXCLUDED.event_count, archived_at = now() RETURNING 1) "
-                    "INSERT INTO {schema}.events (namespace, run_id, seq, data) "
-                    "SELECT $1, r, q, d::json FROM unnest($21::text[], $22::int[], "
-                    "$23::text[]) AS x(r, q, d) ON CONFLICT (namespace, run_id, seq) "
-                    "DO UPDATE SET data = EXCLUDED.data"
-                ),
-                namespace,
-                [i.run_id for i in infos],
-                [i.name for i in infos],
-                [i.status.value for i in infos],
-                [i.attempt for i in infos],
-                [i.owner or "" for i in infos],
-                [_dumps(i.params) for i in infos],
-                [_dumps(i.result) for i in infos],
-                [_dumps(i.error) for i in infos],
-                [_dumps(i.interrupt) for i in infos],
-                [i.wake_at for i in infos],
-                [_dumps(list(i.waiting_for)) for i in infos],
-                [i.created_at for i in infos],
-                [i.updated_at for i in infos],
-                [i.started_at for i in infos],
-                [i.finished_at for i in infos],
-                [i.idempotency_key for i in infos],
-                [i.start_id for i in infos],
-                [i.successor_id for i in infos],
-                counts,
-                ev_runs,
-                ev_seqs,
-                ev_data,
-            )
-        return len(by_id)
+        count, arguments = upsert_arguments(namespace, records)
+        if count:
+            async with self._conn() as conn:
+                await conn.execute(self._sql(UPSERT_RUNS), *arguments)
+        return count
 
     async def archive_run(self, namespace: str, info: RunInfo, events: Sequence[Event]) -> None:
         """Archive one finished run (see ``upsert_runs``)."""
@@ -320,43 +244,19 @@ class PostgresArchive:
 
     # --- reads ----------------------------------------------------------------------
 
-    @staticmethod
-    def _info(row: Any) -> RunInfo:
-        waiting = _loads(row["waiting_for"])
-        return RunInfo(
-            run_id=row["run_id"],
-            name=row["name"],
-            status=RunStatus(row["status"]),
-            attempt=row["attempt"],
-            params=_loads(row["params"]),
-            owner=row["owner"] or None,
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            started_at=row["started_at"],
-            finished_at=row["finished_at"],
-            result=_loads(row["result"]),
-            error=_loads(row["error"]),
-            wake_at=row["wake_at"],
-            waiting_for=tuple(waiting or ()),
-            interrupt=_loads(row["interrupt"]),
-            idempotency_key=row["idempotency_key"],
-            start_id=row["start_id"],
-            successor_id=row["successor_id"],
-        )
-
     async def get_run(self, run_id: str, namespace: str | None = None) -> RunInfo | None:
         async with self._conn() as conn:
             if namespace is None:
                 row = await conn.fetchrow(
-                    self._sql(f"SELECT {_RUN_COLUMNS} FROM {{schema}}.runs WHERE run_id = $1 "
+                    self._sql(f"SELECT {RUN_COLUMNS} FROM {{schema}}.runs WHERE run_id = $1 "
                               "LIMIT 1"), run_id,
                 )
             else:
                 row = await conn.fetchrow(
-                    self._sql(f"SELECT {_RUN_COLUMNS} FROM {{schema}}.runs "
+                    self._sql(f"SELECT {RUN_COLUMNS} FROM {{schema}}.runs "
                               "WHERE namespace = $1 AND run_id = $2"), namespace, run_id,
                 )
-        return None if row is None else self._info(row)
+        return None if row is None else run_info(row)
 
     async def read_events(
         self, run_id: str, after_seq: int = 0, namespace: str | None = None
@@ -412,11 +312,11 @@ class PostgresArchive:
         if before is not None:
             where.append(f"(created_at, run_id) < ({arg(float(before[0]))}, {arg(before[1])})")
         clause = f"WHERE {' AND '.join(where)} " if where else ""
-        query = (f"SELECT {_RUN_COLUMNS} FROM {{schema}}.runs {clause}"
+        query = (f"SELECT {RUN_COLUMNS} FROM {{schema}}.runs {clause}"
                  f"ORDER BY created_at DESC, run_id DESC LIMIT {arg(max(0, int(limit)))}")
         async with self._conn() as conn:
             rows = await conn.fetch(self._sql(query), *args)
-        return [self._info(row) for row in rows]
+        return [run_info(row) for row in rows]
 
     async def archived(self, namespace: str, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` are archived (in ``namespace``)."""

@@ -1,6 +1,7 @@
 """ArchivingStore: a live store (Valkey) whose finished runs are copied to Postgres.
 
-Every Store call goes to the live store. When a call ends a run (``finish``, a
+Every Store call goes to the live store (the class is a ``StoreLayer`` over it and
+overrides only the calls below). When a call ends a run (``finish``, a
 quarantining or cancelling ``requeue``/``reclaim``, ``cancel``, ``fail_stranded``), the
 same process archives the run right after (archiver.py): it reads the run and its whole
 journal from the live store, upserts them into the archive, then shortens the live copy's
@@ -11,42 +12,43 @@ died right after a terminal write).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pyrula.config.parse import env_value, parse_float
 from pyrula.errors import ConfigurationError, RunNotActive, WorkflowNotFound
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import (
-    AppendResult,
-    ClaimedRun,
     FinishResult,
-    FlowControl,
-    ParkResult,
     PoisonPolicy,
-    RenewResult,
     RequeueOutcome,
-    RunHandle,
     RunInfo,
     RunStatus,
 )
-from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.archive.archiver import Archiver, ReconcileReport
 from pyrula.workflows.stores.archive.pool import ArchiveUnavailable
 from pyrula.workflows.stores.archive.postgres import PostgresArchive
 from pyrula.workflows.stores.base import Store
+from pyrula.workflows.stores.capabilities import Capabilities, capabilities_of
+from pyrula.workflows.stores.layer import StoreLayer
+
+logger = logging.getLogger(__name__)
 
 #: The environment variable of ``reconcile_grace`` for stores built from the environment.
 GRACE_ENV = "PYRULA_ARCHIVE_RECONCILE_GRACE"
 
 
-class ArchivingStore:
+class ArchivingStore(StoreLayer):
     """``ArchivingStore(live=ValkeyStore(...), archive=PostgresArchive(dsn=...),
     live_ttl_after_archive=300)``.
 
-    Implements the whole Store protocol by delegating to ``live``; attributes it does not
-    define (shard leases, the doorbell, ``shard_count``...) are the live store's.
+    Implements the whole Store protocol over ``live``: the calls that end a run archive it
+    right after, the reads fall back to the archive, and every other call (``aping``
+    included: an archive outage does not make a worker unready) is the live store's. Its
+    optional abilities (shard leases, the doorbell...) are the live store's too.
     ``reconcile_grace`` is how long after a run's end reconciliation leaves it to the
     process that ended it (it must exceed the clock skew between hosts);
     ``reconcile_batch`` how many ended runs it reads from the live store at a time.
@@ -80,7 +82,8 @@ class ArchivingStore:
             raise ConfigurationError(
                 f"reconcile_batch must be an int >= 1, got {reconcile_batch!r}"
             )
-        self.live = live
+        super().__init__(live)
+        self.live: Store = live
         self.archive = archive
         self.live_ttl_after_archive = float(live_ttl_after_archive)
         self.reconcile_grace = float(reconcile_grace)
@@ -92,11 +95,10 @@ class ArchivingStore:
             reconcile_grace=self.reconcile_grace, reconcile_batch=reconcile_batch,
         )
 
-    def __getattr__(self, name: str) -> Any:
-        # Only called for attributes this class lacks: the live store's extras.
-        if name in ("live", "archive", "archiver") or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.live, name)
+    def capabilities(self) -> Capabilities:
+        """The live store's abilities, with this store's own startup checks and reconcile
+        loop."""
+        return replace(capabilities_of(self.live), prepare=self, reconcile=self)
 
     # --- archiving (archiver.py) ------------------------------------------------------
 
@@ -118,47 +120,15 @@ class ArchivingStore:
         """The worker's startup checks: the live store's, then the archive schema
         (ArchiveSchemaMismatch). An archive that does not answer yet is checked on its
         first use instead: a Postgres outage does not keep workers from starting."""
-        prepare = getattr(self.live, "prepare", None)
+        prepare = capabilities_of(self.live).prepare
         if prepare is not None:
-            await prepare(names)
+            await prepare.prepare(names)
         try:
             await self.archive.check()
         except ArchiveUnavailable as exc:
             self.archiver.failed(exc)
 
-    # --- submit and the attempt's writes ----------------------------------------------
-
-    async def submit(
-        self,
-        name: str,
-        params: Any,
-        *,
-        now: float,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[RunHandle, bool]:
-        return await self.live.submit(name, params, now=now, owner=owner,
-                                      idempotency_key=idempotency_key)
-
-    async def append(
-        self, run_id: str, token: int, events: Sequence[Event], *, now: float, lock_ttl: float
-    ) -> AppendResult:
-        return await self.live.append(run_id, token, events, now=now, lock_ttl=lock_ttl)
-
-    async def park(
-        self,
-        run_id: str,
-        token: int,
-        events: Sequence[Event],
-        *,
-        now: float,
-        wake_at: float | None,
-        signals: Sequence[str],
-        known_seq: int,
-        interrupt: Any = None,
-    ) -> ParkResult:
-        return await self.live.park(run_id, token, events, now=now, wake_at=wake_at,
-                                    signals=signals, known_seq=known_seq, interrupt=interrupt)
+    # --- the calls that end runs: each archives what it ended -------------------------
 
     async def finish(
         self,
@@ -196,32 +166,6 @@ class ArchivingStore:
         await self.archiver.archive_now([run_id])
         return outcome
 
-    # --- work queue -----------------------------------------------------------------
-
-    async def claim(
-        self,
-        worker_id: str,
-        names: Sequence[str],
-        *,
-        limit: int,
-        now: float,
-        lock_ttl: float,
-    ) -> list[ClaimedRun]:
-        return await self.live.claim(worker_id, names, limit=limit, now=now, lock_ttl=lock_ttl)
-
-    async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
-    ) -> ClaimedRun | None:
-        return await self.live.claim_run(run_id, worker_id, now=now, lock_ttl=lock_ttl)
-
-    async def renew(
-        self, worker_id: str, held: Mapping[str, int], *, now: float, lock_ttl: float
-    ) -> RenewResult:
-        return await self.live.renew(worker_id, held, now=now, lock_ttl=lock_ttl)
-
-    async def wake_due(self, *, now: float, limit: int) -> int:
-        return await self.live.wake_due(now=now, limit=limit)
-
     async def reclaim(
         self,
         names: Sequence[str] | None,
@@ -255,10 +199,6 @@ class ArchivingStore:
         outcomes = await self.live.requeue_unheld(worker_id, held, now=now)
         await self.archiver.archive_now([o.run_id for o in outcomes])  # the cancelled ones
         return outcomes
-
-    def recover_pending_runs(self, name: str) -> int:
-        # Runs this quarantines are archived by the next reconcile tick.
-        return self.live.recover_pending_runs(name)
 
     # --- run control ----------------------------------------------------------------
 
@@ -336,19 +276,6 @@ class ArchivingStore:
         except WorkflowNotFound as exc:
             return await self._archived_or_raise(run_id, exc)
 
-    # --- membership -----------------------------------------------------------------
-
-    async def register_worker(
-        self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
-    ) -> None:
-        await self.live.register_worker(worker_id, names, now=now, ttl=ttl)
-
-    async def unregister_worker(self, worker_id: str) -> None:
-        await self.live.unregister_worker(worker_id)
-
-    async def stranded(self, *, now: float) -> list[str]:
-        return await self.live.stranded(now=now)
-
     async def fail_stranded(
         self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
     ) -> list[str]:
@@ -357,90 +284,7 @@ class ArchivingStore:
         await self.archiver.archive_now(failed)
         return failed
 
-    # --- flow control ---------------------------------------------------------------
-
-    def flow_control_set(
-        self,
-        owner: str,
-        max_concurrent: int | None = None,
-        max_starts_per_second: float | None = None,
-    ) -> None:
-        self.live.flow_control_set(owner, max_concurrent, max_starts_per_second)
-
-    def flow_control_get(self, owner: str) -> FlowControl | None:
-        return self.live.flow_control_get(owner)
-
-    def flow_control_delete(self, owner: str) -> bool:
-        return self.live.flow_control_delete(owner)
-
-    # --- schedules --------------------------------------------------------------------
-    # Delegated by name rather than through __getattr__: from Python 3.12 on, isinstance
-    # against the runtime-checkable Store protocol looks attributes up statically, so a
-    # member that only __getattr__ supplies would make the check fail.
-
-    def schedule_create(self, schedule: Schedule, *, now: float | None = None) -> Schedule:
-        return self.live.schedule_create(schedule, now=now)
-
-    def schedule_get(self, schedule_id: str) -> Schedule | None:
-        return self.live.schedule_get(schedule_id)
-
-    def schedule_list(self) -> list[Schedule]:
-        return self.live.schedule_list()
-
-    def schedule_delete(self, schedule_id: str) -> bool:
-        return self.live.schedule_delete(schedule_id)
-
-    async def aschedule_create(
-        self, schedule: Schedule, *, now: float | None = None
-    ) -> Schedule:
-        return await self.live.aschedule_create(schedule, now=now)
-
-    async def aschedule_get(self, schedule_id: str) -> Schedule | None:
-        return await self.live.aschedule_get(schedule_id)
-
-    async def aschedule_list(self) -> list[Schedule]:
-        return await self.live.aschedule_list()
-
-    async def aschedule_delete(self, schedule_id: str) -> bool:
-        return await self.live.aschedule_delete(schedule_id)
-
-    async def schedules_due(
-        self, names: Sequence[str], *, now: float, limit: int
-    ) -> list[Schedule]:
-        return await self.live.schedules_due(names, now=now, limit=limit)
-
-    async def schedule_advance(
-        self,
-        schedule_id: str,
-        *,
-        expected_next_run_at: float | None,
-        next_run_at: float | None,
-        run_id: str | None = None,
-        run_at: float | None = None,
-    ) -> bool:
-        return await self.live.schedule_advance(
-            schedule_id, expected_next_run_at=expected_next_run_at, next_run_at=next_run_at,
-            run_id=run_id, run_at=run_at,
-        )
-
-    async def schedule_set_paused(
-        self, schedule_id: str, paused: bool, *, next_run_at: float | None = None
-    ) -> bool:
-        return await self.live.schedule_set_paused(schedule_id, paused, next_run_at=next_run_at)
-
     # --- lifecycle ------------------------------------------------------------------
-
-    async def bind(
-        self, project: str | None, environment: str | None
-    ) -> tuple[str | None, str | None]:
-        return await self.live.bind(project, environment)
-
-    async def aping(self) -> None:
-        """The live store's ping: an archive outage does not make a worker unready."""
-        await self.live.aping()
-
-    def ping(self) -> None:
-        self.live.ping()
 
     async def aclose(self) -> None:
         try:

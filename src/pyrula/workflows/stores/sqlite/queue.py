@@ -131,8 +131,9 @@ class WorkQueue:
 def _pick(
     conn: sqlite3.Connection, queue: _NameQueue, now: float, blocked: set[str], flow: bool,
 ) -> str | None:
-    """The next run of ``queue`` by deficit round robin over its owners (as
-    MemoryStore._pick), honouring flow control (``flow``: some owner has a limit)."""
+    """The next run of ``queue`` by deficit round robin over its owners (as the memory
+    store's MemoryQueue._pick), honouring flow control (``flow``: some owner has a
+    limit)."""
     candidates = queue.candidates(blocked)
     while candidates:
         owner = pick_owner(candidates)

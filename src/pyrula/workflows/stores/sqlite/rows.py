@@ -155,7 +155,7 @@ def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str) -> Non
     ).fetchone()
     if active is None:
         # A tenant that (re)appears starts level with the least-served active one,
-        # not behind its own past (as MemoryStore._enqueue).
+        # not behind its own past (as the memory store's MemoryState.enqueue).
         floor = conn.execute(
             "SELECT MIN(s.served) FROM served s WHERE s.name=? AND s.owner!=? AND EXISTS "
             "(SELECT 1 FROM runs r WHERE r.name=s.name AND r.owner=s.owner "
