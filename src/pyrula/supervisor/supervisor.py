@@ -12,13 +12,14 @@ import os
 import random
 import signal
 import time
+from enum import StrEnum
 from typing import Any
 
 import psutil
 
 from pyrula.config.fleet import FleetOptions
 from pyrula.config.worker import WorkerOptions
-from pyrula.supervisor.children import Child, Spawner, describe_exit
+from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
 from pyrula.supervisor.recovery import Recovery
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
 from pyrula.wire import EXIT_BOOT_FAILURE, decode, parse_heartbeat
@@ -39,6 +40,15 @@ FORCED_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
 #: requeue their runs may take before the fleet exits anyway (the orphan scan of the next
 #: worker is the backstop for whatever the store did not take back by then).
 QUIT_DEADLINE = 3.0
+
+
+class FleetStatus(StrEnum):
+    """The fleet as a whole, as ``/status`` reports it (``status``)."""
+
+    OK = "ok"
+    STARTING = "starting"
+    DEGRADED = "degraded"
+    DRAINING = "draining"
 
 
 class Slot:
@@ -460,11 +470,9 @@ class Supervisor:
             if child is None:
                 continue
             beat = child.beat
-            state = "starting"
-            if child.retiring or (beat is not None and beat.state in ("draining", "stopped")):
-                state = "draining"
-            elif beat is not None and beat.state == "ready":
-                state = "ready"
+            state = child.state
+            if state is ChildState.READY:
+                assert beat is not None
                 ready += 1
                 cut_off += not beat.store_ok
             for name, count in (beat.shards if beat else {}).items():
@@ -481,13 +489,13 @@ class Supervisor:
                 "rss_bytes": child.rss_bytes,
             })
         if self.draining:
-            overall = "draining"
+            overall = FleetStatus.DRAINING
         elif ready >= self.desired and not cut_off:
-            overall = "ok"
+            overall = FleetStatus.OK
         elif ready == 0 and all(s.restarts == 0 for s in self.slots.values()):
-            overall = "starting"
+            overall = FleetStatus.STARTING
         else:
-            overall = "degraded"
+            overall = FleetStatus.DEGRADED
         return {
             "status": overall,
             "children": children,
@@ -496,11 +504,9 @@ class Supervisor:
         }
 
     def ready_children(self) -> int:
-        return sum(1 for c in self._children()
-                   if c.beat is not None and c.beat.state == "ready" and not c.retiring)
+        return sum(1 for c in self._children() if c.state is ChildState.READY)
 
     def serving_children(self) -> int:
         """Ready children whose store answers (what the fleet's /readyz counts)."""
-        return sum(1 for c in self._children()
-                   if c.beat is not None and c.beat.state == "ready" and c.beat.store_ok
-                   and not c.retiring)
+        return sum(1 for c in self._children() if c.state is ChildState.READY
+                   and c.beat is not None and c.beat.store_ok)
