@@ -20,8 +20,9 @@ import click
 from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
+from pyrula.logs import CLI_LOGGER
 
-logger = logging.getLogger("pyrula.cli")
+logger = logging.getLogger(CLI_LOGGER)
 
 DEFAULT_STORE_URL = "sqlite:///pyrula.db"
 

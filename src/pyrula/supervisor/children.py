@@ -10,7 +10,6 @@ as fresh interpreters instead.
 from __future__ import annotations
 
 import contextlib
-import logging
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
@@ -24,8 +23,6 @@ from typing import Any
 
 from pyrula.supervisor import trampoline
 from pyrula.wire import PRELOAD_ENV, Heartbeat
-
-logger = logging.getLogger("pyrula.fleet")
 
 PRELOAD_MODULE = "pyrula.supervisor.preload"
 

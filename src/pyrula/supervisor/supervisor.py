@@ -19,12 +19,13 @@ import psutil
 
 from pyrula.config.fleet import FleetOptions
 from pyrula.config.worker import WorkerOptions
+from pyrula.logs import FLEET_LOGGER
 from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
 from pyrula.supervisor.recovery import Recovery
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
 from pyrula.wire import EXIT_BOOT_FAILURE, decode, parse_heartbeat
 
-logger = logging.getLogger("pyrula.fleet")
+logger = logging.getLogger(FLEET_LOGGER)
 
 TICK = 0.1
 #: Signals and the command each one records (the handler does nothing else).
