@@ -1,4 +1,10 @@
-"""The import directions of STYLE.md: three rooms with doors between them, not through them."""
+"""The import directions between the engine, the stores and the runtime.
+
+The engine (definition, context, replay) imports no store backend, worker or supervisor;
+the stores know nothing of workers or the engine; the supervisor never imports the engine
+(it talks to children through exit codes, the heartbeat wire format and the store). And no
+two src modules import each other, directly or round a longer circle, at import time.
+"""
 
 from __future__ import annotations
 
