@@ -1,7 +1,10 @@
 """Logging setup for the entry points: one line per event, JSON or text.
 
 Library code only calls ``logging.getLogger(__name__)``; the CLI and the fleet call
-``configure``. An event's name travels in ``extra={"event": ...}`` together with its
+``configure``. The supervisor's modules and the CLI's signal handling log under the two
+names below instead of their module paths: a logger's name is printed in every line (the
+JSON ``logger`` field, the text format's ``name:``), so those names are part of the output
+operators filter on. An event's name travels in ``extra={"event": ...}`` together with its
 context (worker_id, run_id, workflow...).
 """
 
@@ -12,6 +15,11 @@ import logging
 import sys
 import time
 from typing import Any
+
+#: The logger of the fleet's supervisor (``pyrula.supervisor.*``).
+FLEET_LOGGER = "pyrula.fleet"
+#: The logger of the CLI's own messages (``pyrula.cli.common``).
+CLI_LOGGER = "pyrula.cli"
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 

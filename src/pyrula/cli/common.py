@@ -17,13 +17,14 @@ from typing import Any
 
 import click
 
+from pyrula.config.fleet import resolve_store_url
 from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
+from pyrula.logs import CLI_LOGGER
 
-logger = logging.getLogger("pyrula.cli")
+logger = logging.getLogger(CLI_LOGGER)
 
-DEFAULT_STORE_URL = "sqlite:///pyrula.db"
 
 #: The exit codes of a second signal while draining (128 + signal number).
 FORCED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -59,10 +60,6 @@ def load_workflows(apps: tuple[str, ...], workflows: tuple[str, ...]) -> list[An
     return [import_target(target) for target in workflows]
 
 
-def store_url(url: str | None) -> str:
-    return url or os.environ.get("PYRULA_STORE_URL", "").strip() or DEFAULT_STORE_URL
-
-
 def open_store(url: str | None, namespace: str | None = None, *, archive: bool = True) -> Any:
     """The store a URL names; with PYRULA_POSTGRES_DSN set (and ``archive``), wrapped in
     an ArchivingStore so finished runs go to, and are read back from, Postgres."""
@@ -76,10 +73,10 @@ def open_store(url: str | None, namespace: str | None = None, *, archive: bool =
             "--namespace (or PYRULA_VALKEY_NAMESPACE)", namespace
         )
     try:
-        store = store_from_url(store_url(url), **options)
+        store = store_from_url(resolve_store_url(url), **options)
     except TypeError:
         raise InputError(
-            f"--namespace applies to Valkey stores only, not {redact_url(store_url(url))!r}"
+            f"--namespace applies to Valkey stores only, not {redact_url(resolve_store_url(url))!r}"
         ) from None
     return archived_if_configured(store) if archive else store
 

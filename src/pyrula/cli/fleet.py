@@ -23,6 +23,8 @@ from pyrula.config.parse import parse_int, redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
 
+#: The fleet's defaults, for the flags left unset and their help.
+DEFAULTS = FleetOptions
 #: WorkerOptions the fleet sets itself (one health port for the fleet; its own drain).
 FLEET_OWNED = {"health_port", "health_host", "shutdown_grace", "cancel_timeout"}
 
@@ -60,22 +62,26 @@ def cli() -> None:
 @click.option("--cluster/--no-cluster", default=None, help="force the Valkey cluster client")
 @click.option("--health-port", default=None, envvar="PYRULA_HEALTH_PORT",
               help="the fleet's probe port (default $PORT, else 8081; 0 picks a free one)")
-@click.option("--health-host", default="127.0.0.1", envvar="PYRULA_HEALTH_HOST",
+@click.option("--health-host", default=DEFAULTS.health_host, envvar="PYRULA_HEALTH_HOST",
               show_default=True)
 @click.option("--max-runs-per-child", default=None, envvar="PYRULA_MAX_RUNS_PER_CHILD",
               help="recycle a child after this many runs (with jitter)")
 @click.option("--max-memory-per-child", default=None, envvar="PYRULA_MAX_MEMORY_PER_CHILD",
               help="recycle a child above this RSS, e.g. 512MB")
 @click.option("--child-timeout", default=None, envvar="PYRULA_CHILD_TIMEOUT",
-              help="kill and replace a child whose loop sent no heartbeat this long (30)")
+              help="kill and replace a child whose loop sent no heartbeat this long "
+              f"({DEFAULTS.child_timeout:g})")
 @click.option("--stall-timeout", default=None, envvar="PYRULA_STALL_TIMEOUT",
-              help="recycle a child that claimed nothing this long with free slots (60)")
+              help="recycle a child that claimed nothing this long with free slots "
+              f"({DEFAULTS.stall_timeout:g})")
 @click.option("--max-boot-failures", default=None, envvar="PYRULA_MAX_BOOT_FAILURES",
-              help="children in a row that die before ready, then the fleet stops (5)")
+              help="children in a row that die before ready, then the fleet stops "
+              f"({DEFAULTS.max_boot_failures})")
 @click.option("--shutdown-grace", default=None, envvar="PYRULA_SHUTDOWN_GRACE",
-              help="seconds in-flight runs get to finish on SIGTERM (30)")
+              help=f"seconds in-flight runs get to finish on SIGTERM ({DEFAULTS.shutdown_grace:g})")
 @click.option("--cancel-timeout", default=None, envvar="PYRULA_CANCEL_TIMEOUT",
-              help="bound on cancelling what is left, and on threads (5)")
+              help="bound on cancelling what is left, and on threads "
+              f"({DEFAULTS.cancel_timeout:g})")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               envvar="PYRULA_LOG_FORMAT", show_default=True)
 @click.option("--log-level", default="INFO", envvar="PYRULA_LOG_LEVEL", show_default=True)
@@ -103,12 +109,15 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
             max_runs_per_child=(None if max_runs_per_child in (None, "") else
                                 parse_int("--max-runs-per-child", max_runs_per_child, minimum=1)),
             max_memory_per_child=parse_memory(max_memory_per_child),
-            child_timeout=parse_seconds("--child-timeout", child_timeout, 30.0),
-            stall_timeout=parse_seconds("--stall-timeout", stall_timeout, 60.0),
-            max_boot_failures=(5 if max_boot_failures in (None, "") else
-                               parse_int("--max-boot-failures", max_boot_failures, minimum=1)),
-            shutdown_grace=parse_seconds("--shutdown-grace", shutdown_grace, 30.0, strict=False),
-            cancel_timeout=parse_seconds("--cancel-timeout", cancel_timeout, 5.0, strict=False),
+            child_timeout=parse_seconds("--child-timeout", child_timeout, DEFAULTS.child_timeout),
+            stall_timeout=parse_seconds("--stall-timeout", stall_timeout, DEFAULTS.stall_timeout),
+            max_boot_failures=(DEFAULTS.max_boot_failures if max_boot_failures in (None, "")
+                               else parse_int("--max-boot-failures", max_boot_failures,
+                                              minimum=1)),
+            shutdown_grace=parse_seconds("--shutdown-grace", shutdown_grace,
+                                         DEFAULTS.shutdown_grace, strict=False),
+            cancel_timeout=parse_seconds("--cancel-timeout", cancel_timeout,
+                                         DEFAULTS.cancel_timeout, strict=False),
             log_format=log_format,
             log_level=log_level,
             worker_options=given,

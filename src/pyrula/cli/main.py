@@ -20,9 +20,9 @@ from pyrula.cli.common import (
     open_store,
     option_flags,
     serve,
-    store_url,
     worker_options,
 )
+from pyrula.config.fleet import resolve_store_url
 from pyrula.config.parse import redact_url
 
 LOG_FORMAT = click.option(
@@ -86,7 +86,7 @@ def _worker_command(dev: bool) -> Any:
                                 options=opts, cloud=cloud)
         archived = (f" (archived to {worker.store.archive.where()})"
                     if isinstance(worker.store, ArchivingStore) else "")
-        where = redact_url(store_url(store))
+        where = redact_url(resolve_store_url(store))
         click.echo(f"pyrula worker {worker.worker_id} on {where}{archived} serving "
                    f"{', '.join(worker.workflow_names)}", err=True)
         on_start = (lambda: _watch_for_changes(worker)) if dev else None

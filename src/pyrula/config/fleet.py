@@ -6,15 +6,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyrula.config.parse import (
+    MIB,
     env_value,
     parse_bytes,
     parse_float,
     parse_int,
     parse_namespace,
 )
+from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
 
 DEFAULT_HEALTH_PORT = 8081
+#: The store when neither ``--store`` nor ``PYRULA_STORE_URL`` names one: embedded SQLite.
+DEFAULT_STORE_URL = "sqlite:///pyrula.db"
 
 
 @dataclass(frozen=True)
@@ -25,18 +29,19 @@ class FleetOptions:
     children: int = 2
     apps: tuple[str, ...] = ()
     workflows: tuple[str, ...] = ()
-    store_url: str = "sqlite:///pyrula.db"
+    store_url: str = DEFAULT_STORE_URL
     namespace: str | None = None
     cluster: bool | None = None
     health_port: int = DEFAULT_HEALTH_PORT
-    health_host: str = "127.0.0.1"
+    health_host: str = WorkerOptions.health_host
     max_runs_per_child: int | None = None
     max_memory_per_child: int | None = None
     child_timeout: float = 30.0
     stall_timeout: float = 60.0
     max_boot_failures: int = 5
-    shutdown_grace: float = 30.0
-    cancel_timeout: float = 5.0
+    # The children drain with these (``child_worker_options``): the worker's own defaults.
+    shutdown_grace: float = WorkerOptions.shutdown_grace
+    cancel_timeout: float = WorkerOptions.cancel_timeout
     log_format: str = "text"
     log_level: str = "INFO"
     #: WorkerOptions given as flags (name -> raw value); the rest comes from PYRULA_*.
@@ -80,19 +85,19 @@ def resolve_children(flag: Any) -> int:
     """``-n``, else ``WEB_CONCURRENCY``, else 2."""
     raw = flag if flag is not None else env_value("WEB_CONCURRENCY")
     if raw is None:
-        return 2
+        return FleetOptions.children
     return parse_int("-n", raw, minimum=1)
 
 
 def resolve_store_url(flag: str | None) -> str:
     """``--store``, else ``PYRULA_STORE_URL``, else the embedded ``sqlite:///pyrula.db``."""
-    return flag or env_value("PYRULA_STORE_URL") or "sqlite:///pyrula.db"
+    return flag or env_value("PYRULA_STORE_URL") or DEFAULT_STORE_URL
 
 
 def parse_memory(raw: Any) -> int | None:
     if raw is None or raw == "":
         return None
-    return parse_bytes("--max-memory-per-child", raw, minimum=1024 * 1024)
+    return parse_bytes("--max-memory-per-child", raw, minimum=MIB)
 
 
 def parse_seconds(option: str, raw: Any, default: float, strict: bool = True) -> float:

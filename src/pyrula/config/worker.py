@@ -13,10 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyrula.config.parse import parse_bool, parse_bytes, parse_float, parse_int
+from pyrula.config.parse import MIB, parse_bool, parse_bytes, parse_float, parse_int
 from pyrula.errors import ConfigurationError
-
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)

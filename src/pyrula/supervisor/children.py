@@ -10,7 +10,6 @@ as fresh interpreters instead.
 from __future__ import annotations
 
 import contextlib
-import logging
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
@@ -18,15 +17,22 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from multiprocessing.connection import Connection
 from typing import Any
 
 from pyrula.supervisor import trampoline
 from pyrula.wire import PRELOAD_ENV, Heartbeat
 
-logger = logging.getLogger("pyrula.fleet")
-
 PRELOAD_MODULE = "pyrula.supervisor.preload"
+
+
+class ChildState(StrEnum):
+    """A child as the fleet's ``/status`` reports it (``children[].state``)."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
 
 
 @dataclass(eq=False)
@@ -45,6 +51,17 @@ class Child:
     retiring: bool = False  # asked to drain on purpose (recycle, scale down, shutdown)
     killed_for: str | None = None
     run_limit: int | None = None
+
+    @property
+    def state(self) -> ChildState:
+        """Draining once asked to drain or once it says so; ready once its heartbeat says
+        so; starting until then."""
+        beat = self.beat
+        if self.retiring or (beat is not None and beat.state in ("draining", "stopped")):
+            return ChildState.DRAINING
+        if beat is not None and beat.state == "ready":
+            return ChildState.READY
+        return ChildState.STARTING
 
     @property
     def pid(self) -> int:

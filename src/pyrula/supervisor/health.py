@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from typing import Any
 
 from pyrula.health_http import ProbeServer
 from pyrula.supervisor.supervisor import Supervisor
+
+
+class Readiness(StrEnum):
+    """The ``status`` of ``/readyz``: ready (200) or why not (503)."""
+
+    READY = "ready"
+    STARTING = "starting"
+    STORE_UNREACHABLE = "store_unreachable"
+    DRAINING = "draining"
 
 
 def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
@@ -16,14 +26,14 @@ def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
 
     async def readyz() -> tuple[int, Any]:
         if supervisor.draining:
-            return 503, {"status": "draining"}
+            return 503, {"status": Readiness.DRAINING}
         ready = supervisor.ready_children()
         if ready == 0:
-            return 503, {"status": "starting", "ready_children": 0}
+            return 503, {"status": Readiness.STARTING, "ready_children": 0}
         serving = supervisor.serving_children()
         if serving == 0:
-            return 503, {"status": "store_unreachable", "ready_children": 0}
-        return 200, {"status": "ready", "ready_children": serving,
+            return 503, {"status": Readiness.STORE_UNREACHABLE, "ready_children": 0}
+        return 200, {"status": Readiness.READY, "ready_children": serving,
                      "shards": supervisor.status()["shards"]}
 
     async def status() -> tuple[int, Any]:

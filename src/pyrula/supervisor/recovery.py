@@ -10,10 +10,11 @@ from collections.abc import Collection
 from typing import Any
 
 from pyrula.errors import StoreUnavailable
+from pyrula.logs import FLEET_LOGGER
 from pyrula.workflows.clock import store_clock
 from pyrula.workflows.stores.capabilities import capabilities_of
 
-logger = logging.getLogger("pyrula.fleet")
+logger = logging.getLogger(FLEET_LOGGER)
 
 
 def runs_to_charge(user_code: Collection[str] | None,

@@ -2,6 +2,11 @@
 
 One asyncio loop. Signal handlers only record a command; ``_tick`` acts. Children report
 over their pipes (``pyrula.wire``); their exits are seen through the process sentinels.
+
+The pure parts live apart: the restart policy (``restart``), what to do with a live child
+(``watch``) and the ``/status`` body (``status``). What stays here, about 460 lines, is the
+one state machine over the slots (spawn, exit, drain, quit, recycle, scale), kept in one
+class because every one of those steps reads and changes the same slots and queues.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import psutil
 
 from pyrula.config.fleet import FleetOptions
 from pyrula.config.worker import WorkerOptions
-from pyrula.supervisor.children import Child, Spawner, describe_exit
+from pyrula.logs import FLEET_LOGGER
+from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
 from pyrula.supervisor.recovery import Recovery
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
+from pyrula.supervisor.status import SlotView, fleet_status
+from pyrula.supervisor.watch import Kill, Recycle, verdict
 from pyrula.wire import EXIT_BOOT_FAILURE, decode, parse_heartbeat
 
-logger = logging.getLogger("pyrula.fleet")
+logger = logging.getLogger(FLEET_LOGGER)
 
 TICK = 0.1
 #: Signals and the command each one records (the handler does nothing else).
@@ -369,32 +377,22 @@ class Supervisor:
                 pass
 
     def _watch(self, child: Child, now: float) -> None:
-        o = self.options
-        if child.killed_for is not None or child.retiring:
-            return
-        silent = now - child.last_beat
-        if silent > o.child_timeout:
-            child.killed_for = f"no heartbeat for {silent:.1f} s (--child-timeout)"
+        slot = self.slots.get(child.slot)
+        action = verdict(child, slot is not None and slot.child is child, self.options, now)
+        if isinstance(action, Kill):
+            child.killed_for = f"no heartbeat for {action.silent:.1f} s (--child-timeout)"
             logger.error("child_unresponsive: slot %d pid %d sent no heartbeat for %.1f s; "
-                         "killing it", child.slot, child.pid, silent,
+                         "killing it", child.slot, child.pid, action.silent,
                          extra={"event": "child_unresponsive", "slot": child.slot})
             child.kill()
-            return
-        beat = child.beat
-        if beat is None or not child.ready_seen:
-            return
-        slot = self.slots[child.slot]
-        if slot.child is not child:
-            return
-        if beat.free > 0 and beat.claim_tick_age > o.stall_timeout:
-            logger.error("child_stalled: slot %d pid %d has claimed nothing for %.0f s with "
-                         "free slots; recycling it", child.slot, child.pid,
-                         beat.claim_tick_age, extra={"event": "child_stalled", "slot": child.slot})
-            self._queue_recycle(child.slot, front=True)
-        elif child.run_limit is not None and beat.runs_done >= child.run_limit:
-            self._queue_recycle(child.slot, reason=f"{beat.runs_done} runs done")
-        elif o.max_memory_per_child and child.rss_bytes > o.max_memory_per_child:
-            self._queue_recycle(child.slot, reason=f"RSS {child.rss_bytes} bytes")
+        elif isinstance(action, Recycle):
+            if action.stalled_for is not None:
+                logger.error("child_stalled: slot %d pid %d has claimed nothing for %.0f s "
+                             "with free slots; recycling it", child.slot, child.pid,
+                             action.stalled_for,
+                             extra={"event": "child_stalled", "slot": child.slot})
+            self._queue_recycle(child.slot, front=action.stalled_for is not None,
+                                reason=action.reason)
 
     def _queue_recycle(self, index: int, *, front: bool = False, reason: str = "stalled") -> None:
         if index in self._recycle_queue:
@@ -450,57 +448,15 @@ class Supervisor:
     # --- health -----------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        children = []
-        shards: dict[str, int] = {}
-        ready = 0
-        cut_off = 0  # ready children that cannot reach their store
-        for index in sorted(self.slots):
-            slot = self.slots[index]
-            child = slot.child
-            if child is None:
-                continue
-            beat = child.beat
-            state = "starting"
-            if child.retiring or (beat is not None and beat.state in ("draining", "stopped")):
-                state = "draining"
-            elif beat is not None and beat.state == "ready":
-                state = "ready"
-                ready += 1
-                cut_off += not beat.store_ok
-            for name, count in (beat.shards if beat else {}).items():
-                shards[name] = shards.get(name, 0) + count
-            children.append({
-                "slot": index,
-                "pid": child.pid,
-                "worker_id": beat.worker_id if beat else None,
-                "state": state,
-                "shards": dict(beat.shards) if beat else {},
-                "in_flight": beat.in_flight if beat else 0,
-                "runs_done": beat.runs_done if beat else 0,
-                "restarts": slot.restarts,
-                "rss_bytes": child.rss_bytes,
-            })
-        if self.draining:
-            overall = "draining"
-        elif ready >= self.desired and not cut_off:
-            overall = "ok"
-        elif ready == 0 and all(s.restarts == 0 for s in self.slots.values()):
-            overall = "starting"
-        else:
-            overall = "degraded"
-        return {
-            "status": overall,
-            "children": children,
-            "shards": shards,
-            "restarts": sum(s.restarts for s in self.slots.values()),
-        }
+        return fleet_status(
+            (SlotView(i, s.child, s.restarts) for i, s in self.slots.items()),
+            self.desired, self.draining,
+        )
 
     def ready_children(self) -> int:
-        return sum(1 for c in self._children()
-                   if c.beat is not None and c.beat.state == "ready" and not c.retiring)
+        return sum(1 for c in self._children() if c.state is ChildState.READY)
 
     def serving_children(self) -> int:
         """Ready children whose store answers (what the fleet's /readyz counts)."""
-        return sum(1 for c in self._children()
-                   if c.beat is not None and c.beat.state == "ready" and c.beat.store_ok
-                   and not c.retiring)
+        return sum(1 for c in self._children() if c.state is ChildState.READY
+                   and c.beat is not None and c.beat.store_ok)

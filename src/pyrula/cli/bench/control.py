@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 
 from pyrula.cli.bench.config import APP, BenchError
+from pyrula.supervisor.children import ChildState
 
 _HEALTH_LINE = re.compile(r"health on (http://\S+)")
 
@@ -244,7 +245,7 @@ class Killer:
     async def kill_one(self) -> dict[str, Any] | None:
         status = await self.fleet.status()
         ready = [c for c in status["children"]
-                 if c.get("state") == "ready" and isinstance(c.get("pid"), int)]
+                 if c.get("state") == ChildState.READY and isinstance(c.get("pid"), int)]
         root = self.fleet.supervisor_pid
         if root is not None:
             descendants = _descendants(root)

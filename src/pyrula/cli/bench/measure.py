@@ -9,9 +9,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pyrula.cli.bench.load import Load, RunRecord
+from pyrula.supervisor.children import ChildState
 from pyrula.workflows import RunStatus
 
 if TYPE_CHECKING:
@@ -142,6 +144,14 @@ def pid_of(worker_id: str, known: dict[str, int]) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
+class ShareState(StrEnum):
+    """A worker in the report's child shares: still serving, killed by the bench, or gone."""
+
+    LIVE = "live"
+    KILLED = "killed"
+    GONE = "gone"
+
+
 def child_shares(counts: dict[str, int], known_pids: dict[str, int], killed: set[str],
                  live: set[str]) -> list[dict[str, Any]]:
     """Each worker's runs and share in percent, biggest first."""
@@ -149,7 +159,8 @@ def child_shares(counts: dict[str, int], known_pids: dict[str, int], killed: set
     return [
         {"worker_id": worker, "pid": pid_of(worker, known_pids), "runs": n,
          "percent": round(100 * n / total, 1),
-         "state": "killed" if worker in killed else "live" if worker in live else "gone"}
+         "state": ShareState.KILLED if worker in killed
+         else ShareState.LIVE if worker in live else ShareState.GONE}
         for worker, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
 
@@ -160,7 +171,7 @@ def shard_balance(status: dict[str, Any] | None, workflow: str) -> dict[str, Any
     if not status:
         return None
     per_child = {str(c.get("worker_id") or c.get("pid")): int(c.get("shards", {}).get(workflow, 0))
-                 for c in status.get("children", []) if c.get("state") == "ready"}
+                 for c in status.get("children", []) if c.get("state") == ChildState.READY}
     if not per_child or not any(per_child.values()):
         return None
     return {"workflow": workflow, "min": min(per_child.values()),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyrula.cli.bench.measure import ShareState
+
 
 def _ms(figures: dict[str, Any] | None) -> str:
     if not figures:
@@ -36,7 +38,7 @@ def render(f: dict[str, Any]) -> str:
     if shares:
         lines.append("  child shares   " + ",  ".join(
             f"pid {s['pid']} {s['percent']:.1f} % ({s['runs']}"
-            + ("" if s["state"] == "live" else f", {s['state']}") + ")"
+            + ("" if s["state"] == ShareState.LIVE else f", {s['state']}") + ")"
             for s in shares))
     shards = f["shards"]
     lines.append(

@@ -28,6 +28,7 @@ from pyrula.cli.bench.measure import (
     workers_of,
 )
 from pyrula.config.fleet import resolve_store_url
+from pyrula.supervisor.children import ChildState
 from pyrula.workflows import (
     ConfigurationError,
     StoreUnavailable,
@@ -297,7 +298,7 @@ async def _kill(fleet: Fleet, killer: Killer, stop: asyncio.Event) -> None:
 
 
 def _check_serves(status: dict[str, Any], url: str) -> None:
-    if not any(c.get("state") == "ready" for c in status["children"]):
+    if not any(c.get("state") == ChildState.READY for c in status["children"]):
         raise BenchError(f"--attach: the fleet at {url} has no ready child "
                          f"(status {status.get('status')!r})", code=2)
     shards = status.get("shards") or {}

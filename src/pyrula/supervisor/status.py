@@ -1,0 +1,79 @@
+"""What the fleet's ``/status`` says: each child's state and the fleet's as a whole. Pure."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pyrula.supervisor.children import Child, ChildState
+
+logger = logging.getLogger(__name__)
+
+
+class FleetStatus(StrEnum):
+    """The fleet as a whole, as ``/status`` reports it (``status``)."""
+
+    OK = "ok"
+    STARTING = "starting"
+    DEGRADED = "degraded"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """One slot as ``/status`` reads it: its serving child (if any) and its restarts."""
+
+    index: int
+    child: Child | None
+    restarts: int
+
+
+def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool) -> dict[str, Any]:
+    """The ``/status`` body: ok once ``desired`` children are ready and reach their store;
+    starting while none is ready and none has restarted yet; degraded otherwise; draining
+    once the fleet drains."""
+    slots = sorted(slots, key=lambda s: s.index)
+    children = []
+    shards: dict[str, int] = {}
+    ready = 0
+    cut_off = 0  # ready children that cannot reach their store
+    for slot in slots:
+        child = slot.child
+        if child is None:
+            continue
+        beat = child.beat
+        state = child.state
+        if state is ChildState.READY:
+            assert beat is not None
+            ready += 1
+            cut_off += not beat.store_ok
+        for name, count in (beat.shards if beat else {}).items():
+            shards[name] = shards.get(name, 0) + count
+        children.append({
+            "slot": slot.index,
+            "pid": child.pid,
+            "worker_id": beat.worker_id if beat else None,
+            "state": state,
+            "shards": dict(beat.shards) if beat else {},
+            "in_flight": beat.in_flight if beat else 0,
+            "runs_done": beat.runs_done if beat else 0,
+            "restarts": slot.restarts,
+            "rss_bytes": child.rss_bytes,
+        })
+    if draining:
+        overall = FleetStatus.DRAINING
+    elif ready >= desired and not cut_off:
+        overall = FleetStatus.OK
+    elif ready == 0 and all(s.restarts == 0 for s in slots):
+        overall = FleetStatus.STARTING
+    else:
+        overall = FleetStatus.DEGRADED
+    return {
+        "status": overall,
+        "children": children,
+        "shards": shards,
+        "restarts": sum(s.restarts for s in slots),
+    }
