@@ -199,15 +199,12 @@ class Operations:
         self._refuse_if_ending()
         return self._replay.take_call()
 
-    @contextlib.contextmanager
-    def _checked(self) -> Iterator[None]:
-        """Replay's name check: a divergence stops the attempt (the first one found is the
-        one the run fails with) and is raised into the workflow code at its call too."""
-        try:
-            yield
-        except NonDeterminismError as exc:
-            self._stops.ask(Stop.non_determinism(exc))
-            raise
+    def _diverged(self, exc: NonDeterminismError) -> None:
+        """Replay's name check failed: the divergence stops the attempt (the first one
+        found is the one the run fails with) and is raised into the workflow code at its
+        call too. (A try/except at each call rather than a context manager: this is on
+        every step's path.)"""
+        self._stops.ask(Stop.non_determinism(exc))
 
     # --- steps ------------------------------------------------------------------------
 
@@ -220,8 +217,11 @@ class Operations:
     async def _step(
         self, call: int, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        with self._checked():
+        try:
             history = self._replay.step(call, spec.name)
+        except NonDeterminismError as exc:
+            self._diverged(exc)
+            raise
         if history.completed:
             return history.result
         if history.failure is not None:
@@ -334,10 +334,13 @@ class Operations:
 
     async def op_sleep(self, *, seconds: float | None, until: float | None) -> None:
         call = self._take_call()
-        with self._checked():
+        try:
             decision = self._replay.sleep(
                 call, now=self._clock.now(), seconds=seconds, until=until
             )
+        except NonDeterminismError as exc:
+            self._diverged(exc)
+            raise
         if decision.command is not None:
             self._writes.add(decision.command)
         if decision.wake_at is not None:
@@ -355,10 +358,13 @@ class Operations:
     async def _wait(
         self, call: int, op: str, signal: str, timeout: float | None, interrupt: Any
     ) -> Any:
-        with self._checked():
+        try:
             opened = self._replay.open_wait(
                 call, op, signal, now=self._clock.now(), timeout=timeout, interrupt=interrupt
             )
+        except NonDeterminismError as exc:
+            self._diverged(exc)
+            raise
         if opened.turn is WaitTurn.SIGNALLED:
             return opened.payload
         assert opened.waiting is not None
@@ -382,8 +388,11 @@ class Operations:
 
     def op_value(self, op: str, make: Callable[[Clock], Any]) -> Any:
         call = self._take_call()
-        with self._checked():
+        try:
             history = self._replay.value(call, op)
+        except NonDeterminismError as exc:
+            self._diverged(exc)
+            raise
         if history.completed:
             return history.result
         value = make(self._clock)

@@ -42,6 +42,10 @@ class StepHistory:
     retry_at: float | None = None
 
 
+#: The history of a call the journal does not hold yet.
+NOTHING_RECORDED = StepHistory()
+
+
 @dataclass(frozen=True, slots=True)
 class SleepDecision:
     """``wake_at`` None: the sleep is over (or was never one), the code goes on; else it
@@ -120,6 +124,9 @@ class Replay:
         first = last_seq - len(written) + 1
         for offset, event in enumerate(written):
             event["seq"] = first + offset
+        if not others:  # the common case, on every write: nobody else wrote in between
+            self._index(written)
+            return
         before = sorted((e for e in others if int(e["seq"]) < first), key=lambda e: int(e["seq"]))
         self._index(before + written)
 
@@ -168,6 +175,8 @@ class Replay:
     # --- steps and values -------------------------------------------------------------
 
     def step(self, call: int, name: str) -> StepHistory:
+        if call not in self._by_call:
+            return NOTHING_RECORDED  # a new step: nothing to check, nothing to replay
         failures = 0
         retry_at: float | None = None
         for event in self.recorded(call, name):
@@ -283,12 +292,15 @@ class Replay:
 # --- the events the attempt writes ------------------------------------------------------
 
 
+# The two events of every step are built as literals: they are on every step's path.
 def step_started(now: float, step: str, call: int, attempt: int) -> Event:
-    return make_event(EventType.STEP_STARTED, now, step=step, call=call, attempt=attempt)
+    return {"type": EventType.STEP_STARTED.value, "ts": now, "step": step, "call": call,
+            "attempt": attempt}
 
 
 def step_completed(now: float, step: str, call: int, result: Any) -> Event:
-    return make_event(EventType.STEP_COMPLETED, now, step=step, call=call, result=result)
+    return {"type": EventType.STEP_COMPLETED.value, "ts": now, "step": step, "call": call,
+            "result": result}
 
 
 def step_failed(

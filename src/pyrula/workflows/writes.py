@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from pyrula.workflows.clock import Clock
@@ -105,20 +105,21 @@ class Writes:
             gap = await self.write(lambda: self._store.read_events(self._run_id, after))
         self._replay.absorb(written, last_seq, gap)
 
-    @contextlib.asynccontextmanager
-    async def _taking(self) -> AsyncIterator[list[Event]]:
-        """The writer's turn, with the whole buffer taken."""
-        async with self._writing:
-            self._boundary_due = False
-            batch, self._pending = self._pending, []
-            yield batch
+    def _take(self) -> list[Event]:
+        """The whole buffer, taken by the writer whose turn it is (``_writing`` held). Not
+        an async context manager of its own: this is on every step's path, and an async
+        generator per write costs more than the write's own bookkeeping."""
+        self._boundary_due = False
+        batch, self._pending = self._pending, []
+        return batch
 
     async def flush(self) -> None:
         if not self._pending and not self._writing.locked():
             self._boundary_due = False  # nothing to write nor to wait for
             return
         with self._waiting():
-            async with self._taking() as batch:
+            async with self._writing:
+                batch = self._take()
                 if not batch:
                     return
                 result = await self.write(
@@ -160,7 +161,8 @@ class Writes:
         """Park the run with the buffer's events. False if it keeps its lock instead (a
         signal it waits for had already arrived, or a cancel came): the journal then holds
         what came, and the cancel is passed on."""
-        async with self._taking() as batch:
+        async with self._writing:
+            batch = self._take()
             known = self._replay.last_seq
             result = await self.write(
                 lambda: self._store.park(
@@ -185,7 +187,8 @@ class Writes:
         successor_params: Any = None,
     ) -> None:
         """End the run with the buffer's events (its terminal event last)."""
-        async with self._taking() as batch:
+        async with self._writing:
+            batch = self._take()
             finished = await self.write(
                 lambda: self._store.finish(
                     self._run_id, self._token, batch, now=self._clock.now(), status=status,
@@ -198,7 +201,8 @@ class Writes:
 
     async def requeue(self, stand: StandDown) -> RequeueOutcome:
         """Put the run back in the queue with the buffer's events."""
-        async with self._taking() as batch:
+        async with self._writing:
+            batch = self._take()
             return await self.write(
                 lambda: self._store.requeue(
                     self._run_id, self._token, now=self._clock.now(), reason=stand.reason,
