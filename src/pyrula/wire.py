@@ -20,6 +20,7 @@ older build) leaves every held run chargeable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -33,9 +34,18 @@ HEARTBEAT_INTERVAL = 0.25
 PRELOAD_ENV = "_PYRULA_FLEET_PRELOAD"
 
 
+class WorkerState(StrEnum):
+    """A worker's state, as its heartbeat and its probes say it."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
 @dataclass(slots=True)
 class Heartbeat:
-    state: str
+    state: WorkerState
     worker_id: str
     pid: int
     in_flight: int = 0
@@ -66,9 +76,16 @@ def heartbeat_message(beat: Heartbeat) -> bytes:
     return encode({"type": "heartbeat", **{k: getattr(beat, k) for k in beat.__slots__}})
 
 
+def _state(value: Any) -> WorkerState:
+    try:
+        return WorkerState(value)
+    except ValueError:  # missing, or a state this build does not know: not ready
+        return WorkerState.STARTING
+
+
 def parse_heartbeat(message: dict[str, Any]) -> Heartbeat:
     return Heartbeat(
-        state=str(message.get("state", "starting")),
+        state=_state(message.get("state")),
         worker_id=str(message.get("worker_id", "")),
         pid=int(message.get("pid", 0)),
         in_flight=int(message.get("in_flight", 0)),

@@ -13,8 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyrula.config.parse import MIB, parse_bool, parse_bytes, parse_float, parse_int
+from pyrula.config.parse import parse_bool, parse_bytes, parse_float, parse_int
 from pyrula.errors import ConfigurationError
+from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES
+from pyrula.workflows.records import DEFAULT_POISON_MAX_RETRIES, DEFAULT_POISON_RETRY_TTL_S
 
 
 @dataclass(frozen=True)
@@ -37,12 +39,12 @@ class WorkerOptions:
     journal_cache_verify: bool = False
     lock_ttl: float = 15.0
     shard_lease_ttl: float = 30.0
-    poison_max_retries: int = 3
-    poison_retry_ttl_s: float = 3600.0
+    poison_max_retries: int = DEFAULT_POISON_MAX_RETRIES
+    poison_retry_ttl_s: float = DEFAULT_POISON_RETRY_TTL_S
     stranded_policy: str = "wait"
     stranded_timeout: float = 86400.0
     schedule_interval: float = 30.0
-    max_payload_bytes: int = 16 * MIB
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     health_port: int | None = None
     health_host: str = "127.0.0.1"
     poison_counts_loop_blocked: bool = True

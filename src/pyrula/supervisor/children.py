@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pyrula.supervisor import trampoline
-from pyrula.wire import PRELOAD_ENV, Heartbeat
+from pyrula.wire import PRELOAD_ENV, Heartbeat, WorkerState
 
 PRELOAD_MODULE = "pyrula.supervisor.preload"
 
@@ -59,7 +59,7 @@ class Child:
         beat = self.beat
         if self.retiring or (beat is not None and beat.state in ("draining", "stopped")):
             return ChildState.DRAINING
-        if beat is not None and beat.state == "ready":
+        if beat is not None and beat.state == WorkerState.READY:
             return ChildState.READY
         return ChildState.STARTING
 

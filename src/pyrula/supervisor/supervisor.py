@@ -29,7 +29,7 @@ from pyrula.supervisor.recovery import Recovery
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
 from pyrula.supervisor.status import SlotView, fleet_status
 from pyrula.supervisor.watch import Kill, Recycle, verdict
-from pyrula.wire import EXIT_BOOT_FAILURE, decode, parse_heartbeat
+from pyrula.wire import EXIT_BOOT_FAILURE, WorkerState, decode, parse_heartbeat
 
 logger = logging.getLogger(FLEET_LOGGER)
 
@@ -177,7 +177,7 @@ class Supervisor:
         if kind == "heartbeat":
             child.beat = parse_heartbeat(message)
             child.last_beat = time.monotonic()
-            if child.beat.state == "ready" and not child.ready_seen:
+            if child.beat.state == WorkerState.READY and not child.ready_seen:
                 child.ready_seen = True
                 self.policy.ready(child.slot)
                 logger.info("child_ready: slot %d pid %d worker %s in %.0f ms", child.slot,

@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 from pyrula.workflows._sync import drive, run_sync
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.definition import workflow_name
-from pyrula.workflows.engine import DEFAULT_MAX_PAYLOAD_BYTES
 from pyrula.workflows.errors import (
     ConfigurationError,
     PayloadTooLarge,
@@ -21,7 +20,7 @@ from pyrula.workflows.errors import (
     RunFailed,
     WorkflowNotFound,
 )
-from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, dumps
+from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, INTERRUPT_SIGNAL, Event, dumps
 from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores.admin import SyncAdmin
 from pyrula.workflows.stores.base import Store

@@ -38,7 +38,7 @@ from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.context import WorkflowContext
 from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.errors import ContinueAsNew, NonDeterminismError, PayloadTooLarge, StepFailed
-from pyrula.workflows.events import Event
+from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from pyrula.workflows.operations import RUN_TASK_PREFIX as RUN_TASK_PREFIX
 from pyrula.workflows.operations import RUNNING_RUN as RUNNING_RUN
 from pyrula.workflows.operations import Body, Operations, Unmonitored
@@ -55,9 +55,6 @@ from pyrula.workflows.stop import Halt, StandDown, Stop, StopReason, StopState
 from pyrula.workflows.writes import EngineStore, Writes
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
-
 
 @dataclass(frozen=True, slots=True)
 class AttemptSettings:

@@ -38,6 +38,10 @@ TERMINAL_EVENTS = frozenset(
     {EventType.RUN_COMPLETED, EventType.RUN_ERROR, EventType.RUN_CANCELLED, EventType.RUN_CONTINUED}
 )
 
+#: The largest params, step result or signal payload a run accepts, as JSON bytes, unless
+#: ``max_payload_bytes`` says otherwise.
+DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+
 #: The signal name under which ``client.resume(run_id, value)`` is delivered to ``ctx.interrupt``.
 INTERRUPT_SIGNAL = "pyrula.interrupt"
 

@@ -31,6 +31,12 @@ TERMINAL_STATUSES = frozenset(
 )
 
 
+#: A run is quarantined past this many crashes within ``DEFAULT_POISON_RETRY_TTL_S``
+#: seconds, unless the worker's ``poison_*`` options say otherwise.
+DEFAULT_POISON_MAX_RETRIES = 3
+DEFAULT_POISON_RETRY_TTL_S = 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class RunError:
     """Why a run failed: built once wherever a run fails, stored as :meth:`as_dict` (the
@@ -171,8 +177,8 @@ class RenewResult:
 class PoisonPolicy:
     """How many crashes a run may cause within ``retry_ttl_s`` and still be retried."""
 
-    max_retries: int = 3
-    retry_ttl_s: float = 3600.0
+    max_retries: int = DEFAULT_POISON_MAX_RETRIES
+    retry_ttl_s: float = DEFAULT_POISON_RETRY_TTL_S
 
 
 @dataclass(frozen=True, slots=True)

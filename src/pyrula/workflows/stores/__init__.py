@@ -9,7 +9,9 @@ from pyrula.config.parse import redact_url
 from pyrula.workflows.errors import ConfigurationError
 from pyrula.workflows.stores.base import Store
 
-SCHEMES = ("memory", "sqlite", "redis", "rediss", "valkey", "valkeys")
+#: The URL schemes of the Valkey store (TLS: ``rediss``, ``valkeys``).
+VALKEY_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
+SCHEMES = ("memory", "sqlite", *VALKEY_SCHEMES)
 
 
 def store_from_url(url: str, **options: Any) -> Store:
@@ -32,7 +34,7 @@ def store_from_url(url: str, **options: Any) -> Store:
         from pyrula.workflows.stores.sqlite import SQLiteStore
 
         return SQLiteStore.from_url(url, **options)
-    if scheme in ("redis", "rediss", "valkey", "valkeys"):
+    if scheme in VALKEY_SCHEMES:
         from pyrula.workflows.stores.valkey import ValkeyStore
 
         return ValkeyStore(url=url, **options)
@@ -42,4 +44,4 @@ def store_from_url(url: str, **options: Any) -> Store:
     )
 
 
-__all__ = ["SCHEMES", "Store", "store_from_url"]
+__all__ = ["SCHEMES", "VALKEY_SCHEMES", "Store", "store_from_url"]

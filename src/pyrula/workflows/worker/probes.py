@@ -14,10 +14,11 @@ import time
 from typing import Any, Protocol
 
 from pyrula.health_http import ProbeServer
+from pyrula.wire import WorkerState
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S
 from pyrula.workflows.worker.metrics import Metrics
-from pyrula.workflows.worker.runtime import Runtime, WorkerState
+from pyrula.workflows.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

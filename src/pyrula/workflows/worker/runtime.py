@@ -9,20 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from enum import StrEnum
 
+from pyrula.wire import WorkerState
 from pyrula.workflows.worker.loops import LoopState
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 0.1
-
-
-class WorkerState(StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPED = "stopped"
 
 
 class Runtime:

@@ -26,6 +26,7 @@ from pyrula.config.cloud import check_cloud
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError, WorkflowNotFound
 from pyrula.health_http import ProbeServer
+from pyrula.wire import WorkerState
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock, StoreClock
 from pyrula.workflows.definition import REGISTRY, Registry, workflow_name
@@ -44,7 +45,7 @@ from pyrula.workflows.worker.orphans import OrphanLoop, Serving
 from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.probes import Probes
 from pyrula.workflows.worker.renewal import LockRenewer, RenewalSettings
-from pyrula.workflows.worker.runtime import Runtime, WorkerState
+from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.schedules import ScheduleLoop
 from pyrula.workflows.worker.store_loops import ClockLoop, ReconcileLoop, ShardLeaseLoop
 from pyrula.workflows.worker.timers import TimerLoop

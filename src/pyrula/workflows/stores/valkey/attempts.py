@@ -298,10 +298,10 @@ class Attempts:
     async def arecover_pending_runs(self, name: str) -> int:
         """Requeue every run of ``name`` whose lock expired (the default poison policy of
         a plain recovery: 3 retries, an hour); returns how many; rings every shard."""
-        conn = self.connection
+        conn, policy = self.connection, PoisonPolicy()
         calls: list[Call] = [
-            (conn.keys.base_of(name, s), ("reclaim", time.time(), 1 << 30, 3, 3600.0,
-                                         conn.completed_ttl))
+            (conn.keys.base_of(name, s), ("reclaim", time.time(), 1 << 30, policy.max_retries,
+                                         policy.retry_ttl_s, conn.completed_ttl))
             for s in range(conn.shard_count)
         ]
         total = 0

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.errors import ConfigurationError, StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows._sync import SYNC_DRIVE
+from pyrula.workflows.stores import VALKEY_SCHEMES
 from pyrula.workflows.stores.valkey.keys import KeySpace
 from pyrula.workflows.stores.valkey.resp import AsyncIO, Command, ReplyError, SyncIO, parse_url
 from pyrula.workflows.stores.valkey.router import ClusterMode, Router
@@ -25,7 +26,6 @@ from pyrula.workflows.stores.valkey.script import SCRIPT, SHA
 
 logger = logging.getLogger(__name__)
 
-SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 
 
 class EvictionCheck(StrEnum):
@@ -47,9 +47,9 @@ def _url(url: str) -> tuple[str, bool]:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(f"ValkeyStore url {redact_url(url)!r} has no scheme (redis://host:port)")
     scheme = urlsplit(url).scheme.lower()
-    if scheme not in SCHEMES:
+    if scheme not in VALKEY_SCHEMES:
         raise ConfigurationError(
-            f"ValkeyStore url scheme {scheme!r} is not one of {', '.join(SCHEMES)}"
+            f"ValkeyStore url scheme {scheme!r} is not one of {', '.join(VALKEY_SCHEMES)}"
         )
     rest = url.split("://", 1)[1]
     tls = scheme in ("rediss", "valkeys")
