@@ -131,11 +131,19 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
 
 def run_fleet(options: FleetOptions) -> int:
     from pyrula.supervisor.children import Spawner
+    from pyrula.workflows.stores import backend_module
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     modules = list(options.apps) + [w.partition(":")[0] for w in options.workflows]
-    spawner = Spawner(preload=["pyrula.workflows.worker.child", *modules])
+    # What every child imports before it serves: imported once in the fork server, so a
+    # child starts with it loaded (and shares its memory) instead of importing it anew.
+    backend = backend_module(options.store_url)
+    runtime = [
+        "pyrula.workflows.worker.child", "pyrula.workflows.worker.worker",
+        "pyrula.workflows.stores.archive", *([backend] if backend else []),
+    ]
+    spawner = Spawner(preload=[*runtime, *modules])
     # The fork server starts (and imports the app) before this process opens anything,
     # and before it imports asyncio: the two imports run side by side.
     spawner.warm()

@@ -13,10 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pyrula.config.defaults import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_POISON_MAX_RETRIES,
+    DEFAULT_POISON_RETRY_TTL_S,
+)
 from pyrula.config.parse import parse_bool, parse_bytes, parse_float, parse_int
 from pyrula.errors import ConfigurationError
-from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES
-from pyrula.workflows.records import DEFAULT_POISON_MAX_RETRIES, DEFAULT_POISON_RETRY_TTL_S
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from pyrula.config.defaults import DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES
+
 Event = dict[str, Any]
 
 
@@ -37,10 +39,6 @@ class EventType(StrEnum):
 TERMINAL_EVENTS = frozenset(
     {EventType.RUN_COMPLETED, EventType.RUN_ERROR, EventType.RUN_CANCELLED, EventType.RUN_CONTINUED}
 )
-
-#: The largest params, step result or signal payload a run accepts, as JSON bytes, unless
-#: ``max_payload_bytes`` says otherwise.
-DEFAULT_MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 
 #: The signal name under which ``client.resume(run_id, value)`` is delivered to ``ctx.interrupt``.
 INTERRUPT_SIGNAL = "pyrula.interrupt"

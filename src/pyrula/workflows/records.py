@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pyrula.config.defaults import DEFAULT_POISON_MAX_RETRIES, DEFAULT_POISON_RETRY_TTL_S
 from pyrula.workflows.errors import JournalCorrupt
 from pyrula.workflows.events import Event, EventType, make_event
 
@@ -29,12 +30,6 @@ class RunStatus(StrEnum):
 TERMINAL_STATUSES = frozenset(
     {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CONTINUED}
 )
-
-
-#: A run is quarantined past this many crashes within ``DEFAULT_POISON_RETRY_TTL_S``
-#: seconds, unless the worker's ``poison_*`` options say otherwise.
-DEFAULT_POISON_MAX_RETRIES = 3
-DEFAULT_POISON_RETRY_TTL_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)

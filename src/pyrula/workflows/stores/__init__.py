@@ -14,6 +14,21 @@ VALKEY_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 SCHEMES = ("memory", "sqlite", *VALKEY_SCHEMES)
 
 
+#: The module of each scheme's backend (imported by ``store_from_url`` on first use).
+BACKEND_MODULES = {
+    "memory": "pyrula.workflows.stores.memory",
+    "sqlite": "pyrula.workflows.stores.sqlite",
+    **{scheme: "pyrula.workflows.stores.valkey" for scheme in VALKEY_SCHEMES},
+}
+
+
+def backend_module(url: str) -> str | None:
+    """The module of the backend ``url`` names (None for a URL ``store_from_url`` refuses):
+    what a fleet's fork server imports once, before it forks the children that open it."""
+    scheme = urlsplit(url).scheme.lower() if isinstance(url, str) and "://" in url else ""
+    return BACKEND_MODULES.get(scheme)
+
+
 def store_from_url(url: str, **options: Any) -> Store:
     """Open the store a URL names: ``memory://``, ``sqlite:///path``, ``redis://``,
     ``rediss://``, ``valkey://`` or ``valkeys://``. Backends are imported lazily.
