@@ -21,7 +21,7 @@ from pyrula.workflows.errors import (
     WorkflowNotFound,
 )
 from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, INTERRUPT_SIGNAL, Event, dumps
-from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
+from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores.admin import SyncAdmin
 from pyrula.workflows.stores.base import Store
 
@@ -125,7 +125,7 @@ class WorkflowClient:
             if info.status is RunStatus.CONTINUED and info.successor_id:
                 run_id = info.successor_id
                 continue
-            raise RunFailed(run_id, {"code": "unknown", "error_type": "", "message": str(info)})
+            raise RunFailed(run_id, RunError("unknown", "", str(info)).as_dict())
 
     async def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         """The run's journal, optionally only the events after ``after_seq``."""

@@ -19,8 +19,8 @@ from pyrula.errors import JournalCorrupt, StaleToken, StoreUnavailable, Workflow
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
-from pyrula.workflows.events import Event, EventType, make_event
-from pyrula.workflows.records import ClaimedRun, RunStatus
+from pyrula.workflows.events import Event
+from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.gate import SuspectGate
@@ -176,15 +176,12 @@ class AttemptRunner:
         the cause, so this is a failure of the run, not a crash counted toward poison."""
         logger.error("run_journal_corrupt: %s; the run fails", exc,
                      extra={"event": "run_journal_corrupt", **run_log})
-        error = {"code": "corrupt_journal", "error_type": "JournalCorrupt",
-                 "message": str(exc), "detail": {"seq": exc.seq, "reason": exc.reason}}
+        error = RunError("corrupt_journal", "JournalCorrupt", str(exc),
+                         {"seq": exc.seq, "reason": exc.reason})
         now = self._p.clock.now()
-        event = make_event(EventType.RUN_ERROR, now, code=error["code"],
-                           error_type=error["error_type"], message=error["message"],
-                           detail=error["detail"])
         try:
-            await self._p.store.finish(claimed.run_id, claimed.token, [event], now=now,
-                                       status=RunStatus.FAILED, error=error)
+            await self._p.store.finish(claimed.run_id, claimed.token, [error.event(now)],
+                                       now=now, status=RunStatus.FAILED, error=error.as_dict())
         except StaleToken:
             return  # another attempt holds the run; it meets the same entry
         except StoreUnavailable:

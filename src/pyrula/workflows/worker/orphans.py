@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyrula.config.worker import WorkerOptions
-from pyrula.workflows.records import PoisonPolicy
+from pyrula.workflows.records import PoisonPolicy, RunError
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.runtime import Runtime
@@ -63,15 +63,14 @@ class Membership:
             if o.stranded_policy != "fail":
                 continue
             timeout = o.stranded_timeout
-            error = {
-                "code": "stranded",
-                "error_type": "Stranded",
-                "message": f"no live worker served workflow {name!r} for {timeout:g} s "
-                           "(stranded_policy=fail)",
-                "detail": {"stranded_timeout": timeout},
-            }
+            error = RunError(
+                "stranded", "Stranded",
+                f"no live worker served workflow {name!r} for {timeout:g} s "
+                "(stranded_policy=fail)",
+                {"stranded_timeout": timeout},
+            )
             failed = await s.store.fail_stranded(
-                name, older_than=now - timeout, now=now, limit=1000, error=error
+                name, older_than=now - timeout, now=now, limit=1000, error=error.as_dict()
             )
             if failed:
                 logger.error("run_stranded: %d runs of %r failed (stranded)", len(failed), name,
