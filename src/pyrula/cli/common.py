@@ -31,6 +31,11 @@ FORCED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 #: The exit code of a ConfigurationError, whether the options or the store refused.
 CONFIGURATION_ERROR_EXIT = 2
 
+STORE = click.option("--store", "store", default=None, metavar="URL",
+                     help="store URL (default $PYRULA_STORE_URL, else sqlite:///pyrula.db)")
+NAMESPACE = click.option("--namespace", default=None, envvar="PYRULA_VALKEY_NAMESPACE",
+                         help="Valkey key namespace")
+
 
 def import_target(target: str) -> Any:
     """Import ``module`` or ``module:attribute`` (the current directory is importable)."""
