@@ -140,6 +140,9 @@ MISTAKES = [
     (["runs", "retry", "0" * 32], 1, "no run with id"),
     (["runs", "events", "0" * 32], 1, "no run with id"),
     (["get", "0" * 32], 1, "no run with id"),
+    (["runs", "list", "--limit", "0"], 2, "Invalid value for '--limit'"),
+    (["runs", "nosuch"], 2, "No such command 'nosuch'"),
+    (["runs", "result", "0" * 32, "--timeout", "soon"], 2, "runs result --help')"),
 ]
 
 
@@ -247,6 +250,7 @@ def test_signal_resume_and_cancel(served: Cli) -> None:
 
     asking = served.submit("rc_ask", {})
     wait_until(lambda: served.status(asking) == "waiting", 20, what="an interrupted run")
+    assert 'asks:        {"question": "ok?"}' in served.ok("runs", "show", asking)
     assert served.ok("runs", "resume", asking, '{"sure": true}').strip() == (
         f"run {asking} resumed")
     answer = json.loads(served.ok("runs", "result", asking, "--timeout", "20"))

@@ -19,6 +19,7 @@ from pyrula.cli.common import (
     load_workflows,
     open_store,
     option_flags,
+    run_group,
     serve,
     worker_options,
 )
@@ -177,7 +178,7 @@ cli.add_command(runs_group)
 @NAMESPACE
 def submit(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
            store: str | None, namespace: str | None) -> None:
-    """Submit a run of WORKFLOW with PARAMS (JSON) (same as ``pyrula runs submit``)."""
+    """Submit a run of WORKFLOW with PARAMS (JSON) (same as "pyrula runs submit")."""
     runs.submit_run(workflow, params, owner, idempotency_key, store, namespace)
 
 
@@ -186,7 +187,7 @@ def submit(workflow: str, params: str, owner: str | None, idempotency_key: str |
 @STORE
 @NAMESPACE
 def get(run_id: str, store: str | None, namespace: str | None) -> None:
-    """Show a run as JSON (``pyrula runs show --json`` adds its timeline)."""
+    """Show a run as JSON ("pyrula runs show --json" adds its timeline)."""
     runs.print_json(runs.info_dict(runs.get_run(runs.client(store, namespace), run_id)))
 
 
@@ -197,7 +198,7 @@ def get(run_id: str, store: str | None, namespace: str | None) -> None:
 @NAMESPACE
 def result(run_id: str, timeout: float | None, store: str | None,
            namespace: str | None) -> None:
-    """Wait for a run to end and print its result (same as ``pyrula runs result``)."""
+    """Wait for a run to end and print its result (same as "pyrula runs result")."""
     runs.wait_result(run_id, timeout, store, namespace)
 
 
@@ -206,7 +207,7 @@ def result(run_id: str, timeout: float | None, store: str | None,
 @STORE
 @NAMESPACE
 def events(run_id: str, store: str | None, namespace: str | None) -> None:
-    """Print a run's journal (same as ``pyrula runs events``)."""
+    """Print a run's journal (same as "pyrula runs events")."""
     runs.print_json(runs.client(store, namespace).events(run_id))
 
 
@@ -218,7 +219,7 @@ def events(run_id: str, store: str | None, namespace: str | None) -> None:
 @NAMESPACE
 def send_signal(run_id: str, name: str, payload: str, store: str | None,
                 namespace: str | None) -> None:
-    """Send signal NAME with PAYLOAD (JSON) to a run (same as ``pyrula runs signal``)."""
+    """Send signal NAME with PAYLOAD (JSON) to a run (same as "pyrula runs signal")."""
     runs.send_signal(run_id, name, payload, store, namespace, what="PAYLOAD")
 
 
@@ -227,7 +228,7 @@ def send_signal(run_id: str, name: str, payload: str, store: str | None,
 @STORE
 @NAMESPACE
 def cancel(run_id: str, store: str | None, namespace: str | None) -> None:
-    """Cancel a run; print ``{"cancelled": bool}`` (``pyrula runs cancel`` says it in words)."""
+    """Cancel a run; print {"cancelled": bool} ("pyrula runs cancel" says it in words)."""
     runs.print_json({"cancelled": runs.cancel_run(run_id, store, namespace)})
 
 
@@ -316,7 +317,7 @@ def main() -> None:
     from pyrula.errors import ConfigurationError, PayloadTooLarge, PyrulaError
 
     try:
-        cli(standalone_mode=True)
+        run_group(cli)
     except ConfigurationError as exc:
         # The same words and exit code as a ConfigurationError raised by worker.run().
         click.echo(f"configuration error: {exc}", err=True)

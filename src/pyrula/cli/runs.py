@@ -219,6 +219,8 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
         rows.append(("retries", retries))
     if info.waiting_for:
         rows.append(("waiting for", ", ".join(info.waiting_for)))
+    if info.interrupt is not None:
+        rows.append(("asks", json.dumps(info.interrupt, default=str)))
     if info.error:
         rows.append(("error", f"{info.error.get('code')}: {info.error.get('error_type')}: "
                               f"{info.error.get('message')}"))
