@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import asdict
 from typing import Any
 
@@ -33,8 +34,8 @@ STUCK_CODES = {"stranded": "failed: no live worker served its workflow in time",
                "max_retries": "quarantined: crashed more often than its poison policy allows"}
 
 
-class RunMissing(click.ClickException):
-    """What was asked about failed, is missing or has not ended: one line, exit 1."""
+class RunRefusal(click.ClickException):
+    """The run asked about failed, is missing, or has not ended: one line, exit 1."""
 
     exit_code = 1
 
@@ -74,7 +75,7 @@ def get_run(runs: Any, run_id: str) -> Any:
     try:
         return runs.get(run_id)
     except WorkflowNotFound:
-        raise RunMissing(f"no run with id {run_id!r}") from None
+        raise RunRefusal(f"no run with id {run_id!r}") from None
 
 
 def _call(store: Any, coro: Any) -> Any:
@@ -117,15 +118,15 @@ def wait_result(run_id: str, timeout: float | None, store: str | None,
     try:
         value = client(store, namespace).result(run_id, timeout=timeout)
     except TimeoutError:
-        raise RunMissing(f"run {run_id} has not ended after {timeout:g} s; "
+        raise RunRefusal(f"run {run_id} has not ended after {timeout:g} s; "
                          "try a longer --timeout") from None
     except WorkflowNotFound:
-        raise RunMissing(f"no run with id {run_id!r}") from None
+        raise RunRefusal(f"no run with id {run_id!r}") from None
     except RunCancelled:
-        raise RunMissing(f"run {run_id} was cancelled") from None
+        raise RunRefusal(f"run {run_id} was cancelled") from None
     except RunFailed as exc:
         error = exc.error or {}
-        raise RunMissing(f"run {run_id} failed: {error.get('code')}: "
+        raise RunRefusal(f"run {run_id} failed: {error.get('code')}: "
                          f"{error.get('error_type')}: {error.get('message')}") from None
     print_json(value)
 
@@ -288,7 +289,7 @@ def retry_command(run_id: str, as_json: bool, store: str | None, namespace: str 
     if info.status is not RunStatus.FAILED:
         why = ("has not ended" if not info.status.terminal
                else f"is {info.status.value}, not failed")
-        raise RunMissing(f"run {run_id} {why}; only a failed run can be retried")
+        raise RunRefusal(f"run {run_id} {why}; only a failed run can be retried")
     handle = runs_client.submit(info.name, info.params, owner=info.owner,
                                 idempotency_key=f"{RETRY_KEY_PREFIX}{run_id}")
     if as_json:
@@ -350,12 +351,7 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
     for name in sorted(_call(runs_client.store, runs_client.store.stranded(now=time.time()))):
         for info in runs_client.list_runs(name=name, status=RunStatus.QUEUED, limit=limit):
             found.append(_stuck(info, f"queued: no live worker serves {name!r}"))
-    seen = dict.fromkeys(STUCK_CODES, 0)
-    for info in runs_client.list_runs(status=RunStatus.FAILED):
-        code = (info.error or {}).get("code")
-        if code in STUCK_CODES and seen[code] < limit:
-            seen[code] += 1
-            found.append(_stuck(info, STUCK_CODES[code]))
+    found.extend(_call(runs_client.store, _failed_stuck(runs_client.store, limit)))
     if as_json:
         print_json(found)
         return
@@ -365,6 +361,28 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
     for row in found:
         click.echo(f"{row['run_id']:<32}  {row['workflow']:<24} {row['status']:<9} "
                    f"{iso(row['updated_at'])}  {row['why']}")
+
+
+async def _failed_stuck(store: Any, limit: int) -> list[dict[str, Any]]:
+    """The failed runs ``stuck`` lists, newest first, up to ``limit`` of each code: the
+    scan of the failed runs stops once both kinds are full."""
+    from pyrula.workflows import RunStatus, WorkflowClient
+
+    seen = dict.fromkeys(STUCK_CODES, 0)
+    found: list[dict[str, Any]] = []
+    failed = WorkflowClient(store).list_runs(status=RunStatus.FAILED)
+    try:
+        async for info in failed:
+            code = (info.error or {}).get("code")
+            if code in STUCK_CODES and seen[code] < limit:
+                seen[code] += 1
+                found.append(_stuck(info, STUCK_CODES[code]))
+            if all(count >= limit for count in seen.values()):
+                break
+    finally:
+        if isinstance(failed, AsyncGenerator):  # left early: end the page reader now
+            await failed.aclose()
+    return found
 
 
 def _stuck(info: Any, why: str) -> dict[str, Any]:

@@ -14,11 +14,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from pyrula.workflows.events import Event, EventType
 
 logger = logging.getLogger(__name__)
+
+
+class EntryKind(StrEnum):
+    ATTEMPT = "attempt"
+    STEP = "step"
+    PARKED = "parked"
+
+
+class StepOutcome(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    RETRYING = "retrying"  # a try failed and the step is tried again
+    FAILED = "failed"  # a try failed and no retry is left
+
 
 #: What ends a park: the run was woken, signalled, started again, or ended.
 _PARK_ENDS = frozenset({
@@ -60,7 +75,7 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
         if kind == EventType.RUN_REQUEUED:
             requeued = str(event.get("reason", "unknown"))
         elif kind == EventType.RUN_STARTED:
-            entries.append({"kind": "attempt", "attempt": event.get("attempt"),
+            entries.append({"kind": EntryKind.ATTEMPT, "attempt": event.get("attempt"),
                             "at": iso(ts, precise=True), "worker": event.get("worker"),
                             "after": None if requeued is None else f"requeued: {requeued}"})
             requeued = None
@@ -68,25 +83,26 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
             call = int(event.get("call", 0))
             step = steps.get(call)
             if step is None:
-                step = {"kind": "step", "name": event.get("step"), "call": call,
+                step = {"kind": EntryKind.STEP, "name": event.get("step"), "call": call,
                         "attempts": 0, "started": iso(ts, precise=True), "finished": None,
-                        "outcome": "running"}
+                        "outcome": StepOutcome.RUNNING}
                 steps[call] = step
                 entries.append(step)
             step["attempts"] += 1
-            step["outcome"] = "running"
+            step["outcome"] = StepOutcome.RUNNING
         elif kind in (EventType.STEP_COMPLETED, EventType.STEP_FAILED):
             step = steps.get(int(event.get("call", 0)))
             if step is None:
                 continue
             step["finished"] = iso(ts, precise=True)
             if kind == EventType.STEP_COMPLETED:
-                step["outcome"] = "completed"
+                step["outcome"] = StepOutcome.COMPLETED
             else:
-                step["outcome"] = "retrying" if event.get("will_retry") else "failed"
+                step["outcome"] = (StepOutcome.RETRYING if event.get("will_retry")
+                                   else StepOutcome.FAILED)
         elif kind in (EventType.RUN_SLEEPING, EventType.RUN_WAITING):
-            park = {"kind": "parked", "why": _why_parked(event), "from": iso(ts, precise=True),
-                    "until": None, "seconds": None, "_from": ts}
+            park = {"kind": EntryKind.PARKED, "why": _why_parked(event),
+                    "from": iso(ts, precise=True), "until": None, "seconds": None, "_from": ts}
             entries.append(park)
     if park is not None:
         park.pop("_from")
@@ -103,13 +119,13 @@ def _why_parked(event: Event) -> str:
 
 def describe(entry: dict[str, Any]) -> str:
     """One line of the timeline for people."""
-    if entry["kind"] == "attempt":
+    if entry["kind"] == EntryKind.ATTEMPT:
         after = f" ({entry['after']})" if entry["after"] else ""
         return f"{entry['at']}  attempt {entry['attempt']}{after} on {entry['worker']}"
-    if entry["kind"] == "step":
+    if entry["kind"] == EntryKind.STEP:
         tries = "try" if entry["attempts"] == 1 else "tries"
         ended = f" -> {entry['finished']}" if entry["finished"] else ""
         return (f"{entry['started']}  step {entry['name']} (call {entry['call']}): "
-                f"{entry['outcome']}, {entry['attempts']} {tries}{ended}")
+                f"{entry['outcome'].value}, {entry['attempts']} {tries}{ended}")
     held = f"{entry['seconds']} s until {entry['until']}" if entry["until"] else "still parked"
     return f"{entry['from']}  parked, {entry['why']}: {held}"
