@@ -31,6 +31,11 @@ FORCED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 #: The exit code of a ConfigurationError, whether the options or the store refused.
 CONFIGURATION_ERROR_EXIT = 2
 
+STORE = click.option("--store", "store", default=None, metavar="URL",
+                     help="store URL (default $PYRULA_STORE_URL, else sqlite:///pyrula.db)")
+NAMESPACE = click.option("--namespace", default=None, envvar="PYRULA_VALKEY_NAMESPACE",
+                         help="Valkey key namespace")
+
 
 def import_target(target: str) -> Any:
     """Import ``module`` or ``module:attribute`` (the current directory is importable)."""
@@ -85,6 +90,28 @@ class InputError(click.ClickException):
     """A user's mistake on the command line: one line on stderr, exit 2, no traceback."""
 
     exit_code = CONFIGURATION_ERROR_EXIT
+
+
+def run_group(group: click.Group) -> None:
+    """Run ``group`` as click's standalone mode would, except that a usage error is one
+    line (the mistake and where the help is) instead of click's usage block, and Ctrl-C
+    is exit 130 without a traceback. Returns only by ``sys.exit``."""
+    try:
+        code = group.main(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # the help is what was asked for
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        click.echo(f"Error: {exc.format_message()}{where}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (click.Abort, KeyboardInterrupt, EOFError):
+        click.echo("Aborted!", err=True)
+        sys.exit(FORCED_EXIT[signal.SIGINT])
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _refuse_constant(name: str) -> Any:

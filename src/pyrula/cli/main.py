@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import click
 
 from pyrula import logs
+from pyrula.cli import runs
 from pyrula.cli.common import (
     CONFIGURATION_ERROR_EXIT,
-    json_argument,
+    NAMESPACE,
+    STORE,
     load_workflows,
     open_store,
     option_flags,
+    run_group,
     serve,
     worker_options,
 )
+from pyrula.cli.runs import runs as runs_group
 from pyrula.config.fleet import resolve_store_url
 from pyrula.config.parse import redact_url
 
@@ -31,10 +33,6 @@ LOG_FORMAT = click.option(
 )
 LOG_LEVEL = click.option("--log-level", default="INFO", envvar="PYRULA_LOG_LEVEL",
                          show_default=True)
-STORE = click.option("--store", "store", default=None, metavar="URL",
-                     help="store URL (default $PYRULA_STORE_URL, else sqlite:///pyrula.db)")
-NAMESPACE = click.option("--namespace", default=None, envvar="PYRULA_VALKEY_NAMESPACE",
-                         help="Valkey key namespace")
 
 
 @click.group()
@@ -166,24 +164,9 @@ def _watch_for_changes(worker: Any, interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="pyrula-dev-reload", daemon=True).start()
 
 
-# --- driving runs from the shell ------------------------------------------------------
+# --- driving runs from the shell: the flat spellings of ``pyrula runs`` subcommands ---
 
-def _client(store: str | None, namespace: str | None) -> Any:
-    from pyrula.workflows import SyncWorkflowClient
-
-    return SyncWorkflowClient(open_store(store, namespace))
-
-
-def _print(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, default=str))
-
-
-def _info_dict(info: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    data = asdict(info)
-    data["status"] = info.status.value
-    return data
+cli.add_command(runs_group)
 
 
 @cli.command("submit")
@@ -195,12 +178,8 @@ def _info_dict(info: Any) -> dict[str, Any]:
 @NAMESPACE
 def submit(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
            store: str | None, namespace: str | None) -> None:
-    """Submit a run of WORKFLOW with PARAMS (JSON)."""
-    value = json_argument("PARAMS", params)
-    handle = _client(store, namespace).submit(
-        workflow, value, owner=owner, idempotency_key=idempotency_key
-    )
-    _print({"name": handle.name, "run_id": handle.run_id})
+    """Submit a run of WORKFLOW with PARAMS (JSON) (same as "pyrula runs submit")."""
+    runs.submit_run(workflow, params, owner, idempotency_key, store, namespace)
 
 
 @cli.command("get")
@@ -208,8 +187,8 @@ def submit(workflow: str, params: str, owner: str | None, idempotency_key: str |
 @STORE
 @NAMESPACE
 def get(run_id: str, store: str | None, namespace: str | None) -> None:
-    """Show a run."""
-    _print(_info_dict(_client(store, namespace).get(run_id)))
+    """Show a run as JSON ("pyrula runs show --json" adds its timeline)."""
+    runs.print_json(runs.info_dict(runs.get_run(runs.client(store, namespace), run_id)))
 
 
 @cli.command("result")
@@ -219,8 +198,8 @@ def get(run_id: str, store: str | None, namespace: str | None) -> None:
 @NAMESPACE
 def result(run_id: str, timeout: float | None, store: str | None,
            namespace: str | None) -> None:
-    """Wait for a run to end and print its result."""
-    _print(_client(store, namespace).result(run_id, timeout=timeout))
+    """Wait for a run to end and print its result (same as "pyrula runs result")."""
+    runs.wait_result(run_id, timeout, store, namespace)
 
 
 @cli.command("events")
@@ -228,8 +207,8 @@ def result(run_id: str, timeout: float | None, store: str | None,
 @STORE
 @NAMESPACE
 def events(run_id: str, store: str | None, namespace: str | None) -> None:
-    """Print a run's journal."""
-    _print(_client(store, namespace).events(run_id))
+    """Print a run's journal (same as "pyrula runs events")."""
+    runs.print_json(runs.client(store, namespace).events(run_id))
 
 
 @cli.command("signal")
@@ -240,8 +219,8 @@ def events(run_id: str, store: str | None, namespace: str | None) -> None:
 @NAMESPACE
 def send_signal(run_id: str, name: str, payload: str, store: str | None,
                 namespace: str | None) -> None:
-    """Send signal NAME with PAYLOAD (JSON) to a run."""
-    _client(store, namespace).signal(run_id, name, json_argument("PAYLOAD", payload))
+    """Send signal NAME with PAYLOAD (JSON) to a run (same as "pyrula runs signal")."""
+    runs.send_signal(run_id, name, payload, store, namespace, what="PAYLOAD")
 
 
 @cli.command("cancel")
@@ -249,26 +228,8 @@ def send_signal(run_id: str, name: str, payload: str, store: str | None,
 @STORE
 @NAMESPACE
 def cancel(run_id: str, store: str | None, namespace: str | None) -> None:
-    """Cancel a run."""
-    _print({"cancelled": _client(store, namespace).cancel(run_id)})
-
-
-@cli.command("runs")
-@click.option("--name", default=None)
-@click.option("--status", default=None)
-@click.option("--owner", default=None)
-@click.option("--limit", type=int, default=20, show_default=True)
-@STORE
-@NAMESPACE
-def runs(name: str | None, status: str | None, owner: str | None, limit: int,
-         store: str | None, namespace: str | None) -> None:
-    """List runs, newest first."""
-    rows: Iterable[Any] = _client(store, namespace).list_runs(
-        name=name, status=status, owner=owner, limit=limit
-    )
-    for info in rows:
-        click.echo(f"{info.run_id}  {info.name:<24} {info.status.value:<9} "
-                   f"attempt={info.attempt} owner={info.owner or '-'}")
+    """Cancel a run; print {"cancelled": bool} ("pyrula runs cancel" says it in words)."""
+    runs.print_json({"cancelled": runs.cancel_run(run_id, store, namespace)})
 
 
 # --- the Postgres archive ------------------------------------------------------------
@@ -356,7 +317,7 @@ def main() -> None:
     from pyrula.errors import ConfigurationError, PayloadTooLarge, PyrulaError
 
     try:
-        cli(standalone_mode=True)
+        run_group(cli)
     except ConfigurationError as exc:
         # The same words and exit code as a ConfigurationError raised by worker.run().
         click.echo(f"configuration error: {exc}", err=True)

@@ -1,0 +1,390 @@
+"""``pyrula runs``: list, inspect, drive and retry runs from the shell.
+
+Each subcommand is a thin shell over one function here (``submit_run``, ``wait_result``,
+``send_signal``...), which the older flat commands (``pyrula submit``, ``get``, ``result``,
+``events``, ``signal``, ``cancel``) call too, so the two spellings cannot drift. A user's
+mistake is one line on stderr: exit 2 for a usage error, exit 1 when the run asked about
+failed, is missing, or has not ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from pyrula.cli.common import NAMESPACE, STORE, InputError, json_argument, open_store
+from pyrula.cli.timeline import describe, iso, timeline
+from pyrula.config.fleet import resolve_store_url
+
+logger = logging.getLogger(__name__)
+
+JSON = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
+#: The prefix of the idempotency key a retry is submitted with: ``retry:<original id>``,
+#: so retrying the same run twice returns the same new run, and the new run names the
+#: one it retries.
+RETRY_KEY_PREFIX = "retry:"
+#: The error codes of runs ``stuck`` lists, and why each is stuck.
+STUCK_CODES = {"stranded": "failed: no live worker served its workflow in time",
+               "max_retries": "quarantined: crashed more often than its poison policy allows"}
+
+
+class RunRefusal(click.ClickException):
+    """The run asked about failed, is missing, or has not ended: one line, exit 1."""
+
+    exit_code = 1
+
+
+def client(store: str | None, namespace: str | None) -> Any:
+    from pyrula.workflows import SyncWorkflowClient
+
+    return SyncWorkflowClient(open_store(store, namespace))
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str))
+
+
+def info_dict(info: Any) -> dict[str, Any]:
+    data = asdict(info)
+    data["status"] = info.status.value
+    return data
+
+
+def run_status(text: str | None) -> Any:
+    """``--status`` as a RunStatus; an unknown one is a usage error naming the valid ones."""
+    from pyrula.workflows import RunStatus
+
+    if text is None:
+        return None
+    try:
+        return RunStatus(text)
+    except ValueError:
+        valid = ", ".join(s.value for s in RunStatus)
+        raise InputError(f"--status {text!r} is not a run status; use one of: {valid}") from None
+
+
+def get_run(runs: Any, run_id: str) -> Any:
+    from pyrula.workflows import WorkflowNotFound
+
+    try:
+        return runs.get(run_id)
+    except WorkflowNotFound:
+        raise RunRefusal(f"no run with id {run_id!r}") from None
+
+
+def _call(store: Any, coro: Any) -> Any:
+    """Run one of ``store``'s coroutines from this synchronous command, the way the sync
+    client does: on this thread if the store's calls never suspend, else on its loop."""
+    from pyrula.workflows._sync import drive, run_sync
+    from pyrula.workflows.stores.admin import SyncAdmin
+
+    kind = type(store)
+    return drive(coro) if issubclass(kind, SyncAdmin) and kind.sync_driven else run_sync(coro)
+
+
+def _unserved(store: Any, name: str) -> bool:
+    """Whether runs of ``name`` are queued that no live worker serves."""
+    return name in _call(store, store.stranded(now=time.time()))
+
+
+def submit_run(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
+               store: str | None, namespace: str | None) -> None:
+    """Submit and print ``{"name", "run_id"}``; warn on stderr if no live worker serves
+    the workflow yet (the run waits for one)."""
+    if resolve_store_url(store).startswith("memory:"):
+        raise InputError("--store memory:// is private to this process: no worker could "
+                         "ever claim the run; name a SQLite file or a Valkey server")
+    value = json_argument("PARAMS", params)
+    runs = client(store, namespace)
+    handle = runs.submit(workflow, value, owner=owner, idempotency_key=idempotency_key)
+    print_json({"name": handle.name, "run_id": handle.run_id})
+    if _unserved(runs.store, handle.name):
+        click.echo(f"warning: no live worker serves {handle.name!r} yet; the run waits "
+                   "until one does", err=True)
+
+
+def wait_result(run_id: str, timeout: float | None, store: str | None,
+                namespace: str | None) -> None:
+    """Print the run's result; one line and exit 1 if it failed, was cancelled, is
+    unknown, or has not ended within ``timeout``."""
+    from pyrula.workflows import RunCancelled, RunFailed, WorkflowNotFound
+
+    try:
+        value = client(store, namespace).result(run_id, timeout=timeout)
+    except TimeoutError:
+        raise RunRefusal(f"run {run_id} has not ended after {timeout:g} s; "
+                         "try a longer --timeout") from None
+    except WorkflowNotFound:
+        raise RunRefusal(f"no run with id {run_id!r}") from None
+    except RunCancelled:
+        raise RunRefusal(f"run {run_id} was cancelled") from None
+    except RunFailed as exc:
+        error = exc.error or {}
+        raise RunRefusal(f"run {run_id} failed: {error.get('code')}: "
+                         f"{error.get('error_type')}: {error.get('message')}") from None
+    print_json(value)
+
+
+def send_signal(run_id: str, name: str, payload: str, store: str | None,
+                namespace: str | None, *, what: str = "PAYLOAD_JSON") -> None:
+    """Send the signal and say so; ``what`` names the payload argument in a refusal."""
+    value = json_argument(what, payload)
+    client(store, namespace).signal(run_id, name, value)
+    click.echo(f"signal {name!r} sent to run {run_id}")
+
+
+def cancel_run(run_id: str, store: str | None, namespace: str | None) -> bool:
+    """Cancel the run (missing: exit 1); False if it had already ended."""
+    runs = client(store, namespace)
+    get_run(runs, run_id)
+    cancelled: bool = runs.cancel(run_id)
+    return cancelled
+
+
+def list_lines(name: str | None, status: str | None, owner: str | None, limit: int,
+               store: str | None, namespace: str | None) -> None:
+    """The bare ``pyrula runs`` listing, one line a run as it has always been printed."""
+    for info in client(store, namespace).list_runs(
+        name=name, status=run_status(status), owner=owner, limit=limit
+    ):
+        click.echo(f"{info.run_id}  {info.name:<24} {info.status.value:<9} "
+                   f"attempt={info.attempt} owner={info.owner or '-'}")
+
+
+@click.group("runs", invoke_without_command=True)
+@click.option("--name", default=None, hidden=True)
+@click.option("--status", default=None, hidden=True)
+@click.option("--owner", default=None, hidden=True)
+@click.option("--limit", type=int, default=20, hidden=True)
+@STORE
+@NAMESPACE
+@click.pass_context
+def runs(ctx: click.Context, name: str | None, status: str | None, owner: str | None,
+         limit: int, store: str | None, namespace: str | None) -> None:
+    """List, inspect, drive and retry runs (bare: list runs, newest first)."""
+    if ctx.invoked_subcommand is None:
+        list_lines(name, status, owner, limit, store, namespace)
+
+
+@runs.command("list")
+@click.option("--workflow", default=None, help="only runs of this workflow name")
+@click.option("--status", default=None, help="only runs in this status")
+@click.option("--owner", default=None, help="only runs of this owner")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@JSON
+@STORE
+@NAMESPACE
+def list_command(workflow: str | None, status: str | None, owner: str | None, limit: int,
+                 as_json: bool, store: str | None, namespace: str | None) -> None:
+    """List runs, newest first (paged through the store by keyset)."""
+    rows = list(client(store, namespace).list_runs(
+        name=workflow, status=run_status(status), owner=owner, limit=limit
+    ))
+    if as_json:
+        print_json([info_dict(info) for info in rows])
+        return
+    click.echo(f"{'RUN ID':<32}  {'WORKFLOW':<24} {'STATUS':<9} {'ATTEMPT':>7}  "
+               f"{'OWNER':<16} CREATED")
+    for info in rows:
+        click.echo(f"{info.run_id:<32}  {info.name:<24} {info.status.value:<9} "
+                   f"{info.attempt:>7}  {info.owner or '-':<16} {iso(info.created_at)}")
+
+
+@runs.command("show")
+@click.argument("run_id")
+@JSON
+@STORE
+@NAMESPACE
+def show_command(run_id: str, as_json: bool, store: str | None, namespace: str | None) -> None:
+    """A run: status, attempt, owner, times, error, result, and its step timeline."""
+    runs_client = client(store, namespace)
+    info = get_run(runs_client, run_id)
+    steps = timeline(runs_client.events(run_id))
+    key = info.idempotency_key or ""
+    retries = key[len(RETRY_KEY_PREFIX):] if key.startswith(RETRY_KEY_PREFIX) else None
+    if as_json:
+        print_json({**info_dict(info), "retries": retries, "timeline": steps})
+        return
+    click.echo(f"run {info.run_id}  workflow {info.name}")
+    rows = [("status", info.status.value), ("attempt", info.attempt),
+            ("owner", info.owner or "-"), ("created", iso(info.created_at)),
+            ("started", iso(info.started_at) or "-"),
+            ("finished", iso(info.finished_at) or "-")]
+    if retries:
+        rows.append(("retries", retries))
+    if info.waiting_for:
+        rows.append(("waiting for", ", ".join(info.waiting_for)))
+    if info.interrupt is not None:
+        rows.append(("asks", json.dumps(info.interrupt, default=str)))
+    if info.error:
+        rows.append(("error", f"{info.error.get('code')}: {info.error.get('error_type')}: "
+                              f"{info.error.get('message')}"))
+    if info.status.value == "completed":
+        rows.append(("result", json.dumps(info.result, default=str)))
+    for label, value in rows:
+        click.echo(f"  {label + ':':<12} {value}")
+    click.echo("timeline:" if steps else "timeline: (not started)")
+    for entry in steps:
+        click.echo(f"  {describe(entry)}")
+
+
+@runs.command("events")
+@click.argument("run_id")
+@JSON
+@STORE
+@NAMESPACE
+def events_command(run_id: str, as_json: bool, store: str | None,
+                   namespace: str | None) -> None:
+    """A run's journal (always JSON: one array of events)."""
+    runs_client = client(store, namespace)
+    get_run(runs_client, run_id)
+    print_json(runs_client.events(run_id))
+
+
+@runs.command("result")
+@click.argument("run_id")
+@click.option("--timeout", type=float, default=None, help="seconds to wait for the end")
+@JSON
+@STORE
+@NAMESPACE
+def result_command(run_id: str, timeout: float | None, as_json: bool, store: str | None,
+                   namespace: str | None) -> None:
+    """Wait for a run to end and print its result (JSON)."""
+    wait_result(run_id, timeout, store, namespace)
+
+
+@runs.command("cancel")
+@click.argument("run_id")
+@JSON
+@STORE
+@NAMESPACE
+def cancel_command(run_id: str, as_json: bool, store: str | None, namespace: str | None) -> None:
+    """Cancel a run; say whether it was cancelled or had already ended."""
+    cancelled = cancel_run(run_id, store, namespace)
+    if as_json:
+        print_json({"run_id": run_id, "cancelled": cancelled})
+    elif cancelled:
+        click.echo(f"run {run_id} cancelled")
+    else:
+        click.echo(f"run {run_id} had already ended; nothing to cancel")
+
+
+@runs.command("retry")
+@click.argument("run_id")
+@JSON
+@STORE
+@NAMESPACE
+def retry_command(run_id: str, as_json: bool, store: str | None, namespace: str | None) -> None:
+    """Submit a failed (or quarantined) run again from its params, workflow and owner."""
+    from pyrula.workflows import RunStatus
+
+    runs_client = client(store, namespace)
+    info = get_run(runs_client, run_id)
+    if info.status is not RunStatus.FAILED:
+        why = ("has not ended" if not info.status.terminal
+               else f"is {info.status.value}, not failed")
+        raise RunRefusal(f"run {run_id} {why}; only a failed run can be retried")
+    handle = runs_client.submit(info.name, info.params, owner=info.owner,
+                                idempotency_key=f"{RETRY_KEY_PREFIX}{run_id}")
+    if as_json:
+        print_json({"run_id": handle.run_id, "workflow": handle.name, "retries": run_id})
+    else:
+        click.echo(f"run {handle.run_id} retries run {run_id}")
+
+
+@runs.command("signal")
+@click.argument("run_id")
+@click.argument("name")
+@click.argument("payload", default="null", metavar="[PAYLOAD_JSON]")
+@STORE
+@NAMESPACE
+def signal_command(run_id: str, name: str, payload: str, store: str | None,
+                   namespace: str | None) -> None:
+    """Send signal NAME with PAYLOAD_JSON to a run."""
+    send_signal(run_id, name, payload, store, namespace)
+
+
+@runs.command("resume")
+@click.argument("run_id")
+@click.argument("value", default="null", metavar="[VALUE_JSON]")
+@STORE
+@NAMESPACE
+def resume_command(run_id: str, value: str, store: str | None, namespace: str | None) -> None:
+    """Answer a run's interrupt with VALUE_JSON."""
+    answer = json_argument("VALUE_JSON", value)
+    client(store, namespace).resume(run_id, answer)
+    click.echo(f"run {run_id} resumed")
+
+
+@runs.command("submit")
+@click.argument("workflow", metavar="NAME")
+@click.argument("params", default="null", metavar="[PARAMS_JSON]")
+@click.option("--owner", default=None)
+@click.option("--idempotency-key", default=None)
+@STORE
+@NAMESPACE
+def submit_command(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
+                   store: str | None, namespace: str | None) -> None:
+    """Submit a run of NAME with PARAMS_JSON; print its id."""
+    submit_run(workflow, params, owner, idempotency_key, store, namespace)
+
+
+@runs.command("stuck")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="at most this many runs of each kind")
+@JSON
+@STORE
+@NAMESPACE
+def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str | None) -> None:
+    """Runs that will not finish by themselves: queued for a workflow no live worker
+    serves, failed as stranded, or quarantined."""
+    from pyrula.workflows import RunStatus
+
+    runs_client = client(store, namespace)
+    found: list[dict[str, Any]] = []
+    for name in sorted(_call(runs_client.store, runs_client.store.stranded(now=time.time()))):
+        for info in runs_client.list_runs(name=name, status=RunStatus.QUEUED, limit=limit):
+            found.append(_stuck(info, f"queued: no live worker serves {name!r}"))
+    found.extend(_call(runs_client.store, _failed_stuck(runs_client.store, limit)))
+    if as_json:
+        print_json(found)
+        return
+    if not found:
+        click.echo("no stuck runs")
+        return
+    for row in found:
+        click.echo(f"{row['run_id']:<32}  {row['workflow']:<24} {row['status']:<9} "
+                   f"{iso(row['updated_at'])}  {row['why']}")
+
+
+async def _failed_stuck(store: Any, limit: int) -> list[dict[str, Any]]:
+    """The failed runs ``stuck`` lists, newest first, up to ``limit`` of each code: the
+    scan of the failed runs stops once both kinds are full."""
+    from pyrula.workflows import RunStatus, WorkflowClient
+
+    seen = dict.fromkeys(STUCK_CODES, 0)
+    found: list[dict[str, Any]] = []
+    failed = WorkflowClient(store).list_runs(status=RunStatus.FAILED)
+    try:
+        async for info in failed:
+            code = (info.error or {}).get("code")
+            if code in STUCK_CODES and seen[code] < limit:
+                seen[code] += 1
+                found.append(_stuck(info, STUCK_CODES[code]))
+            if all(count >= limit for count in seen.values()):
+                break
+    finally:
+        if isinstance(failed, AsyncGenerator):  # left early: end the page reader now
+            await failed.aclose()
+    return found
+
+
+def _stuck(info: Any, why: str) -> dict[str, Any]:
+    return {"run_id": info.run_id, "workflow": info.name, "status": info.status.value,
+            "owner": info.owner, "updated_at": info.updated_at, "why": why}

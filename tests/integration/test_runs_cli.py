@@ -1,0 +1,297 @@
+"""``pyrula runs`` (and its flat aliases) as a user runs it: real ``python -m pyrula.cli``
+processes over an SQLite file, with one real worker process (per test module and xdist
+process) where a run must finish. Every user mistake is one line on stderr, exit 1 or 2,
+never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyrula.workflows import RunStatus, SQLiteStore, SyncWorkflowClient
+from tests.conftest import wait_until
+from tests.integration.workerprocs import WorkerProcess, child_env
+
+APP = textwrap.dedent(
+    '''
+    """The workflows of the ``pyrula runs`` tests."""
+
+    from pyrula.workflows import step, workflow
+
+
+    @step
+    def double(x: int) -> int:
+        return 2 * x
+
+
+    @step
+    def explode(x: int) -> int:
+        raise RuntimeError(f"boom {x}")
+
+
+    @workflow(name="rc_ok")
+    async def ok(ctx, params):
+        return {"doubled": await double(await double(params["x"]))}
+
+
+    @workflow(name="rc_fail")
+    async def fail(ctx, params):
+        return await explode(params["x"])
+
+
+    @workflow(name="rc_wait")
+    async def wait(ctx, params):
+        return {"got": await ctx.wait_for_signal("approved")}
+
+
+    @workflow(name="rc_ask")
+    async def ask(ctx, params):
+        return {"answer": await ctx.interrupt({"question": "ok?"})}
+    '''
+)
+
+
+class Cli:
+    """Runs ``pyrula`` commands in one directory over its SQLite file."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.url = f"sqlite:///{directory / 'store.db'}"
+
+    def __call__(self, *args: str, store: bool = True) -> subprocess.CompletedProcess[str]:
+        extra = ["--store", self.url] if store else []
+        return subprocess.run([sys.executable, "-m", "pyrula.cli", *args, *extra],
+                              cwd=self.directory, env=child_env(), capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    def ok(self, *args: str) -> str:
+        proc = self(*args)
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        return proc.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.ok(*args))
+
+    def submit(self, name: str, params: Any) -> str:
+        run_id: str = self.json("runs", "submit", name, json.dumps(params))["run_id"]
+        return run_id
+
+    def status(self, run_id: str) -> str:
+        """Read in this process: a poll must not start a process each time."""
+        store = SQLiteStore(str(self.directory / "store.db"))
+        try:
+            return SyncWorkflowClient(store).get(run_id).status.value
+        finally:
+            store.close()
+
+
+def _refused(proc: subprocess.CompletedProcess[str], code: int, says: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert says in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    """A directory with the app and one worker serving it."""
+    directory = tmp_path_factory.mktemp("runs-cli")
+    (directory / "rcapp.py").write_text(APP)
+    cli = Cli(directory)
+    worker = WorkerProcess(directory, "worker", [
+        "worker", "--app", "rcapp", "--store", cli.url, "--no-cloud",
+        "--claim-poll-interval", "0.1",
+    ], child_env())
+    try:
+        worker.wait_for_log("worker_started", timeout=30)
+        yield cli
+    finally:
+        worker.reap()
+
+
+@pytest.fixture
+def empty(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+# --- user mistakes -------------------------------------------------------------------
+
+MISTAKES = [
+    (["runs", "list", "--status", "bogus"], 2, "use one of: queued, running"),
+    (["runs", "--status", "bogus"], 2, "use one of: queued, running"),
+    (["runs", "signal", "0" * 32, "approved", "yes please"], 2, "PAYLOAD_JSON is not JSON"),
+    (["signal", "0" * 32, "approved", "yes please"], 2, "PAYLOAD is not JSON"),
+    (["runs", "resume", "0" * 32, "{bad"], 2, "VALUE_JSON is not JSON"),
+    (["runs", "submit", "rc_ok", "{bad"], 2, "PARAMS is not JSON"),
+    (["runs", "show", "0" * 32], 1, "no run with id"),
+    (["runs", "result", "0" * 32], 1, "no run with id"),
+    (["runs", "cancel", "0" * 32], 1, "no run with id"),
+    (["runs", "retry", "0" * 32], 1, "no run with id"),
+    (["runs", "events", "0" * 32], 1, "no run with id"),
+    (["get", "0" * 32], 1, "no run with id"),
+    (["runs", "list", "--limit", "0"], 2, "Invalid value for '--limit'"),
+    (["runs", "nosuch"], 2, "No such command 'nosuch'"),
+    (["runs", "result", "0" * 32, "--timeout", "soon"], 2, "runs result --help')"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "says"), MISTAKES)
+def test_a_mistake_is_one_line_and_its_exit_code(
+    empty: Cli, args: list[str], code: int, says: str
+) -> None:
+    _refused(empty(*args), code, says)
+
+
+@pytest.mark.parametrize("command", [["runs", "submit"], ["submit"]])
+def test_submit_to_a_private_memory_store_is_refused(empty: Cli, command: list[str]) -> None:
+    proc = empty(*command, "rc_ok", "{}", "--store", "memory://", store=False)
+    _refused(proc, 2, "memory:// is private to this process")
+
+
+def test_a_timeout_on_a_run_still_going_is_one_line(empty: Cli) -> None:
+    run_id = empty.submit("rc_ok", {"x": 1})
+    for command in (["runs", "result"], ["result"]):
+        _refused(empty(*command, run_id, "--timeout", "0.5"), 1,
+                 f"run {run_id} has not ended after 0.5 s; try a longer --timeout")
+
+
+def test_a_submit_no_live_worker_serves_warns_and_succeeds(empty: Cli) -> None:
+    for command in (["runs", "submit"], ["submit"]):
+        proc = empty(*command, "rc_nobody", '{"x": 1}', "--owner", "acme")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["name"] == "rc_nobody"
+        assert proc.stderr.strip() == ("warning: no live worker serves 'rc_nobody' yet; "
+                                       "the run waits until one does")
+
+
+# --- listing -------------------------------------------------------------------------
+
+def test_list_shows_a_table_and_json_and_the_bare_form_still_lists(empty: Cli) -> None:
+    first = empty.submit("rc_ok", {"x": 1})
+    second = json.loads(empty("runs", "submit", "rc_fail", '{"x": 2}', "--owner",
+                              "acme").stdout)["run_id"]
+    table = empty.ok("runs", "list").splitlines()
+    assert table[0].split()[:3] == ["RUN", "ID", "WORKFLOW"]
+    row = table[1].split()  # newest first
+    assert row[:5] == [second, "rc_fail", "queued", "0", "acme"]
+    assert row[5].endswith("Z") and row[5].startswith(time.strftime("%Y-", time.gmtime()))
+    listed = empty.json("runs", "list", "--json", "--workflow", "rc_ok")
+    assert [r["run_id"] for r in listed] == [first]
+    assert empty.json("runs", "list", "--json", "--owner", "acme")[0]["run_id"] == second
+    assert empty.json("runs", "list", "--json", "--status", "completed") == []
+    assert len(empty.json("runs", "list", "--json", "--limit", "1")) == 1
+    bare = empty.ok("runs", "--limit", "5").splitlines()
+    assert bare[0].split()[:4] == [second, "rc_fail", "queued", "attempt=0"]
+    assert bare[1].split()[:2] == [first, "rc_ok"]
+    assert empty.ok("runs", "--name", "rc_ok").split()[0] == first
+
+
+# --- runs that a worker finishes ------------------------------------------------------
+
+def test_submit_result_show_and_events(served: Cli) -> None:
+    proc = served("runs", "submit", "rc_ok", '{"x": 3}')
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # a worker serves it
+    run_id = json.loads(proc.stdout)["run_id"]
+    assert json.loads(served.ok("runs", "result", run_id, "--timeout", "20")) == {"doubled": 12}
+    assert json.loads(served.ok("result", run_id, "--timeout", "20")) == {"doubled": 12}
+    shown = served.ok("runs", "show", run_id)
+    assert "status:      completed" in shown and '{"doubled": 12}' in shown
+    assert "attempt 1 on " in shown
+    assert shown.count("step double") == 2 and "completed, 1 try" in shown
+    data = served.json("runs", "show", run_id, "--json")
+    assert data["status"] == "completed" and data["retries"] is None
+    steps = [e for e in data["timeline"] if e["kind"] == "step"]
+    assert [(s["name"], s["outcome"], s["attempts"]) for s in steps] == [
+        ("double", "completed", 1), ("double", "completed", 1)]
+    assert served.json("get", run_id)["result"] == {"doubled": 12}
+    journal = served.json("runs", "events", run_id)
+    assert journal == served.json("events", run_id)
+    assert journal[-1]["type"] == "run:completed"
+
+
+def test_a_failed_run_is_retried_once_from_its_params(served: Cli) -> None:
+    run_id = json.loads(served.ok("submit", "rc_fail", '{"x": 7}', "--owner", "acme"))["run_id"]
+    proc = served("runs", "result", run_id, "--timeout", "20")
+    _refused(proc, 1, f"run {run_id} failed: ")
+    assert "boom 7" in proc.stderr
+    assert "error:" in served.ok("runs", "show", run_id)
+    said = served.ok("runs", "retry", run_id).split()
+    assert said[2:] == ["retries", "run", run_id]
+    again = served.json("runs", "retry", run_id, "--json")
+    assert again == {"run_id": said[1], "workflow": "rc_fail", "retries": run_id}
+    retry = served.json("runs", "show", said[1], "--json")
+    assert retry["retries"] == run_id and retry["owner"] == "acme"
+    assert retry["params"] == {"x": 7}
+    assert f"retries:     {run_id}" in served.ok("runs", "show", said[1])
+    ok_id = served.submit("rc_ok", {"x": 1})
+    served.ok("runs", "result", ok_id, "--timeout", "20")
+    _refused(served("runs", "retry", ok_id), 1, "is completed, not failed")
+
+
+def test_signal_resume_and_cancel(served: Cli) -> None:
+    waiting = served.submit("rc_wait", {})
+    wait_until(lambda: served.status(waiting) == "waiting", 20, what="a waiting run")
+    assert "waiting for signal 'approved'" in served.ok("runs", "show", waiting)
+    _refused(served("runs", "result", waiting, "--timeout", "0.2"), 1, "has not ended")
+    assert served.ok("runs", "signal", waiting, "approved", '"yes"').strip() == (
+        f"signal 'approved' sent to run {waiting}")
+    assert json.loads(served.ok("runs", "result", waiting, "--timeout", "20")) == {"got": "yes"}
+
+    asking = served.submit("rc_ask", {})
+    wait_until(lambda: served.status(asking) == "waiting", 20, what="an interrupted run")
+    assert 'asks:        {"question": "ok?"}' in served.ok("runs", "show", asking)
+    assert served.ok("runs", "resume", asking, '{"sure": true}').strip() == (
+        f"run {asking} resumed")
+    answer = json.loads(served.ok("runs", "result", asking, "--timeout", "20"))
+    assert answer == {"answer": {"sure": True}}
+
+    for command, ended in ((["runs", "cancel"], "had already ended"), (["cancel"], None)):
+        run_id = served.submit("rc_wait", {})
+        out = served.ok(*command, run_id)
+        if ended is None:
+            assert json.loads(out) == {"cancelled": True}
+        else:
+            assert out.strip() == f"run {run_id} cancelled"
+            assert served.ok(*command, run_id).strip() == f"run {run_id} {ended}; nothing to cancel"
+        _refused(served("runs", "result", run_id, "--timeout", "5"), 1, "was cancelled")
+    assert served.json("runs", "cancel", waiting, "--json") == {"run_id": waiting,
+                                                                "cancelled": False}
+
+
+# --- stuck runs ----------------------------------------------------------------------
+
+def test_stuck_lists_unserved_stranded_and_quarantined_runs(empty: Cli) -> None:
+    assert empty.ok("runs", "stuck").strip() == "no stuck runs"
+    queued = empty.submit("rc_nobody", {})
+    gone = empty.submit("rc_gone", {})
+    crashed = empty.submit("rc_crashy", {})
+    store = SQLiteStore(str(empty.directory / "store.db"))
+    try:
+        client = SyncWorkflowClient(store)
+        for name, code in (("rc_gone", "stranded"), ("rc_crashy", "max_retries")):
+            error = {"code": code, "error_type": "X", "message": "m", "detail": None}
+            asyncio.run(store.fail_stranded(name, older_than=time.time() + 1,
+                                            now=time.time(), limit=10, error=error))
+        assert client.get(gone).status is RunStatus.FAILED
+    finally:
+        store.close()
+    rows = {row["run_id"]: row for row in empty.json("runs", "stuck", "--json")}
+    assert set(rows) == {queued, gone, crashed}
+    assert rows[queued]["why"] == "queued: no live worker serves 'rc_nobody'"
+    assert rows[gone]["why"].startswith("failed: no live worker")
+    assert rows[crashed]["why"].startswith("quarantined")
+    table = empty.ok("runs", "stuck")
+    assert all(run_id in table for run_id in rows)
+    # A quarantined run can be retried.
+    assert empty.ok("runs", "retry", crashed).split()[2:] == ["retries", "run", crashed]
