@@ -13,7 +13,8 @@ import logging
 import time
 from typing import Any, Protocol
 
-from pyrula.health_http import ProbeServer
+from pyrula.errors import ConfigurationError
+from pyrula.health_http import ProbeServer, bind_failure
 from pyrula.wire import WorkerState
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S
@@ -57,7 +58,10 @@ class Probes:
             {"/livez": self.livez, "/readyz": self.readyz, "/metrics": self.metrics},
             host, port,
         )
-        address = await server.start()
+        try:
+            address = await server.start()
+        except OSError as exc:  # the user's port or host: one line, not a traceback
+            raise ConfigurationError(bind_failure(host, port, exc)) from None
         logger.info("health probes on http://%s:%d", *address,
                     extra={"worker_id": self._w.worker_id})
         return server, address
