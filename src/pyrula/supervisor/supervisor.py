@@ -4,7 +4,7 @@ One asyncio loop. Signal handlers only record a command; ``_tick`` acts. Childre
 over their pipes (``pyrula.wire``); their exits are seen through the process sentinels.
 
 The pure parts live apart: the restart policy (``restart``), what to do with a live child
-(``watch``) and the ``/status`` body (``status``). What stays here, about 460 lines, is the
+(``watch``) and the ``/status`` body (``status``). What stays here, about 470 lines, is the
 one state machine over the slots (spawn, exit, drain, quit, recycle, scale), kept in one
 class because every one of those steps reads and changes the same slots and queues.
 """
