@@ -56,3 +56,21 @@ def test_a_fleet_on_a_taken_health_port_says_so_in_one_line(
         f"configuration error: cannot serve the fleet's health probes on 127.0.0.1:"
         f"{taken_port}: {IN_USE.format(port=taken_port)}; --health-port 0 picks a free one"
     ]
+
+
+async def test_in_code_a_taken_health_port_is_a_configuration_error_and_an_oserror(
+    taken_port: int,
+) -> None:
+    import asyncio
+    import errno
+
+    from pyrula.workflows import ConfigurationError, MemoryStore, WorkerOptions, WorkflowWorker
+    from tests.integration.valkey_support import one_step
+
+    worker = WorkflowWorker(store=MemoryStore(), workflows=[one_step], cloud=False,
+                            options=WorkerOptions(health_port=taken_port))
+    with pytest.raises(ConfigurationError) as refused:
+        await asyncio.wait_for(worker.run(), 30)
+    assert str(refused.value) == IN_USE.format(port=taken_port)
+    assert isinstance(refused.value, OSError)
+    assert refused.value.errno == errno.EADDRINUSE

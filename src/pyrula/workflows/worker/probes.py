@@ -29,6 +29,13 @@ PING_TIMEOUT_S = 2.0
 STORE_SEEN_S = 2.0
 
 
+class HealthPortUnavailable(ConfigurationError, OSError):
+    """The probes cannot listen where they were told (the port is taken, or not allowed).
+
+    A ConfigurationError, so the commands print it in one line and exit 2; still the
+    OSError (with its ``errno``) that code catching the bind failure expects."""
+
+
 class Probed(Protocol):
     """What the probes report of a worker."""
 
@@ -61,7 +68,9 @@ class Probes:
         try:
             address = await server.start()
         except OSError as exc:  # the user's port or host: one line, not a traceback
-            raise ConfigurationError(bind_failure(host, port, exc)) from None
+            refused = HealthPortUnavailable(bind_failure(host, port, exc))
+            refused.errno = exc.errno
+            raise refused from None
         logger.info("health probes on http://%s:%d", *address,
                     extra={"worker_id": self._w.worker_id})
         return server, address
