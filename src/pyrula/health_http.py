@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,18 @@ Handler = Callable[[], Awaitable[tuple[int, Any]]]
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable",
             500: "Internal Server Error", 400: "Bad Request"}
+
+
+def bind_failure(host: str, port: int, exc: OSError) -> str:
+    """Why the probes cannot listen on ``host``:``port``, and what to do, in one line."""
+    if exc.errno == errno.EADDRINUSE:
+        return (f"health port {port} is already in use on {host}: pick another --health-port "
+                "or stop what holds it")
+    if exc.errno == errno.EACCES:
+        return (f"health port {port} on {host} needs privileges this process lacks: pick a "
+                "port above 1023 with --health-port")
+    return (f"cannot listen on {host}:{port} ({exc.strerror or exc}): check --health-host, "
+            "or pick another --health-port")
 
 
 class ProbeServer:

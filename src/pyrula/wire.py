@@ -8,7 +8,8 @@ Child -> supervisor:
      "in_flight", "runs_done", "shards": {workflow: n}, "held": {run_id: token},
      "user_code": [run_id...], "suspects": [run_id...],
      "claim_tick_age": seconds, "free": slots, "store_ok": bool}
-    {"type": "boot_error", "message": "..."}      before exiting without becoming ready
+    {"type": "boot_error", "message": "Type: text", "traceback": "..."}
+                                                  before exiting without becoming ready
 
 A heartbeat goes out every HEARTBEAT_INTERVAL, and also right after a claim and whenever a
 run is about to enter its code unreported: ``user_code`` names every run that may be inside

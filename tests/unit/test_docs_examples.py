@@ -1,4 +1,5 @@
-"""Every ```python block of the how-to pages runs, each in a fresh interpreter."""
+"""Every ```python block of the how-to pages and the README runs, each in a fresh
+interpreter (blocks without ``asyncio.run(main())`` or an ``assert`` are illustrations)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-PAGES = ["writing-workflows.md", "schedules.md"]
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ["docs/writing-workflows.md", "docs/schedules.md", "README.md"]
 
 
 def _blocks() -> list[tuple[str, int, str]]:
     found = []
     for page in PAGES:
-        text = (DOCS / page).read_text()
+        text = (ROOT / page).read_text()
         for match in re.finditer(r"```python\n(.*?)```", text, re.S):
             line = text[: match.start()].count("\n") + 1
             found.append((page, line, match.group(1)))

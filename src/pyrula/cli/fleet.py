@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
@@ -23,10 +25,39 @@ from pyrula.config.parse import parse_int, redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
 
+logger = logging.getLogger(__name__)
+
 #: The fleet's defaults, for the flags left unset and their help.
 DEFAULTS = FleetOptions
 #: WorkerOptions the fleet sets itself (one health port for the fleet; its own drain).
 FLEET_OWNED = {"health_port", "health_host", "shutdown_grace", "cancel_timeout"}
+#: More children than this many per CPU core is warned about (``fleet_oversized``): they
+#: contend for the cores instead of adding throughput, and a drain waits for all of them.
+CHILDREN_PER_CPU = 4
+
+
+def shared_store_url(url: str) -> str:
+    """``url``, unless it names a store the fleet's processes cannot share: ``memory://`` is
+    private to one process, so each child would get its own and nothing else could reach
+    the runs."""
+    if "://" in url and urlsplit(url).scheme.lower() == "memory":
+        raise ConfigurationError(
+            "the store URL memory:// is private to one process: each child would get its own "
+            "store and nothing else could reach its runs; use sqlite:///path/to/file.db "
+            "(one host) or a Valkey URL such as redis://host:6379"
+        )
+    return url
+
+
+def warn_if_oversized(children: int, cpus: int | None) -> None:
+    """Log ``fleet_oversized`` when ``children`` exceeds ``CHILDREN_PER_CPU`` per core. The
+    fleet still starts: the operator may know better (children that mostly wait on I/O)."""
+    if cpus is None or children <= CHILDREN_PER_CPU * cpus:
+        return
+    logger.warning("fleet_oversized: %d children on %d CPU cores (more than %d per core); "
+                   "they will contend for the cores and a drain waits for every one; "
+                   "starting anyway", children, cpus, CHILDREN_PER_CPU,
+                   extra={"event": "fleet_oversized", "children": children, "cpus": cpus})
 
 
 def worker_option_flags(func: Any) -> Any:
@@ -101,7 +132,7 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
             children=resolve_children(children),
             apps=apps,
             workflows=workflows,
-            store_url=resolve_store_url(store),
+            store_url=shared_store_url(resolve_store_url(store)),
             namespace=namespace,
             cluster=cluster,
             health_port=resolve_health_port(health_port),
@@ -122,6 +153,7 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
             log_level=log_level,
             worker_options=given,
         )
+        warn_if_oversized(options.children, os.cpu_count())
         code = run_fleet(options)
     except ConfigurationError as exc:  # also what the supervisor's store refuses at start
         click.echo(f"configuration error: {exc}", err=True)
@@ -156,6 +188,7 @@ def run_fleet(options: FleetOptions) -> int:
 
 
 async def _serve(options: FleetOptions, spawner: Any) -> int:
+    from pyrula.health_http import bind_failure
     from pyrula.supervisor.health import probe_server
     from pyrula.supervisor.supervisor import Supervisor
     from pyrula.workflows.stores import store_from_url
@@ -174,8 +207,8 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
         await store.aclose()
         raise ConfigurationError(
             f"cannot serve the fleet's health probes on {options.health_host}:"
-            f"{options.health_port}: {exc.strerror or exc} (choose another --health-port, "
-            "or 0 for a free one)"
+            f"{options.health_port}: {bind_failure(options.health_host, options.health_port, exc)}"
+            "; --health-port 0 picks a free one"
         ) from None
     click.echo(f"pyrula-fleet: {options.children} children on {redact_url(options.store_url)}; "
                f"health on http://{host}:{port} (/livez /readyz /status /metrics)", err=True)

@@ -4,7 +4,7 @@ One asyncio loop. Signal handlers only record a command; ``_tick`` acts. Childre
 over their pipes (``pyrula.wire``); their exits are seen through the process sentinels.
 
 The pure parts live apart: the restart policy (``restart``), what to do with a live child
-(``watch``) and the ``/status`` body (``status``). What stays here, about 460 lines, is the
+(``watch``) and the ``/status`` body (``status``). What stays here, about 470 lines, is the
 one state machine over the slots (spawn, exit, drain, quit, recycle, scale), kept in one
 class because every one of those steps reads and changes the same slots and queues.
 """
@@ -22,8 +22,10 @@ from typing import Any
 import psutil
 
 from pyrula.config.fleet import FleetOptions
+from pyrula.config.parse import redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.logs import FLEET_LOGGER
+from pyrula.supervisor.boot import BootReport
 from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
 from pyrula.supervisor.recovery import Recovery
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
@@ -67,6 +69,7 @@ class Supervisor:
         self.recovery = Recovery(store, worker_options.poison_max_retries,
                                  worker_options.poison_retry_ttl_s)
         self.policy = RestartPolicy(options.max_boot_failures)
+        self.boots = BootReport()
         self.desired = options.children
         self.slots: dict[int, Slot] = {}
         self.draining = False
@@ -107,8 +110,9 @@ class Supervisor:
         for index in range(self.desired):
             self.slots[index] = Slot(index)
             self._spawn(self.slots[index])
-        logger.info("fleet_started: %d children (%s), store %s", self.desired,
-                    self.spawner.method, self.options.store_url,
+        # Spawned, not ready: ``fleet_ready`` follows once they all are, or boot failures.
+        logger.info("fleet_started: %d children spawned (%s), store %s; not ready yet",
+                    self.desired, self.spawner.method, redact_url(self.options.store_url),
                     extra={"event": "fleet_started", "children": self.desired})
         try:
             while not self._stopped.is_set():
@@ -185,8 +189,10 @@ class Supervisor:
                             (time.monotonic() - child.started_at) * 1000,
                             extra={"event": "child_ready", "slot": child.slot,
                                    "pid": child.pid, "worker_id": child.beat.worker_id})
+                self.boots.ready(self.ready_children(), self.desired,
+                                 time.monotonic() - self.started_at)
         elif kind == "boot_error":
-            child.boot_error = str(message.get("message", ""))
+            child.boot_error = self.boots.failed(child.slot, child.pid, message)
 
     def _on_exit(self, child: Child) -> None:
         # A signal sent to the whole process group (honcho, docker stop, systemd, a

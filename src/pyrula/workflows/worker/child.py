@@ -34,16 +34,35 @@ logger = logging.getLogger("pyrula.fleet.child")
 STARTING_HEARTBEAT_INTERVAL = 0.01
 #: How often the child looks whether its store answers (seconds).
 STORE_CHECK_INTERVAL = 1.0
+#: Frames of a boot error's traceback that are reported (the innermost ones).
+BOOT_TRACEBACK_FRAMES = 8
 
 
-def _boot_failed(conn: Connection, message: str) -> None:
+def _boot_failed(conn: Connection, message: str, detail: str = "") -> None:
+    """Tell the supervisor why this child cannot serve, and exit as a boot failure.
+
+    The supervisor logs it (the traceback once, not once per child that fails the same
+    way); the child logs it itself only when the supervisor cannot be told."""
     try:
-        conn.send_bytes(encode({"type": "boot_error", "message": message}))
+        conn.send_bytes(encode({"type": "boot_error", "message": message,
+                                "traceback": detail}))
     except OSError:
-        pass
-    logger.error("child_boot_failed: %s", message, extra={"event": "child_boot_failed"})
+        logger.error("child_boot_failed: %s", f"{message}\n{detail}" if detail else message,
+                     extra={"event": "child_boot_failed"})
     logging.shutdown()
     os._exit(EXIT_BOOT_FAILURE)
+
+
+def _app_traceback(exc: BaseException) -> str:
+    """The traceback of an error raised while booting, without the import machinery's
+    frames, its innermost frames kept: the app's own line is what the reader needs."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if not frame.filename.startswith("<frozen importlib")
+              and not frame.filename.endswith(os.path.join("importlib", "__init__.py"))]
+    lines = ["Traceback (most recent call last):\n",
+             *traceback.format_list(frames[-BOOT_TRACEBACK_FRAMES:]),
+             *traceback.format_exception_only(exc)]
+    return "".join(lines).rstrip("\n")
 
 
 def _import(target: str) -> Any:
@@ -87,7 +106,7 @@ def main(config: dict[str, Any], conn: Connection) -> None:
         worker = WorkflowWorker(store=backend, workflows=chosen, options=options,
                                 on_claimed=report_claim, on_user_code=report_user_code)
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
-        _boot_failed(conn, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}")
+        _boot_failed(conn, f"{type(exc).__name__}: {exc}", _app_traceback(exc))
         return
     code = asyncio.run(_serve(worker, conn, reach))
     logging.shutdown()

@@ -13,7 +13,8 @@ import logging
 import time
 from typing import Any, Protocol
 
-from pyrula.health_http import ProbeServer
+from pyrula.errors import ConfigurationError
+from pyrula.health_http import ProbeServer, bind_failure
 from pyrula.wire import WorkerState
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S
@@ -26,6 +27,13 @@ PING_TIMEOUT_S = 2.0
 #: A claim completed this recently shows the store answers (``store_reachable``); an idle
 #: claim loop completes one about every second.
 STORE_SEEN_S = 2.0
+
+
+class HealthPortUnavailable(ConfigurationError, OSError):
+    """The probes cannot listen where they were told (the port is taken, or not allowed).
+
+    A ConfigurationError, so the commands print it in one line and exit 2; still the
+    OSError (with its ``errno``) that code catching the bind failure expects."""
 
 
 class Probed(Protocol):
@@ -57,7 +65,12 @@ class Probes:
             {"/livez": self.livez, "/readyz": self.readyz, "/metrics": self.metrics},
             host, port,
         )
-        address = await server.start()
+        try:
+            address = await server.start()
+        except OSError as exc:  # the user's port or host: one line, not a traceback
+            refused = HealthPortUnavailable(bind_failure(host, port, exc))
+            refused.errno = exc.errno
+            raise refused from None
         logger.info("health probes on http://%s:%d", *address,
                     extra={"worker_id": self._w.worker_id})
         return server, address

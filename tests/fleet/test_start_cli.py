@@ -1,0 +1,103 @@
+"""``pyrula-fleet start`` as an operator runs it: what it prints and how it exits when the app
+cannot boot, when the store cannot be shared, and when -n is far above the host's cores."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fleet.fleetprocs import Fleets, child_env, write_app
+
+EXIT_BOOT_FAILURE = 3  # pyrula.wire.EXIT_BOOT_FAILURE
+
+
+def test_an_app_that_cannot_boot_shows_its_traceback_once_then_the_crash_loop(
+    fleets: Fleets, tmp_path: Path
+) -> None:
+    write_app(tmp_path, 'raise RuntimeError("boom-5151")\n', module="broken")
+    fleet = fleets.start("-n", "2", "--max-boot-failures", "4", app="broken")
+    assert fleet.wait(60) == EXIT_BOOT_FAILURE
+    log = fleet.log()
+    assert log.count("Traceback (most recent call last)") == 1, log
+    assert log.count('raise RuntimeError("boom-5151")') == 1, log  # the app's own line
+    assert 'broken.py", line 1' in log
+    assert log.count("child_boot_failed: RuntimeError: boom-5151") == 4
+    assert log.count("(the same error as before)") == 3
+    # Started means spawned, and says so; the failure follows it.
+    started = log.index("fleet_started: 2 children spawned")
+    assert "not ready yet" in log[started:log.index("\n", started)]
+    summary = log.index("fleet_crash_loop: 4 children in a row exited before becoming ready; "
+                        "the last one said: RuntimeError: boom-5151; stopping the fleet")
+    assert started < log.index("Traceback") < summary
+    assert "fleet_ready" not in log
+
+
+def test_a_missing_import_in_the_app_is_shown_once(fleets: Fleets, tmp_path: Path) -> None:
+    write_app(tmp_path, "import no_such_module_4711\n", module="needsdep")
+    fleet = fleets.start("-n", "1", "--max-boot-failures", "2", app="needsdep")
+    assert fleet.wait(60) == EXIT_BOOT_FAILURE
+    log = fleet.log()
+    assert log.count("Traceback (most recent call last)") == 1, log
+    # Two boot-failure lines, the traceback's last line, the crash-loop summary.
+    assert log.count("ModuleNotFoundError: No module named 'no_such_module_4711'") == 4, log
+    assert 'needsdep.py", line 1' in log
+    assert "the last one said: ModuleNotFoundError: No module named 'no_such_module_4711'" \
+        in log
+
+
+def test_a_fleet_that_boots_says_when_every_child_is_ready(fleets: Fleets) -> None:
+    import signal
+
+    fleet = fleets.start("-n", "2")
+    fleet.wait_ready(2)
+    log = fleet.wait_for_log("fleet_ready: 2 of 2 children ready in")
+    assert log.index("fleet_started: 2 children spawned") < log.index("fleet_ready")
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait() == 0
+
+
+def _start(tmp_path: Path, *args: str, cpus: int | None = None,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``pyrula-fleet start *args``; with ``cpus``, as on a host with that many cores."""
+    pin = f"import os; os.cpu_count = lambda: {cpus}; " if cpus is not None else ""
+    return subprocess.run(
+        [sys.executable, "-c", pin + "from pyrula.cli.fleet import main; main()", "start",
+         *args],
+        cwd=tmp_path, env=env or child_env(), capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_a_memory_store_is_refused_in_one_line(tmp_path: Path) -> None:
+    for proc in (
+        _start(tmp_path, "--app", "fleetapp", "--store", "memory://"),
+        _start(tmp_path, "--app", "fleetapp", env=child_env(PYRULA_STORE_URL="memory://")),
+    ):
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            "configuration error: the store URL memory:// is private to one process: each "
+            "child would get its own store and nothing else could reach its runs; use "
+            "sqlite:///path/to/file.db (one host) or a Valkey URL such as redis://host:6379"
+        ]
+        assert proc.stdout == ""
+
+
+def test_more_children_than_four_per_core_is_warned_about_but_started(
+    tmp_path: Path,
+) -> None:
+    write_app(tmp_path, 'raise RuntimeError("stop here")\n', module="stophere")
+    common = ("--app", "stophere", "--store", "sqlite:///store.db", "--health-port", "0",
+              "--max-boot-failures", "1")
+    proc = _start(tmp_path, "-n", "5", *common, cpus=1)
+    assert proc.returncode == EXIT_BOOT_FAILURE, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "fleet_oversized" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert "fleet_oversized: 5 children on 1 CPU cores (more than 4 per core)" in warnings[0]
+    assert "starting anyway" in warnings[0]
+    assert proc.stderr.count("child_spawned") == 5  # it still started them all
+
+    proc = _start(tmp_path, "-n", "4", *common, cpus=1)
+    assert proc.returncode == EXIT_BOOT_FAILURE, proc.stderr
+    assert "fleet_oversized" not in proc.stderr
+
+
