@@ -14,7 +14,10 @@ import click
 
 from pyrula import logs
 from pyrula.cli.common import (
+    CLUSTER,
     CONFIGURATION_ERROR_EXIT,
+    NAMESPACE,
+    STORE,
     json_argument,
     load_workflows,
     open_store,
@@ -22,6 +25,7 @@ from pyrula.cli.common import (
     serve,
     worker_options,
 )
+from pyrula.cli.schedules import schedules
 from pyrula.config.fleet import resolve_store_url
 from pyrula.config.parse import redact_url
 
@@ -31,10 +35,6 @@ LOG_FORMAT = click.option(
 )
 LOG_LEVEL = click.option("--log-level", default="INFO", envvar="PYRULA_LOG_LEVEL",
                          show_default=True)
-STORE = click.option("--store", "store", default=None, metavar="URL",
-                     help="store URL (default $PYRULA_STORE_URL, else sqlite:///pyrula.db)")
-NAMESPACE = click.option("--namespace", default=None, envvar="PYRULA_VALKEY_NAMESPACE",
-                         help="Valkey key namespace")
 
 
 @click.group()
@@ -50,13 +50,14 @@ def _worker_command(dev: bool) -> Any:
                   help="import this module so its @workflow functions register (repeatable)")
     @STORE
     @NAMESPACE
+    @CLUSTER
     @LOG_FORMAT
     @LOG_LEVEL
     @click.option("--cloud/--no-cloud", default=True, help="report to Cloud if configured")
     @option_flags
     def command(workflows: tuple[str, ...], apps: tuple[str, ...], store: str | None,
-                namespace: str | None, log_format: str, log_level: str, cloud: bool,
-                **options: Any) -> None:
+                namespace: str | None, cluster: bool | None, log_format: str,
+                log_level: str, cloud: bool, **options: Any) -> None:
         logs.configure(log_format, log_level)
         from pyrula.workflows import WorkflowWorker
         from pyrula.workflows.stores.archive import ArchivingStore
@@ -82,8 +83,8 @@ def _worker_command(dev: bool) -> Any:
             overrides = {"shutdown_grace": 3.0, "cancel_timeout": 2.0,
                          "poison_counts_loop_blocked": False}
         opts = worker_options(options, **overrides)
-        worker = WorkflowWorker(store=open_store(store, namespace), workflows=chosen,
-                                options=opts, cloud=cloud)
+        worker = WorkflowWorker(store=open_store(store, namespace, cluster=cluster),
+                                workflows=chosen, options=opts, cloud=cloud)
         archived = (f" (archived to {worker.store.archive.where()})"
                     if isinstance(worker.store, ArchivingStore) else "")
         where = redact_url(resolve_store_url(store))
@@ -107,6 +108,9 @@ cli.command(
     help="A worker for development: fast drain (--shutdown-grace 3 --cancel-timeout 2), "
     "loop-blocked stand-downs not counted, restart on code change.",
 )(_worker_command(dev=True))
+
+
+cli.add_command(schedules)
 
 
 def _restart() -> None:
