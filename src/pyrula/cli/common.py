@@ -35,6 +35,10 @@ STORE = click.option("--store", "store", default=None, metavar="URL",
                      help="store URL (default $PYRULA_STORE_URL, else sqlite:///pyrula.db)")
 NAMESPACE = click.option("--namespace", default=None, envvar="PYRULA_VALKEY_NAMESPACE",
                          help="Valkey key namespace")
+#: None (neither flag): the Valkey store detects a cluster itself.
+CLUSTER = click.option("--cluster/--no-cluster", default=None,
+                       help="force the Valkey cluster client, or the plain one "
+                       "(default: detect)")
 
 
 def import_target(target: str) -> Any:
@@ -65,9 +69,11 @@ def load_workflows(apps: tuple[str, ...], workflows: tuple[str, ...]) -> list[An
     return [import_target(target) for target in workflows]
 
 
-def open_store(url: str | None, namespace: str | None = None, *, archive: bool = True) -> Any:
+def open_store(url: str | None, namespace: str | None = None, *, archive: bool = True,
+               cluster: bool | None = None) -> Any:
     """The store a URL names; with PYRULA_POSTGRES_DSN set (and ``archive``), wrapped in
-    an ArchivingStore so finished runs go to, and are read back from, Postgres."""
+    an ArchivingStore so finished runs go to, and are read back from, Postgres.
+    ``cluster`` (None: detect) is the Valkey store's ``cluster``."""
     from pyrula.workflows.stores import store_from_url
     from pyrula.workflows.stores.archive import archived_if_configured
 
@@ -77,11 +83,17 @@ def open_store(url: str | None, namespace: str | None = None, *, archive: bool =
         options["namespace"] = parse_namespace(
             "--namespace (or PYRULA_VALKEY_NAMESPACE)", namespace
         )
+    if cluster is not None:
+        options["cluster"] = cluster
     try:
         store = store_from_url(resolve_store_url(url), **options)
     except TypeError:
+        flags = " and ".join(
+            flag for flag, given in (("--namespace", namespace is not None),
+                                     ("--cluster/--no-cluster", cluster is not None)) if given
+        )
         raise InputError(
-            f"--namespace applies to Valkey stores only, not {redact_url(resolve_store_url(url))!r}"
+            f"{flags} applies to Valkey stores only, not {redact_url(resolve_store_url(url))!r}"
         ) from None
     return archived_if_configured(store) if archive else store
 

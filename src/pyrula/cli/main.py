@@ -13,6 +13,7 @@ import click
 from pyrula import logs
 from pyrula.cli import runs
 from pyrula.cli.common import (
+    CLUSTER,
     CONFIGURATION_ERROR_EXIT,
     NAMESPACE,
     STORE,
@@ -24,6 +25,7 @@ from pyrula.cli.common import (
     worker_options,
 )
 from pyrula.cli.runs import runs as runs_group
+from pyrula.cli.schedules import schedules
 from pyrula.config.fleet import resolve_store_url
 from pyrula.config.parse import redact_url
 
@@ -48,13 +50,14 @@ def _worker_command(dev: bool) -> Any:
                   help="import this module so its @workflow functions register (repeatable)")
     @STORE
     @NAMESPACE
+    @CLUSTER
     @LOG_FORMAT
     @LOG_LEVEL
     @click.option("--cloud/--no-cloud", default=True, help="report to Cloud if configured")
     @option_flags
     def command(workflows: tuple[str, ...], apps: tuple[str, ...], store: str | None,
-                namespace: str | None, log_format: str, log_level: str, cloud: bool,
-                **options: Any) -> None:
+                namespace: str | None, cluster: bool | None, log_format: str,
+                log_level: str, cloud: bool, **options: Any) -> None:
         logs.configure(log_format, log_level)
         from pyrula.workflows import WorkflowWorker
         from pyrula.workflows.stores.archive import ArchivingStore
@@ -80,8 +83,8 @@ def _worker_command(dev: bool) -> Any:
             overrides = {"shutdown_grace": 3.0, "cancel_timeout": 2.0,
                          "poison_counts_loop_blocked": False}
         opts = worker_options(options, **overrides)
-        worker = WorkflowWorker(store=open_store(store, namespace), workflows=chosen,
-                                options=opts, cloud=cloud)
+        worker = WorkflowWorker(store=open_store(store, namespace, cluster=cluster),
+                                workflows=chosen, options=opts, cloud=cloud)
         archived = (f" (archived to {worker.store.archive.where()})"
                     if isinstance(worker.store, ArchivingStore) else "")
         where = redact_url(resolve_store_url(store))
@@ -105,6 +108,9 @@ cli.command(
     help="A worker for development: fast drain (--shutdown-grace 3 --cancel-timeout 2), "
     "loop-blocked stand-downs not counted, restart on code change.",
 )(_worker_command(dev=True))
+
+
+cli.add_command(schedules)
 
 
 def _restart() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +27,23 @@ from pyrula.workflows.stores.valkey.script import SCRIPT, SHA
 
 logger = logging.getLogger(__name__)
 
+#: An ElastiCache Serverless endpoint (``<name>.serverless.<region>.cache.amazonaws.com``):
+#: always a cluster, so it gets the cluster client without the INFO probe.
+_SERVERLESS_HOST = re.compile(
+    r"^(?:[a-z0-9-]+\.)+serverless\.[a-z0-9-]+\.cache\.amazonaws\.com$"
+)
+
+
+def cluster_mode(host: str, cluster: bool | None) -> bool | None:
+    """Whether to use the cluster client, decided before connecting: the ``cluster`` flag
+    when given (True forces the cluster client, False the plain one); True for an
+    ElastiCache Serverless host; otherwise None, read from the server's INFO on the
+    first call."""
+    if cluster is not None:
+        return cluster
+    if _SERVERLESS_HOST.match(host.lower().rstrip(".")):
+        return True
+    return None
 
 
 class EvictionCheck(StrEnum):
@@ -104,7 +122,7 @@ class Connection:
             self._seed, self.link_options = parse_url(self.url, socket_timeout)
         except ValueError as exc:
             raise ConfigurationError(f"ValkeyStore url {redact_url(url)!r}: {exc}") from None
-        self._mode = ClusterMode(cluster)
+        self._mode = ClusterMode(cluster_mode(self._seed.host, cluster))
         self._lock = threading.Lock()
         self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Router] = (
             weakref.WeakKeyDictionary()
