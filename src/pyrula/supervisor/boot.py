@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from pyrula.logs import FLEET_LOGGER
+
+logger = logging.getLogger(FLEET_LOGGER)  # printed on every line: see pyrula.logs
 
 
 class BootReport:
