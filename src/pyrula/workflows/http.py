@@ -5,6 +5,9 @@ JSON; every refusal is ``{"error": {"code", "message"}}`` with 404 for an unknow
 for bad input (the message names the field), 413 for a payload over the client's limit and
 409 for a run that has ended (or has not, for ``result``). The optional extra
 ``pyrula[http]`` installs Starlette; ``import pyrula.workflows`` never imports this module.
+
+The module runs past 400 lines because a third of it is the OpenAPI description, kept
+beside the routes it describes so that the two change together.
 """
 
 from __future__ import annotations
