@@ -297,7 +297,7 @@ class RunRouter:
         self.client = WorkflowClient(store, max_payload_bytes=max_payload_bytes)
         routes = [
             Route("/", self._guard(self.submit), methods=["POST"]),
-            Route("/", self._guard(self.list), methods=["GET"]),
+            Route("/", self._guard(self.list_runs), methods=["GET"]),
             Route("/openapi.json", self._guard(self.openapi), methods=["GET"]),
             Route("/{run_id}", self._guard(self.show), methods=["GET"]),
             Route("/{run_id}/result", self._guard(self.result), methods=["GET"]),
@@ -353,7 +353,7 @@ class RunRouter:
             raise _client_call("params", exc) from None
         return _json({"run_id": handle.run_id, "workflow": handle.name}, 201)
 
-    async def list(self, request: Request) -> Response:
+    async def list_runs(self, request: Request) -> Response:
         limit = _integer(request, "limit", DEFAULT_LIST_LIMIT, 1, MAX_LIST_LIMIT)
         status = _status(request)
         cursor = request.query_params.get("cursor")
