@@ -1,0 +1,433 @@
+"""RunRouter: the run operations of ``WorkflowClient`` as a JSON HTTP API (an ASGI app).
+
+``app.mount("/runs", RunRouter(store))`` in any Starlette or FastAPI app. Every answer is
+JSON; every refusal is ``{"error": {"code", "message"}}`` with 404 for an unknown run, 422
+for bad input (the message names the field), 413 for a payload over the client's limit and
+409 for a run that has ended (or has not, for ``result``). The optional extra
+``pyrula[http]`` installs Starlette; ``import pyrula.workflows`` never imports this module.
+
+The module runs past 400 lines because a third of it is the OpenAPI description, kept
+beside the routes it describes so that the two change together.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+
+try:
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+    from starlette.types import Receive, Scope, Send
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "pyrula.workflows.http needs Starlette: pip install 'pyrula[http]'"
+    ) from exc
+
+from pyrula.workflows.client import WorkflowClient
+from pyrula.workflows.errors import (
+    PayloadTooLarge,
+    RunCancelled,
+    RunFailed,
+    RunNotActive,
+    WorkflowNotFound,
+)
+from pyrula.workflows.events import dumps
+from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.stores.base import Store
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 1000
+#: The longest ``GET /{run_id}/result?timeout=`` wait, in seconds: a request holds a
+#: connection, so it is bounded rather than left to the caller.
+MAX_RESULT_TIMEOUT_S = 300.0
+
+
+class ApiError(Exception):
+    """A refusal the router answers as ``{"error": {"code", "message"}}`` with ``status``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _bad(field: str, message: str) -> ApiError:
+    return ApiError(422, "invalid_input", f"{field}: {message}")
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(dumps(value), status_code=status, media_type="application/json")
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    return _json({"error": {"code": code, "message": message}}, status)
+
+
+def info_json(info: RunInfo) -> dict[str, Any]:
+    """A RunInfo as JSON: its fields, the status as its string value."""
+    data = asdict(info)
+    data["status"] = info.status.value
+    data["waiting_for"] = list(info.waiting_for)
+    return data
+
+
+def encode_cursor(info: RunInfo) -> str:
+    """The opaque keyset cursor after ``info``: its (created_at, run_id), base64url."""
+    raw = orjson.dumps([info.created_at, info.run_id])
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        created_at, run_id = orjson.loads(raw)
+    except (binascii.Error, ValueError, TypeError):
+        raise _bad("cursor", "not a cursor this API returned") from None
+    if (
+        not isinstance(created_at, int | float)
+        or isinstance(created_at, bool)
+        or not isinstance(run_id, str)
+    ):
+        raise _bad("cursor", "not a cursor this API returned")
+    return float(created_at), run_id
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object. Read leniently (``NaN``, ``1e400`` and
+    integers past 64 bits parse) so that such a value reaches the client's own payload
+    check and is refused naming the field that holds it."""
+    raw = await request.body()
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise _bad("body", "not valid JSON") from None
+    if not isinstance(value, dict):
+        raise _bad("body", "must be a JSON object")
+    return value
+
+
+def _optional_str(body: dict[str, Any], field: str) -> str | None:
+    value = body.get(field)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _bad(field, "must be a non-empty string or null")
+    return value
+
+
+def _number(request: Request, field: str, default: float, low: float, high: float) -> float:
+    text = request.query_params.get(field)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise _bad(field, f"{text!r} is not a number") from None
+    if not math.isfinite(value) or not low <= value <= high:
+        raise _bad(field, f"must be between {low:g} and {high:g}, got {text!r}")
+    return value
+
+
+def _integer(request: Request, field: str, default: int, low: int, high: int) -> int:
+    text = request.query_params.get(field)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise _bad(field, f"{text!r} is not an integer") from None
+    if not low <= value <= high:
+        raise _bad(field, f"must be between {low} and {high}, got {value}")
+    return value
+
+
+def _status(request: Request) -> RunStatus | None:
+    text = request.query_params.get("status")
+    if text is None:
+        return None
+    try:
+        return RunStatus(text)
+    except ValueError:
+        valid = ", ".join(s.value for s in RunStatus)
+        raise _bad("status", f"{text!r} is not a run status; use one of: {valid}") from None
+
+
+def _client_call(field: str, exc: ValueError) -> ApiError:
+    return _bad(field, str(exc))
+
+
+def _param(name: str, where: str, schema: dict[str, Any], about: str) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": where == "path", "schema": schema,
+            "description": about}
+
+
+def _answer(about: str, schema: str = "Object") -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    return {"description": about, "content": {"application/json": {"schema": ref}}}
+
+
+def _body_of(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    schema = {"type": "object", "properties": properties, "required": required}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+_RUN_ID = _param("run_id", "path", {"type": "string"}, "the run's id")
+_ANY: dict[str, Any] = {"description": "any JSON value"}
+_OPTIONAL_STR: dict[str, Any] = {"type": ["string", "null"], "minLength": 1}
+_REFUSALS = {
+    "404": _answer("no run with this id", "Error"),
+    "422": _answer("bad input; the message names the field", "Error"),
+}
+_PAYLOAD_REFUSALS = {**_REFUSALS, "413": _answer("payload over the limit", "Error"),
+                     "409": _answer("the run has ended", "Error")}
+
+
+def _operation(summary: str, ok: dict[str, Any], refusals: dict[str, Any],
+               parameters: list[dict[str, Any]] | None = None,
+               body: dict[str, Any] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "parameters": parameters or [],
+                          "responses": {**ok, **refusals}}
+    if body is not None:
+        op["requestBody"] = body
+    return op
+
+
+#: The API's OpenAPI 3.1 description, served at ``GET /openapi.json``.
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "pyrula runs", "version": "1"},
+    "paths": {
+        "/": {
+            "post": _operation(
+                "Submit a run",
+                {"201": _answer("the run is queued", "Submitted")},
+                {**_REFUSALS, "413": _PAYLOAD_REFUSALS["413"]},
+                body=_body_of(
+                    {"workflow": {"type": "string", "minLength": 1}, "params": _ANY,
+                     "owner": _OPTIONAL_STR, "idempotency_key": _OPTIONAL_STR},
+                    ["workflow"],
+                ),
+            ),
+            "get": _operation(
+                "List runs, newest first (keyset pages)",
+                {"200": _answer("a page of runs", "RunPage")},
+                {"422": _REFUSALS["422"]},
+                [
+                    _param("workflow", "query", {"type": "string"}, "workflow name"),
+                    _param("status", "query", {"type": "string",
+                           "enum": [s.value for s in RunStatus]}, "run status"),
+                    _param("owner", "query", {"type": "string"}, "run owner"),
+                    _param("limit", "query", {"type": "integer", "minimum": 1,
+                           "maximum": MAX_LIST_LIMIT}, "page size"),
+                    _param("cursor", "query", {"type": "string"},
+                           "the cursor of the previous page"),
+                ],
+            ),
+        },
+        "/openapi.json": {"get": _operation(
+            "This description", {"200": _answer("OpenAPI 3 document")}, {})},
+        "/{run_id}": {"get": _operation(
+            "A run's state", {"200": _answer("the run", "Run")}, _REFUSALS, [_RUN_ID])},
+        "/{run_id}/result": {"get": _operation(
+            "Wait for a run's result",
+            {"200": _answer("the run completed", "Result"),
+             "409": _answer("not ended after the timeout", "Error"),
+             "424": _answer("the run failed or was cancelled", "Object")},
+            _REFUSALS,
+            [_RUN_ID, _param("timeout", "query", {"type": "number", "minimum": 0,
+                             "maximum": MAX_RESULT_TIMEOUT_S}, "seconds to wait")],
+        )},
+        "/{run_id}/events": {"get": _operation(
+            "A run's journal", {"200": _answer("its events", "Events")}, _REFUSALS,
+            [_RUN_ID, _param("after_seq", "query", {"type": "integer", "minimum": 0},
+                             "only events after this seq")],
+        )},
+        "/{run_id}/signal": {"post": _operation(
+            "Send a signal", {"200": _answer("delivered")}, _PAYLOAD_REFUSALS, [_RUN_ID],
+            _body_of({"name": {"type": "string", "minLength": 1}, "payload": _ANY},
+                     ["name"]),
+        )},
+        "/{run_id}/resume": {"post": _operation(
+            "Answer the run's interrupt", {"200": _answer("delivered")},
+            _PAYLOAD_REFUSALS, [_RUN_ID], _body_of({"value": _ANY}, []),
+        )},
+        "/{run_id}/cancel": {"post": _operation(
+            "Cancel a run", {"200": _answer("cancelled, or false if it had ended")},
+            _REFUSALS, [_RUN_ID],
+        )},
+    },
+    "components": {"schemas": {
+        "Object": {"type": "object"},
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
+        "Submitted": {"type": "object", "required": ["run_id", "workflow"], "properties": {
+            "run_id": {"type": "string"}, "workflow": {"type": "string"}}},
+        "Run": {"type": "object", "required": ["run_id", "name", "status"]},
+        "RunPage": {"type": "object", "required": ["runs", "cursor"], "properties": {
+            "runs": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}},
+            "cursor": {"type": ["string", "null"]}}},
+        "Result": {"type": "object", "required": ["result"]},
+        "Events": {"type": "object", "required": ["events"], "properties": {
+            "events": {"type": "array", "items": {"type": "object"}}}},
+    }},
+}
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class RunRouter:
+    """An ASGI app serving the runs of ``store``: submit, list, inspect, signal, cancel."""
+
+    def __init__(self, store: Store, *, max_payload_bytes: int | None = None) -> None:
+        self.client = WorkflowClient(store, max_payload_bytes=max_payload_bytes)
+        routes = [
+            Route("/", self._guard(self.submit), methods=["POST"]),
+            Route("/", self._guard(self.list_runs), methods=["GET"]),
+            Route("/openapi.json", self._guard(self.openapi), methods=["GET"]),
+            Route("/{run_id}", self._guard(self.show), methods=["GET"]),
+            Route("/{run_id}/result", self._guard(self.result), methods=["GET"]),
+            Route("/{run_id}/events", self._guard(self.events), methods=["GET"]),
+            Route("/{run_id}/signal", self._guard(self.signal), methods=["POST"]),
+            Route("/{run_id}/resume", self._guard(self.resume), methods=["POST"]),
+            Route("/{run_id}/cancel", self._guard(self.cancel), methods=["POST"]),
+        ]
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _guard(handler: Handler) -> Handler:
+        """``handler`` with the client's refusals turned into JSON errors, and anything
+        unforeseen logged and answered as a 500 rather than a traceback page."""
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return _error(exc.status, exc.code, exc.message)
+            except WorkflowNotFound as exc:
+                return _error(404, "run_not_found", str(exc))
+            except PayloadTooLarge as exc:
+                return _error(413, "payload_too_large", str(exc))
+            except RunNotActive as exc:
+                return _error(409, "run_not_active", str(exc))
+            except Exception:
+                logger.exception("http.request_failed path=%s", request.url.path)
+                return _error(500, "internal", "the server failed; see its log")
+
+        return guarded
+
+    async def openapi(self, request: Request) -> Response:
+        return _json(OPENAPI)
+
+    async def submit(self, request: Request) -> Response:
+        body = await _body(request)
+        workflow = body.get("workflow")
+        if not isinstance(workflow, str) or not workflow:
+            raise _bad("workflow", "required, a non-empty string")
+        owner = _optional_str(body, "owner")
+        key = _optional_str(body, "idempotency_key")
+        try:
+            handle = await self.client.submit(
+                workflow, body.get("params"), owner=owner, idempotency_key=key
+            )
+        except (PayloadTooLarge, RunNotActive):
+            raise  # ValueErrors with answers of their own (413, 409)
+        except ValueError as exc:
+            raise _client_call("params", exc) from None
+        return _json({"run_id": handle.run_id, "workflow": handle.name}, 201)
+
+    async def list_runs(self, request: Request) -> Response:
+        limit = _integer(request, "limit", DEFAULT_LIST_LIMIT, 1, MAX_LIST_LIMIT)
+        status = _status(request)
+        cursor = request.query_params.get("cursor")
+        before = None if cursor is None else decode_cursor(cursor)
+        page = await self.client.store.list_runs(
+            name=request.query_params.get("workflow"),
+            status=status,
+            owner=request.query_params.get("owner"),
+            limit=limit,
+            before=before,
+        )
+        after = encode_cursor(page[-1]) if len(page) == limit else None
+        return _json({"runs": [info_json(info) for info in page], "cursor": after})
+
+    async def show(self, request: Request) -> Response:
+        return _json(info_json(await self.client.get(request.path_params["run_id"])))
+
+    async def result(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        timeout = _number(request, "timeout", 0.0, 0.0, MAX_RESULT_TIMEOUT_S)
+        try:
+            value = await self.client.result(run_id, timeout)
+        except TimeoutError:
+            raise ApiError(
+                409, "run_not_ended", f"run {run_id!r} has not ended after {timeout:g}s"
+            ) from None
+        except RunFailed as exc:
+            return _json({"error": exc.error}, 424)
+        except RunCancelled:
+            error = {"code": "cancelled", "message": f"run {run_id!r} was cancelled"}
+            return _json({"error": error}, 424)
+        return _json({"result": value})
+
+    async def events(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        after = _integer(request, "after_seq", 0, 0, 2**62)
+        await self.client.get(run_id)
+        return _json({"events": await self.client.events(run_id, after)})
+
+    async def signal(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        body = await _body(request)
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise _bad("name", "required, a non-empty string")
+        try:
+            await self.client.signal(run_id, name, body.get("payload"))
+        except (PayloadTooLarge, RunNotActive):
+            raise  # ValueErrors with answers of their own (413, 409)
+        except ValueError as exc:
+            field = "payload" if str(exc).startswith("payload") else "name"
+            raise _client_call(field, exc) from None
+        return _json({"run_id": run_id, "signal": name})
+
+    async def resume(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        body = await _body(request)
+        try:
+            await self.client.resume(run_id, body.get("value"))
+        except (PayloadTooLarge, RunNotActive):
+            raise  # ValueErrors with answers of their own (413, 409)
+        except ValueError as exc:
+            raise _client_call("value", exc) from None
+        return _json({"run_id": run_id, "resumed": True})
+
+    async def cancel(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        await self.client.get(run_id)
+        return _json({"run_id": run_id, "cancelled": await self.client.cancel(run_id)})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route, wrong method) in the API's error shape."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+    detail = exc.detail if isinstance(exc, HTTPException) else "the server failed"
+    return _error(status, code, f"{request.method} {request.url.path}: {detail}")
