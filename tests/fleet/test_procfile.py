@@ -77,9 +77,9 @@ def test_the_procfile_runs_the_fleet_under_honcho_and_sigterm_drains_it(
     assert "SIGTERM received" in log
     # Drained: both children ran the worker's shutdown sequence before the fleet stopped,
     # none of them was seen to die.
-    assert log.count("worker_stopped") == 2
-    assert log.index("worker_stopped") < log.index("fleet_stopped")
-    assert log.count("after draining") == 2 and "died" not in log
+    assert log.count("worker_stopped") == 2, log
+    assert log.index("worker_stopped") < log.index("fleet_stopped"), log
+    assert log.count("after draining") == 2 and "died" not in log, log
     for pid in children:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
 
