@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from pyrula.workflows import MemoryStore, SyncWorkflowClient
-from pyrula.workflows import client as client_module
 from pyrula.workflows.errors import WorkflowNotFound
 from pyrula.workflows.records import RunInfo
 from pyrula.workflows.stores import admin
@@ -38,7 +37,7 @@ def test_admin_twins_run_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) 
 def test_a_synchronous_wait_on_a_run_that_does_not_end_times_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(client_module, "run_sync", _no_background_loop)
+    monkeypatch.setattr(admin, "run_sync", _no_background_loop)  # run_for decides
     client = SyncWorkflowClient(MemoryStore())
     run = client.submit(WF)
 
@@ -47,7 +46,7 @@ def test_a_synchronous_wait_on_a_run_that_does_not_end_times_out(
 
 
 def test_a_synchronous_wait_on_an_unknown_run_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "run_sync", _no_background_loop)
+    monkeypatch.setattr(admin, "run_sync", _no_background_loop)  # run_for decides
     with pytest.raises(WorkflowNotFound):
         SyncWorkflowClient(MemoryStore()).result("no-such-run", timeout=1.0)
 

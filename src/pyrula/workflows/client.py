@@ -10,7 +10,6 @@ import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from pyrula.workflows._sync import drive, run_sync
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.definition import workflow_name
 from pyrula.workflows.errors import (
@@ -22,7 +21,7 @@ from pyrula.workflows.errors import (
 )
 from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, INTERRUPT_SIGNAL, Event, dumps
 from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
-from pyrula.workflows.stores.admin import SyncAdmin
+from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import Store
 
 T = TypeVar("T")
@@ -184,15 +183,6 @@ class WorkflowClient:
             before = (page[-1].created_at, page[-1].run_id)
 
 
-def _sync_driven(store: object) -> bool:
-    """Whether ``store``'s coroutines finish on the calling thread when driven
-    (``SyncAdmin.sync_driven``). Read from the store's class, so a wrapper that forwards
-    attributes to another store (the archiving store) does not inherit the answer of what
-    it wraps."""
-    kind = type(store)
-    return issubclass(kind, SyncAdmin) and kind.sync_driven
-
-
 class SyncWorkflowClient:
     """``WorkflowClient`` for code that is not async: each call blocks until done.
 
@@ -205,10 +195,9 @@ class SyncWorkflowClient:
     def __init__(self, store: Store, **kwargs: Any) -> None:
         self._client = WorkflowClient(store, **kwargs)
         self.store = store
-        self._direct = _sync_driven(store)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return drive(coro) if self._direct else run_sync(coro)
+        return run_for(self.store, coro)
 
     def submit(
         self,

@@ -11,8 +11,8 @@ import time
 import uuid
 
 from pyrula.errors import ScheduleNotFound
-from pyrula.workflows._sync import run_sync
 from pyrula.workflows.records import RunHandle
+from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import ScheduleStore, Store
 
 
@@ -57,19 +57,19 @@ async def arun_schedule_now(
 
 
 def pause_schedule(store: ScheduleStore, schedule_id: str) -> None:
-    run_sync(apause_schedule(store, schedule_id))
+    run_for(store, apause_schedule(store, schedule_id))
 
 
 def resume_schedule(
     store: Store, schedule_id: str, *, now: float | None = None
 ) -> None:
-    run_sync(aresume_schedule(store, schedule_id, now=now))
+    run_for(store, aresume_schedule(store, schedule_id, now=now))
 
 
 def run_schedule_now(
     store: Store, schedule_id: str, *, now: float | None = None
 ) -> RunHandle:
-    return run_sync(arun_schedule_now(store, schedule_id, now=now))
+    return run_for(store, arun_schedule_now(store, schedule_id, now=now))
 
 
 def _unknown(schedule_id: str) -> ScheduleNotFound:

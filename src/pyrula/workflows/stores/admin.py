@@ -81,7 +81,7 @@ class SyncAdmin:
     sync_driven: ClassVar[bool] = False
 
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
-        return drive(coro) if type(self).sync_driven else run_sync(coro)
+        return run_for(self, coro)
 
     def ping(self: _Admin) -> None:
         self._sync(self.aping())
@@ -116,6 +116,18 @@ class SyncAdmin:
 
     def schedule_delete(self: _Admin, schedule_id: str) -> bool:
         return self._sync(self.aschedule_delete(schedule_id))
+
+
+def run_for(store: object, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` (a call into ``store``) to its end from synchronous code, the way the
+    store declares: on this thread for a ``sync_driven`` SyncAdmin store (read from its
+    class, so a store wrapping another does not inherit the answer of what it wraps), else
+    on the background loop. What every synchronous facade uses: the admin twins, the
+    ``SyncWorkflowClient`` and the schedule controls."""
+    kind = type(store)
+    if issubclass(kind, SyncAdmin) and kind.sync_driven:
+        return drive(coro)
+    return run_sync(coro)
 
 
 class _Admin(AsyncAdmin, Protocol):
