@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from pyrula.workflows.stores.valkey.codec import as_hash, dumps
 from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.registry import Registry
+
+if TYPE_CHECKING:
+    from pyrula.config.worker import WorkerOptions
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +44,10 @@ class Leases:
         return {name: len(s) for name, s in self.held.get(worker_id, {}).items()}
 
     async def shard_lease_tick(
-        self, *, worker_id: str, names: Sequence[str], now: float, options: Any
+        self, *, worker_id: str, names: Sequence[str], now: float, options: WorkerOptions
     ) -> None:
         conn = self.connection
-        ttl = float(getattr(options, "shard_lease_ttl", 30.0))
+        ttl = float(options.shard_lease_ttl)
         calls = [(conn.keys.leases(n), ("lease", worker_id, now, ttl, conn.shard_count))
                  for n in names]
         held = self.held.setdefault(worker_id, {})
