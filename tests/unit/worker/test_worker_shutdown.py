@@ -221,3 +221,65 @@ async def test_the_pool_logs_saturation_once_when_every_thread_is_busy(
     finally:
         await stop(worker, task)
     assert len(logged(caplog, "user_code_threads_saturated")) == 1
+
+
+class HeldReply:
+    """Holds back the reply of the first claim that returns runs: the claim has run in
+    the store (its runs are locked by the worker) while the worker still waits for it."""
+
+    def __init__(self, store: Any) -> None:
+        self.ran = asyncio.Event()
+        self.reply = asyncio.Event()
+        self._real = store.claim
+        self._armed = True
+        store.claim = self._claim
+
+    async def _claim(self, *args: Any, **kwargs: Any) -> Any:
+        claimed = await self._real(*args, **kwargs)
+        if self._armed and claimed:
+            self._armed = False
+            self.ran.set()
+            await self.reply.wait()
+        return claimed
+
+
+async def test_a_claim_in_flight_when_the_worker_stops_is_finished_and_its_runs_drained(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+    key = unique("inflight")
+    async_gate(key).set()
+    held = HeldReply(store)
+    worker = WorkflowWorker(store=store, workflows=[wshut_async], options=fast_options())
+    task = await start(worker)
+    run = await worker.client.submit(wshut_async, {"key": key})
+    await asyncio.wait_for(held.ran.wait(), 10)
+    worker.stop()
+    await await_until(lambda: "1/5" in shutdown_steps(caplog), what="stop claiming")
+    held.reply.set()
+    await asyncio.wait_for(task, 30)
+    # Cut in half, the claim would leave the run locked by a worker that never knew it.
+    info = await worker.client.get(run.run_id)
+    assert (info.status, info.result) == (RunStatus.COMPLETED, key)
+
+
+async def test_a_claim_that_never_answers_is_cancelled_and_its_runs_put_back(
+    store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyrula.workflows.worker import claim as claim_module
+
+    monkeypatch.setattr(claim_module, "CLAIM_STOP_S", 0.2)
+    capture(caplog)
+    key = unique("unanswered")
+    async_gate(key).set()
+    held = HeldReply(store)
+    worker = WorkflowWorker(store=store, workflows=[wshut_async], options=fast_options())
+    task = await start(worker)
+    run = await worker.client.submit(wshut_async, {"key": key})
+    await asyncio.wait_for(held.ran.wait(), 10)
+    await stop(worker, task)
+    info = await worker.client.get(run.run_id)
+    assert info.status is RunStatus.QUEUED
+    assert info.owner is None
+    events = await worker.client.events(run.run_id)
+    assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]

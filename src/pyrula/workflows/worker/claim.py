@@ -27,6 +27,9 @@ from pyrula.workflows.worker.usercode import UserCodeTracker
 
 logger = logging.getLogger(__name__)
 
+#: How long a stopping worker lets a claim already sent to the store finish.
+CLAIM_STOP_S = 5.0
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimParts:
@@ -79,15 +82,16 @@ class ClaimLoop:
             await self._await_capacity(low_water, o.claim_poll_interval / 4)
             free = self._free()
         if self._lost:
-            await self._requeue_lost_claims()
+            await self.requeue_lost_claims()
         try:
             claimed = await p.store.claim(
                 p.worker_id, p.names, limit=free, now=p.clock.now(), lock_ttl=o.lock_ttl,
             )
-        except StoreUnavailable:
-            # The claim may have run with its reply lost (the connection went after the
-            # request was sent): its runs are locked by this worker, which does not know
-            # them. They are put back before the next claim, once the store answers.
+        except (StoreUnavailable, asyncio.CancelledError):
+            # The claim may have run with its reply lost (the connection went, or the call
+            # was cancelled, after the request was sent): its runs are locked by this
+            # worker, which does not know them. They are put back before the next claim,
+            # or by the shutdown, once the store answers.
             self._lost = True
             raise
         self.progress = time.monotonic()
@@ -120,12 +124,18 @@ class ClaimLoop:
             waiting = asyncio.ensure_future(doorbell.wait_for_work(p.names, poll))
             await first(waiting, stopping.wait())
             self.progress = time.monotonic()
-            if waiting.cancelled():
+            if not waiting.done() or waiting.cancelled():  # stopping: ``first`` cancelled it
+                await asyncio.gather(waiting, return_exceptions=True)
                 break
             if waiting.result() or time.monotonic() >= look_by:  # raises its error
                 break
 
-    async def _requeue_lost_claims(self) -> None:
+    @property
+    def lost(self) -> bool:
+        """Whether a claim's reply may have been lost (runs locked here, not held)."""
+        return self._lost
+
+    async def requeue_lost_claims(self) -> None:
         """Put back (reason store_unavailable, no crash counted) the runs locked by this
         worker that it does not hold: those of a claim whose reply was lost. Without this
         they would wait out their lock and be reclaimed as orphans, each charged a crash."""
@@ -152,3 +162,28 @@ class ClaimLoop:
                 await asyncio.wait_for(self._rt.capacity.wait(), left)
             except TimeoutError:
                 return
+
+
+async def stop_claiming(
+    task: asyncio.Task[None], loop: ClaimLoop | None, log: dict[str, str]
+) -> None:
+    """End the claim loop run by ``task`` (the worker is stopping) without cutting a claim
+    in half.
+
+    The worker's ``stopping`` is set, so the loop ends after its current pass; a claim
+    already sent is let finish, and the runs it returns are held and drained like the
+    others. Cancelled mid-call instead, a claim would lock runs in the store that this
+    worker never learns of: nobody would renew them, and another worker would reclaim each
+    once its lock lapsed, charged a crash. Only a claim that does not answer within
+    ``CLAIM_STOP_S`` is cancelled; the runs locked here but not held are then put back.
+    """
+    await asyncio.wait({task}, timeout=CLAIM_STOP_S)
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    if loop is not None and loop.lost:
+        try:
+            await loop.requeue_lost_claims()
+        except Exception:  # they lapse and are reclaimed as orphans instead
+            logger.warning("putting back the runs of an unanswered claim failed",
+                           exc_info=True, extra=log)

@@ -36,7 +36,7 @@ from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.worker.attempts import AttemptParts, AttemptRunner, JournalCacheMismatch
 from pyrula.workflows.worker.cache import JournalCache
-from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts
+from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts, stop_claiming
 from pyrula.workflows.worker.gate import SuspectGate
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
@@ -333,8 +333,7 @@ class WorkflowWorker:
         self._rt.state = WorkerState.DRAINING
         log = self._log
         logger.info("shutdown: 1/5 stop claiming", extra={"event": "shutdown", **log})
-        claim.cancel()
-        await asyncio.gather(claim, return_exceptions=True)
+        await stop_claiming(claim, self._claim, log)
 
         # Every step is logged, with or without work, so the sequence reads the same in
         # every drain.
