@@ -10,6 +10,8 @@ Child -> supervisor:
      "claim_tick_age": seconds, "free": slots, "store_ok": bool}
     {"type": "boot_error", "message": "Type: text", "traceback": "..."}
                                                   before exiting without becoming ready
+    {"type": "metrics", "families": {name: {"type", "help", "samples"}}}
+                                                  every METRICS_INTERVAL, and as it exits
 
 A heartbeat goes out every HEARTBEAT_INTERVAL, and also right after a claim and whenever a
 run is about to enter its code unreported: ``user_code`` names every run that may be inside
@@ -30,6 +32,8 @@ import orjson
 EXIT_BOOT_FAILURE = 3
 #: How often a child's event loop sends its heartbeat (seconds).
 HEARTBEAT_INTERVAL = 0.25
+#: How often a child sends its metrics (seconds): the fleet's /metrics lags by up to this.
+METRICS_INTERVAL = 1.0
 #: Environment variable naming the modules the fork server preloads (comma-separated;
 #: internal, set by the supervisor's Spawner, read by ``pyrula.supervisor.preload``).
 PRELOAD_ENV = "_PYRULA_FLEET_PRELOAD"
@@ -71,6 +75,10 @@ def encode(message: dict[str, Any]) -> bytes:
 def decode(data: bytes) -> dict[str, Any]:
     message: dict[str, Any] = orjson.loads(data)
     return message
+
+
+def metrics_message(families: dict[str, Any]) -> bytes:
+    return encode({"type": "metrics", "families": families})
 
 
 def heartbeat_message(beat: Heartbeat) -> bytes:

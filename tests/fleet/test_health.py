@@ -16,7 +16,7 @@ from tests.servers import free_port
 STATUS_KEYS = {"status", "children", "shards", "restarts"}
 CHILD_KEYS = {"slot", "pid", "worker_id", "state", "shards", "in_flight", "runs_done",
               "restarts", "rss_bytes"}
-SAMPLE = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"\})? -?[0-9.e+]+$')
+SAMPLE = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (-?[0-9.e+]+|\+Inf)$')
 
 
 def test_probes_status_shape_metrics_and_the_status_table(

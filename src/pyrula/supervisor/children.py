@@ -51,6 +51,8 @@ class Child:
     retiring: bool = False  # asked to drain on purpose (recycle, scale down, shutdown)
     killed_for: str | None = None
     run_limit: int | None = None
+    #: Its last metrics report (``pyrula.metrics`` families).
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def state(self) -> ChildState:

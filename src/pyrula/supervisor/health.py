@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from pyrula.health_http import ProbeServer
+from pyrula.metrics import render
 from pyrula.supervisor.supervisor import Supervisor
 
 
@@ -73,4 +74,4 @@ def render_metrics(status: dict[str, Any], supervisor: Supervisor) -> str:
     lines.append("# TYPE pyrula_fleet_shards gauge")
     for name, count in sorted(status["shards"].items()):
         lines.append(f'pyrula_fleet_shards{{workflow="{name}"}} {count}')
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + render(supervisor.metrics())

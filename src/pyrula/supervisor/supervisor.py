@@ -27,6 +27,7 @@ from pyrula.config.worker import WorkerOptions
 from pyrula.logs import FLEET_LOGGER
 from pyrula.supervisor.boot import BootReport
 from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
+from pyrula.supervisor.fleet_metrics import FleetMetrics
 from pyrula.supervisor.recovery import Recovery
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
 from pyrula.supervisor.status import SlotView, fleet_status
@@ -70,6 +71,7 @@ class Supervisor:
                                  worker_options.poison_retry_ttl_s)
         self.policy = RestartPolicy(options.max_boot_failures)
         self.boots = BootReport()
+        self.fleet_metrics = FleetMetrics()
         self.desired = options.children
         self.slots: dict[int, Slot] = {}
         self.draining = False
@@ -193,6 +195,8 @@ class Supervisor:
                                  time.monotonic() - self.started_at)
         elif kind == "boot_error":
             child.boot_error = self.boots.failed(child.slot, child.pid, message)
+        elif kind == "metrics":
+            child.metrics = dict(message.get("families") or {})
 
     def _on_exit(self, child: Child) -> None:
         # A signal sent to the whole process group (honcho, docker stop, systemd, a
@@ -202,7 +206,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         loop.remove_reader(child.sentinel)
         child.process.join(0)
-        self._on_message(child)  # whatever it said last (a boot error)
+        self._on_message(child)  # whatever it said last (a boot error, its last metrics)
+        self.fleet_metrics.retire(child.metrics)
         try:
             loop.remove_reader(child.conn.fileno())
         except (ValueError, OSError):
@@ -271,6 +276,9 @@ class Supervisor:
                        user_code: list[str] | None, suspects: list[str]) -> None:
         requeued, quarantined, charged = await self.recovery.child_died(
             worker_id, held, evidence, user_code, suspects)
+        if requeued:
+            self.fleet_metrics.own.inc("pyrula.workflows.runs.requeued", requeued,
+                                       reason="orphaned")
         if requeued or quarantined:
             logger.warning("runs_recovered: %d runs of dead child %s requeued, %d quarantined; "
                            "a crash counted against %d of them (the others were not in their "
@@ -458,6 +466,10 @@ class Supervisor:
             (SlotView(i, s.child, s.restarts) for i, s in self.slots.items()),
             self.desired, self.draining,
         )
+
+    def metrics(self) -> dict[str, Any]:
+        """The fleet's metrics families (``FleetMetrics.families``)."""
+        return self.fleet_metrics.families(child.metrics for child in self._children())
 
     def ready_children(self) -> int:
         return sum(1 for c in self._children() if c.state is ChildState.READY)

@@ -41,7 +41,7 @@ from pyrula.workflows.errors import ContinueAsNew, NonDeterminismError, PayloadT
 from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
 from pyrula.workflows.operations import RUN_TASK_PREFIX as RUN_TASK_PREFIX
 from pyrula.workflows.operations import RUNNING_RUN as RUNNING_RUN
-from pyrula.workflows.operations import Body, Operations, Unmonitored
+from pyrula.workflows.operations import Body, Operations, StepObserver, Unmonitored
 from pyrula.workflows.operations import UserCodeMonitor as UserCodeMonitor
 from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
 from pyrula.workflows.replay import (
@@ -94,6 +94,8 @@ class Outcome:
     successor_id: str | None = None
     #: A parked run's timer (None: it waits for a signal alone).
     wake_at: float | None = None
+    #: Why a requeued run was put back (``shutdown``, ``loop_blocked``...).
+    reason: str | None = None
 
 
 class Attempt:
@@ -115,6 +117,7 @@ class Attempt:
         clock: Clock = SYSTEM_CLOCK,
         settings: AttemptSettings | None = None,
         user_code: UserCodeMonitor | None = None,
+        on_step: StepObserver | None = None,
     ) -> None:
         self.spec = spec
         self.run_id = claimed.run_id
@@ -139,7 +142,7 @@ class Attempt:
         self._ops = Operations(
             claimed, self._replay, self._writes, self._stops, clock, self._blockers,
             executor=executor, user_code=self._user_code, waiting=self._body.waiting,
-            max_payload_bytes=settings.max_payload_bytes,
+            on_step=on_step, max_payload_bytes=settings.max_payload_bytes,
             inline_retry_max=settings.inline_retry_max,
         )
         self._task: asyncio.Task[Any] | None = None  # the body's, once started
@@ -376,7 +379,8 @@ class Attempt:
     async def _requeue(self, stand: StandDown) -> Outcome:
         outcome = await self._writes.requeue(stand)
         return Outcome(
-            OutcomeKind.FAILED if outcome.quarantined else OutcomeKind.REQUEUED, self.journal
+            OutcomeKind.FAILED if outcome.quarantined else OutcomeKind.REQUEUED, self.journal,
+            reason=stand.reason,
         )
 
 

@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any, Protocol
@@ -70,6 +71,11 @@ class UserCodeMonitor(Protocol):
     def enter(self, run_id: str) -> None: ...
 
     def leave(self, run_id: str) -> None: ...
+
+
+#: Told how long each try of a step ran (seconds) and whether it succeeded: the step's
+#: name, its duration, ``True`` for a result (a worker's step-duration histogram).
+StepObserver = Callable[[str, float, bool], None]
 
 
 class Unmonitored:
@@ -146,6 +152,7 @@ class Operations:
         executor: Executor | None,
         user_code: UserCodeMonitor,
         waiting: Callable[[], contextlib.AbstractContextManager[None]],
+        on_step: StepObserver | None = None,
         max_payload_bytes: int,
         inline_retry_max: float,
     ) -> None:
@@ -162,6 +169,7 @@ class Operations:
         self._executor = executor
         self._user_code = user_code
         self._waiting = waiting
+        self._on_step = on_step
         self._max_payload_bytes = max_payload_bytes
         self._inline_retry_max = inline_retry_max
 
@@ -235,10 +243,13 @@ class Operations:
             self._stops.raise_if_halted()  # nothing can be recorded: start no new step
             attempt = failures + 1
             self._writes.add(step_started(self._clock.now(), spec.name, call, attempt))
+            began = time.perf_counter()
             try:
                 info = StepInfo(self.run_id, self.name, spec.name, call, self.token, attempt)
                 result = await self._execute(spec, info, args, kwargs)
             except Exception as exc:  # the step's own failure: record it, maybe retry
+                if self._on_step is not None:
+                    self._on_step(spec.name, time.perf_counter() - began, False)
                 will_retry = failures < spec.retries
                 error_type = type(exc).__name__
                 message = str(exc) or error_type
@@ -263,6 +274,8 @@ class Operations:
                 ))
                 await self._writes.boundary()
                 raise StepFailed(spec.name, error_type, str(exc), attempt) from None
+            if self._on_step is not None:
+                self._on_step(spec.name, time.perf_counter() - began, True)
             self._writes.add(step_completed(self._clock.now(), spec.name, call, result))
             await self._writes.boundary()
             return result

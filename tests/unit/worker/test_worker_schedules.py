@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pyrula.metrics import Metrics
 from pyrula.workflows import (
     ValkeyStore,
     WorkflowClient,
@@ -25,7 +26,6 @@ from pyrula.workflows.schedules.control import (
     aresume_schedule,
     arun_schedule_now,
 )
-from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.schedules import BATCH, SKIPPED, ScheduleLoop
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import capture, fast_options, logged, serving, unique

@@ -62,6 +62,10 @@ class Reconciling(Protocol):
         self, *, worker_id: str, names: Sequence[str], now: float, options: Any = None
     ) -> float | None: ...
 
+    def reconcile_lag(self, now: float) -> float | None:
+        """How far behind (seconds) the job is; None where this process cannot tell."""
+        ...
+
 
 @runtime_checkable
 class ServerClock(Protocol):

@@ -16,23 +16,33 @@ from typing import Any
 
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import JournalCorrupt, StaleToken, StoreUnavailable, WorkflowNotFound
+from pyrula.metrics import Metrics
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
-from pyrula.workflows.events import Event
+from pyrula.workflows.events import Event, EventType
+from pyrula.workflows.operations import StepObserver
 from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.gate import SuspectGate
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import backoff_delays
-from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.timers import TimerLoop
 from pyrula.workflows.worker.usercode import UserCodeTracker
 
 logger = logging.getLogger(__name__)
+
+
+#: The outcomes that end a run, and the counter each adds to (beyond ``runs.finished``).
+_ENDED: dict[OutcomeKind, str | None] = {
+    OutcomeKind.COMPLETED: "pyrula.workflows.runs.completed",
+    OutcomeKind.FAILED: "pyrula.workflows.runs.failed",
+    OutcomeKind.CANCELLED: "pyrula.workflows.runs.cancelled",
+    OutcomeKind.CONTINUED: None,
+}
 
 
 class JournalCacheMismatch(RuntimeError):
@@ -91,6 +101,8 @@ class AttemptRunner:
         if claimed.base_seq == 0:
             return list(claimed.journal)
         cached = p.cache.take(claimed.run_id, claimed.base_seq)
+        p.metrics.inc("pyrula.workflows.journal_cache.misses" if cached is None
+                      else "pyrula.workflows.journal_cache.hits")
         if cached is None:
             return await p.store.read_events(claimed.run_id)
         journal = cached + list(claimed.journal)
@@ -108,6 +120,7 @@ class AttemptRunner:
         spec = p.specs[claimed.name]
         run_log = {"run_id": claimed.run_id, "workflow": claimed.name, **p.log}
         p.runs.renew(claimed.run_id, claimed.token, self._liveness_bound(spec))
+        self._count_start(claimed)
         try:
             try:
                 journal = await self._journal_for(claimed)
@@ -117,7 +130,7 @@ class AttemptRunner:
                 return
             attempt = Attempt(
                 spec, claimed, journal, p.store, executor=p.pool, clock=p.clock,
-                settings=p.settings, user_code=p.user_code,
+                settings=p.settings, user_code=p.user_code, on_step=self._step_timer(claimed),
             )
             if p.runs.attach(attempt):
                 attempt.abandon()  # stood down while its journal was being read
@@ -142,6 +155,25 @@ class AttemptRunner:
             p.runs.release(claimed.run_id, claimed.token)
             self._rt.capacity.set()
 
+    def _count_start(self, claimed: ClaimedRun) -> None:
+        """Count the attempt begun, and how long the run waited for this claim: from the
+        event that made it claimable (its submit, requeue or wake) to its ``run:started``."""
+        metrics, journal = self._p.metrics, claimed.journal
+        metrics.inc("pyrula.workflows.runs.started", workflow=claimed.name)
+        if journal and journal[-1].get("type") == EventType.RUN_STARTED:
+            ready = journal[-2]["ts"] if len(journal) >= 2 else claimed.created_at
+            metrics.observe("pyrula.workflows.claim.latency",
+                            max(0.0, journal[-1]["ts"] - ready), workflow=claimed.name)
+
+    def _step_timer(self, claimed: ClaimedRun) -> StepObserver:
+        metrics, workflow = self._p.metrics, claimed.name
+
+        def observe(step: str, seconds: float, ok: bool) -> None:
+            metrics.observe("pyrula.workflows.step.duration", seconds, workflow=workflow,
+                            step=step)
+
+        return observe
+
     def _liveness_bound(self, spec: WorkflowSpec) -> float:
         return max(3 * self._p.options.lock_ttl, spec.timeout or 0.0)
 
@@ -155,10 +187,16 @@ class AttemptRunner:
                 p.timers.note_timer(outcome.wake_at)
         else:
             p.cache.drop(claimed.run_id)
-        if kind in (OutcomeKind.COMPLETED, OutcomeKind.FAILED, OutcomeKind.CANCELLED,
-                    OutcomeKind.CONTINUED):
+        if kind in _ENDED:
             self.runs_done += 1
             p.metrics.inc("pyrula.workflows.runs.finished", status=kind.value)
+            counted = _ENDED[kind]
+            if counted is not None:
+                p.metrics.inc(counted, workflow=claimed.name)
+            p.metrics.observe("pyrula.workflows.run.duration",
+                              max(0.0, p.clock.now() - claimed.created_at), workflow=claimed.name)
+        elif kind is OutcomeKind.REQUEUED:
+            p.metrics.inc("pyrula.workflows.runs.requeued", reason=outcome.reason or "unknown")
         if kind is OutcomeKind.FAILED and outcome.error is not None:
             logger.info("run %s failed [%s] %s", claimed.run_id, outcome.error.get("code"),
                         outcome.error.get("message"), extra=run_log)
@@ -189,6 +227,7 @@ class AttemptRunner:
             return
         self.runs_done += 1
         self._p.metrics.inc("pyrula.workflows.runs.finished", status="failed")
+        self._p.metrics.inc("pyrula.workflows.runs.failed", workflow=claimed.name)
 
     async def _requeue_unavailable(self, claimed: ClaimedRun, run_log: dict[str, Any]) -> None:
         """Put the run back (reason store_unavailable) once the store answers again. The
@@ -204,6 +243,7 @@ class AttemptRunner:
                 )
                 logger.warning("run %s requeued: the store was unavailable during its attempt",
                                claimed.run_id, extra={"event": "run_requeued", **run_log})
+                self._p.metrics.inc("pyrula.workflows.runs.requeued", reason="store_unavailable")
                 return
             except (StaleToken, WorkflowNotFound):
                 return

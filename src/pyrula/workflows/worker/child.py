@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -23,9 +24,11 @@ from pyrula import logs
 from pyrula.wire import (
     EXIT_BOOT_FAILURE,
     HEARTBEAT_INTERVAL,
+    METRICS_INTERVAL,
     Heartbeat,
     encode,
     heartbeat_message,
+    metrics_message,
 )
 
 logger = logging.getLogger("pyrula.fleet.child")
@@ -148,6 +151,11 @@ def _heartbeat(worker: Any, reach: StoreCheck, *, periodic: bool) -> bytes:
     ))
 
 
+def _metrics(worker: Any) -> bytes:
+    worker.metrics.set("pyrula.workflows.runs.in_flight", float(worker.in_flight))
+    return metrics_message(worker.metrics.samples())
+
+
 def _send(conn: Connection, message: bytes) -> bool:
     """Send one message to the supervisor; False once it is gone."""
     try:
@@ -168,10 +176,14 @@ async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
         # this child holds, and each that is in its own code, before that code can crash it.
         # While starting it beats often, so that the supervisor sees it ready within
         # milliseconds (a respawn, a recycle and a reload wait for that), not a beat later.
+        metrics_due = time.monotonic()
         while True:
             if not _send(conn, _heartbeat(worker, reach, periodic=True)):
                 worker.stop()  # the supervisor is gone: drain and leave
                 return
+            if time.monotonic() >= metrics_due:
+                _send(conn, _metrics(worker))
+                metrics_due = time.monotonic() + METRICS_INTERVAL
             starting = worker.state == "starting"
             await asyncio.sleep(STARTING_HEARTBEAT_INTERVAL if starting else HEARTBEAT_INTERVAL)
 
@@ -189,6 +201,7 @@ async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
         heartbeat.cancel()
         checker.cancel()
         await asyncio.gather(heartbeat, checker, return_exceptions=True)
+        _send(conn, _metrics(worker))  # what the drain counted, before the fleet sums it
         try:
             await worker.store.aclose()
         except Exception:  # closing is best effort on the way out

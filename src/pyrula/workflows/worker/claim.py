@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import StoreUnavailable
+from pyrula.metrics import Metrics
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.records import ClaimedRun
 from pyrula.workflows.stores.base import Store
@@ -47,6 +48,7 @@ class ClaimParts:
     start: Callable[[ClaimedRun], None]
     #: Told of the held runs right after a claim returned runs, before any of them starts.
     on_claimed: Callable[[dict[str, int]], None] | None
+    metrics: Metrics
     log: dict[str, str]
 
 
@@ -143,6 +145,9 @@ class ClaimLoop:
         outcomes = await p.store.requeue_unheld(p.worker_id, set(p.runs.held()),
                                                 now=p.clock.now())
         self._lost = False
+        if outcomes:
+            p.metrics.inc("pyrula.workflows.runs.requeued", len(outcomes),
+                          reason="store_unavailable")
         for outcome in outcomes:
             logger.warning(
                 "run %s requeued: claimed by this worker when the store went away, but the "

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pyrula.errors import StoreUnavailable
+from pyrula.metrics import Metrics
 from pyrula.workflows.clock import Clock
-from pyrula.workflows.worker.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyrula.config.worker import WorkerOptions
+from pyrula.metrics import Metrics
 from pyrula.workflows.records import PoisonPolicy, RunError
 from pyrula.workflows.stores.base import Store
-from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -118,4 +118,7 @@ class OrphanLoop:
                 )
         if outcomes:
             self._metrics.inc("pyrula.workflows.runs.reclaimed", len(outcomes))
+            requeued = sum(1 for outcome in outcomes if not outcome.quarantined)
+            if requeued:
+                self._metrics.inc("pyrula.workflows.runs.requeued", requeued, reason="orphaned")
         return None

@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 from pyrula.errors import ConfigurationError
 from pyrula.health_http import ProbeServer, bind_failure
+from pyrula.metrics import Metrics
 from pyrula.wire import WorkerState
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S
-from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -123,4 +123,4 @@ class Probes:
     async def metrics(self) -> tuple[int, Any]:
         metrics = self._w.metrics
         metrics.set("pyrula.workflows.runs.in_flight", float(self._w.in_flight))
-        return 200, metrics.prometheus({"worker_id": self._w.worker_id})
+        return 200, metrics.prometheus()

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pyrula.errors import StaleToken, StoreUnavailable, WorkflowNotFound
+from pyrula.metrics import Metrics
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.engine import RUN_TASK_PREFIX, RUNNING_RUN
 from pyrula.workflows.records import PoisonPolicy
@@ -106,8 +107,10 @@ class LockRenewer:
         settings: RenewalSettings,
         runs: HeldRuns,
         watch: LoopWatch,
+        metrics: Metrics | None = None,
     ) -> None:
         self.runs = runs
+        self._metrics = metrics
         self._store = store
         self._clock = clock
         self._loop = loop
@@ -214,6 +217,8 @@ class LockRenewer:
             except (StaleToken, WorkflowNotFound, StoreUnavailable):
                 outcome = None
             self.runs.stand_down(run_id, held.token)
+            if outcome is not None and not outcome.quarantined and self._metrics is not None:
+                self._metrics.inc("pyrula.workflows.runs.requeued", reason="loop_blocked")
             if charged:
                 logger.error(
                     "run_attempt_loop_blocked: run %s blocked the event loop for %.1f s "

@@ -21,11 +21,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from pyrula.metrics import Metrics
 from pyrula.workflows.schedules.policy import plan
 from pyrula.workflows.schedules.schedule import Schedule, epoch
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.loops import TRANSIENT
-from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from pyrula.config.worker import WorkerOptions
+from pyrula.metrics import Metrics
 from pyrula.workflows.clock import StoreClock
 from pyrula.workflows.stores.capabilities import Reconciling, ShardLeases
 
@@ -56,15 +57,21 @@ class ReconcileLoop:
     name = "reconcile"
 
     def __init__(self, job: Reconciling, worker_id: str, names: Sequence[str],
-                 options: WorkerOptions) -> None:
+                 options: WorkerOptions, metrics: Metrics) -> None:
         self.interval = options.reconcile_interval
         self._job = job
         self._worker_id = worker_id
         self._names = names
         self._options = options
+        self._metrics = metrics
 
     async def tick(self, now: float) -> float | None:
-        await self._job.reconcile_tick(
-            worker_id=self._worker_id, names=self._names, now=now, options=self._options
-        )
+        try:
+            await self._job.reconcile_tick(
+                worker_id=self._worker_id, names=self._names, now=now, options=self._options
+            )
+        finally:
+            lag = self._job.reconcile_lag(now)
+            if lag is not None:
+                self._metrics.set("pyrula.workflows.archive.lag", lag)
         return None

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pyrula.metrics import Metrics
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import TimerIndex
 from pyrula.workflows.worker.loops import first
-from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from pyrula.config.cloud import check_cloud
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError, WorkflowNotFound
 from pyrula.health_http import ProbeServer
+from pyrula.metrics import Metrics
 from pyrula.wire import WorkerState
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock, StoreClock
@@ -40,7 +41,6 @@ from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts, stop_claiming
 from pyrula.workflows.worker.gate import SuspectGate
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
-from pyrula.workflows.worker.metrics import Metrics
 from pyrula.workflows.worker.orphans import OrphanLoop, Serving
 from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.probes import Probes
@@ -213,6 +213,7 @@ class WorkflowWorker:
         self._runner = self._attempt_runner(self._pool)
         self._renewer = LockRenewer(
             store=self.store, clock=self._clock, loop=loop, runs=self._runs, watch=rt,
+            metrics=self.metrics,
             settings=RenewalSettings(
                 worker_id=self.worker_id, lock_ttl=self.options.lock_ttl, poison=self._poison,
                 charge_loop_blocked=self.options.poison_counts_loop_blocked,
@@ -225,7 +226,7 @@ class WorkflowWorker:
             store=self.store, doorbell=self._caps.doorbell, clock=self._clock,
             options=self.options, worker_id=self.worker_id, names=self.workflow_names,
             runs=self._runs, user_code=self._user_code, start=self._runner.start,
-            on_claimed=self._on_claimed, log=self._log,
+            on_claimed=self._on_claimed, metrics=self.metrics, log=self._log,
         ), rt)
         claim = asyncio.create_task(self._supervise(self._claim))
         if rt.binding_ok and not rt.stop_requested:
@@ -293,7 +294,7 @@ class WorkflowWorker:
         if isinstance(self._clock, StoreClock):
             loops.append(ClockLoop(self._clock))
         if caps.reconcile is not None:
-            loops.append(ReconcileLoop(caps.reconcile, self.worker_id, names, o))
+            loops.append(ReconcileLoop(caps.reconcile, self.worker_id, names, o, self.metrics))
         if caps.shard_leases is not None:
             loops.append(ShardLeaseLoop(caps.shard_leases, self.worker_id, names, o))
         tasks = [asyncio.create_task(self._rt.beat(), name="pyrula-heartbeat")]

@@ -83,6 +83,10 @@ class Archiver:
         self._backoff = 0.0
         self._outage: str | None = None
         self._no_source_logged = False
+        #: The archive's lag, as this process knows it: whether it last led the reconcile,
+        #: and when the oldest ended run that may not be archived yet ended (None: none).
+        self._leading = False
+        self._behind_since: float | None = None
         self._groups_lock = threading.Lock()
         self._groups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Group] = (
             weakref.WeakKeyDictionary()
@@ -92,6 +96,8 @@ class Archiver:
         """Note an archive outage: log it once, back inline archiving off; the delay."""
         self._backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff * 2))
         self._down_until = time.monotonic() + self._backoff
+        if self._behind_since is None:
+            self._behind_since = time.time() - self.reconcile_grace
         if self._outage is None:
             self._outage = str(exc)
             logger.warning(
@@ -268,6 +274,7 @@ class Archiver:
         caught_up = False
         async with self.archive.leader(self.namespace) as leading:
             if not leading:
+                self._leading = False
                 self.ok()  # it answered: inline archiving may resume
                 return ReconcileReport(leader=False)
             cursor = await self.archive.cursor(self.namespace)
@@ -304,8 +311,18 @@ class Archiver:
                 if len(batch) < self.reconcile_batch:
                     caught_up = True
                     break
+        self._leading = True
+        self._behind_since = None if caught_up else (cursor[0] if cursor else until)
         self.ok()
         return ReconcileReport(True, scanned, archived, lost, failed, caught_up, cursor)
+
+    def lag(self, now: float) -> float | None:
+        """How long ago the oldest ended run that may not be archived yet ended: 0 once the
+        reconcile caught up, growing through an outage; None where this process does not
+        know (another process leads the reconcile and the archive answers)."""
+        if self._behind_since is None:
+            return 0.0 if self._leading or self._outage is not None else None
+        return max(0.0, now - self._behind_since)
 
     async def tick(self, *, worker_id: str, now: float) -> float | None:
         """The worker's reconcile loop. A Postgres outage (or another error of the archive's

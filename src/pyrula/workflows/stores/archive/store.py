@@ -116,6 +116,10 @@ class ArchivingStore(StoreLayer):
         with back-off without failing the loop; a schema mismatch is raised."""
         return await self.archiver.tick(worker_id=worker_id, now=now)
 
+    def reconcile_lag(self, now: float) -> float | None:
+        """The archive's lag (``Archiver.lag``): ``pyrula_archive_lag_seconds``."""
+        return self.archiver.lag(now)
+
     async def prepare(self, names: Sequence[str]) -> None:
         """The worker's startup checks: the live store's, then the archive schema
         (ArchiveSchemaMismatch). An archive that does not answer yet is checked on its

@@ -1,0 +1,250 @@
+"""Metrics of workers and fleets: recorded under dotted names, served as Prometheus text.
+
+A leaf module (like ``pyrula.wire``): the worker records with it, and the supervisor, which
+never imports the worker, sums its children's reports with it.
+
+The worker records each metric under the dotted name its logs and docs use
+(``pyrula.workflows.loop.restarts``); :data:`CATALOG` gives the documented ones their
+Prometheus name, type and labels (``pyrula_loop_restarts_total{loop}``). A dotted name not
+in the catalog is still counted, exported as a counter named after it
+(``pyrula.workflows.timers.woken`` → ``pyrula_workflows_timers_woken_total``).
+
+Each worker has its own ``prometheus_client`` registry, so several workers in one process
+(tests, an app embedding two) never mix their figures. A fleet child sends its registry's
+samples to its supervisor (:meth:`Metrics.samples`), which sums them over its children.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+
+
+class Kind(StrEnum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+#: Bucket bounds (seconds) of the duration histograms: from a 1 ms step to a day-long run.
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0)
+#: Claim latency (how long a claimable run waited): finer at the low end.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """How one dotted metric is exported."""
+
+    prometheus: str  # without the ``_total`` a counter gets
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = DURATION_BUCKETS
+
+
+def _spec(prometheus: str, kind: Kind, help: str, *labels: str,
+          buckets: tuple[float, ...] = DURATION_BUCKETS) -> Spec:
+    return Spec(prometheus, kind, help, labels, buckets)
+
+
+C, G, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
+
+#: The documented metrics: dotted name → Prometheus name, type, help and labels.
+CATALOG: dict[str, Spec] = {
+    "pyrula.workflows.runs.started": _spec(
+        "pyrula_runs_started", C, "Attempts begun (a run started again after a requeue "
+        "counts again).", "workflow"),
+    "pyrula.workflows.runs.completed": _spec(
+        "pyrula_runs_completed", C, "Runs that completed.", "workflow"),
+    "pyrula.workflows.runs.failed": _spec(
+        "pyrula_runs_failed", C, "Runs that failed.", "workflow"),
+    "pyrula.workflows.runs.cancelled": _spec(
+        "pyrula_runs_cancelled", C, "Runs that were cancelled.", "workflow"),
+    "pyrula.workflows.runs.requeued": _spec(
+        "pyrula_runs_requeued", C, "Runs put back in the queue, by reason.", "reason"),
+    "pyrula.workflows.step.duration": _spec(
+        "pyrula_step_duration_seconds", H, "How long each try of a step ran.",
+        "workflow", "step"),
+    "pyrula.workflows.run.duration": _spec(
+        "pyrula_run_duration_seconds", H, "From submit to the end of the run.", "workflow"),
+    "pyrula.workflows.claim.latency": _spec(
+        "pyrula_claim_latency_seconds", H, "How long a claimable run waited for its claim.",
+        "workflow", buckets=LATENCY_BUCKETS),
+    "pyrula.workflows.queue.depth": _spec(
+        "pyrula_queue_depth", G, "Runs queued and claimable now.", "workflow"),
+    "pyrula.workflows.queue.oldest_age": _spec(
+        "pyrula_queue_oldest_age_seconds", G, "How long the longest-waiting claimable run "
+        "has waited (0 when none waits).", "workflow"),
+    "pyrula.workflows.runs.in_flight": _spec(
+        "pyrula_runs_in_flight", G, "Runs this worker holds now."),
+    "pyrula.workflows.loop.restarts": _spec(
+        "pyrula_loop_restarts", C, "Background loop restarts after a store or network "
+        "error.", "loop"),
+    "pyrula.workflows.schedules.fired": _spec(
+        "pyrula_schedules_fired", C, "Schedule occurrences submitted."),
+    "pyrula.workflows.schedules.skipped": _spec(
+        "pyrula_schedules_skipped", C, "Schedule occurrences skipped, by reason.", "reason"),
+    "pyrula.workflows.archive.lag": _spec(
+        "pyrula_archive_lag_seconds", G, "How long ago the oldest ended run that may not be "
+        "archived yet ended (0 when the archive has caught up)."),
+    "pyrula.workflows.journal_cache.hits": _spec(
+        "pyrula_journal_cache_hits", C, "Resumed runs whose journal came from the cache."),
+    "pyrula.workflows.journal_cache.misses": _spec(
+        "pyrula_journal_cache_misses", C, "Resumed runs whose journal was read from the "
+        "store."),
+}
+
+#: How the fleet combines a gauge over its children (counters and histograms are summed):
+#: the archive's lag is one figure, not one per child.
+GAUGE_MAX = frozenset({"pyrula_archive_lag_seconds"})
+
+#: (sample name, labels, value) of one sample, as sent from a fleet child.
+Sample = tuple[str, dict[str, str], float]
+
+
+class Metrics:
+    """A worker's counters, gauges and histograms, by dotted name and labels."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._lock = threading.Lock()
+        self._metrics: dict[str, Any] = {}
+        self._labelnames: dict[str, tuple[str, ...]] = {}
+        #: (name, label values) → the labelled child, so the hot path skips ``labels()``.
+        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+
+    def _child(self, name: str, labels: dict[str, str], kind: Kind) -> Any:
+        key = (name, tuple(sorted(labels.items())))
+        child = self._children.get(key)
+        if child is not None:
+            return child
+        with self._lock:
+            metric = self._metrics.get(name)
+            if metric is None:
+                metric = self._metrics[name] = self._create(name, labels, kind)
+            child = metric.labels(**labels) if labels else metric
+            self._children[key] = child
+        return child
+
+    def _create(self, name: str, labels: dict[str, str], kind: Kind) -> Any:
+        spec = CATALOG.get(name) or Spec(name.replace(".", "_"), kind, name,
+                                        tuple(sorted(labels)))
+        self._labelnames[name] = spec.labels
+        common: dict[str, Any] = {"labelnames": spec.labels, "registry": self.registry}
+        if spec.kind is Kind.COUNTER:
+            return Counter(spec.prometheus, spec.help, **common)
+        if spec.kind is Kind.GAUGE:
+            return Gauge(spec.prometheus, spec.help, **common)
+        return Histogram(spec.prometheus, spec.help, buckets=spec.buckets, **common)
+
+    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        self._child(name, labels, Kind.COUNTER).inc(amount)
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self._child(name, labels, Kind.GAUGE).set(value)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        self._child(name, labels, Kind.HISTOGRAM).observe(value)
+
+    def forget(self, name: str, keep: Iterable[dict[str, str]]) -> None:
+        """Drop the labelled series of gauge ``name`` other than ``keep`` (a workflow's
+        queue that is no longer served stops being reported)."""
+        kept = {tuple(sorted(labels.items())) for labels in keep}
+        with self._lock:
+            metric = self._metrics.get(name)
+            if metric is None:
+                return
+            names = self._labelnames[name]
+            for key in [k for k in self._children if k[0] == name and k[1] not in kept]:
+                del self._children[key]
+                values = dict(key[1])
+                metric.remove(*(values[label] for label in names))
+
+    def get(self, name: str, **labels: str) -> float:
+        """A counter's or gauge's value; summed over the labels not given. (For a
+        histogram: how many values it observed.)"""
+        metric = self._metrics.get(name)
+        if metric is None:
+            return 0.0
+        total = 0.0
+        for family in metric.collect():
+            for sample in family.samples:
+                if not sample.name.endswith(("_total", "_count")) and family.type != "gauge":
+                    continue
+                if all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def prometheus(self) -> str:
+        """The Prometheus text exposition of every metric recorded so far."""
+        return render(self.samples())
+
+    def samples(self) -> dict[str, Any]:
+        """Every family's type, help and samples, for a fleet child's report."""
+        return families_of(self.registry)
+
+
+def families_of(registry: CollectorRegistry) -> dict[str, Any]:
+    """name → {"type", "help", "samples": [[sample name, labels, value], ...]}."""
+    out: dict[str, Any] = {}
+    for family in registry.collect():
+        samples = [[s.name, s.labels, s.value] for s in family.samples
+                   if not s.name.endswith("_created")]
+        out[family.name] = {"type": family.type, "help": family.documentation,
+                            "samples": samples}
+    return out
+
+
+def merge(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Combine families from several workers: counters and histograms summed sample by
+    sample; gauges summed, but for those in :data:`GAUGE_MAX`, which take the largest."""
+    merged: dict[str, Any] = {}
+    for report in reports:
+        for name, family in report.items():
+            into = merged.setdefault(name, {"type": family["type"], "help": family["help"],
+                                            "samples": {}})
+            highest = family["type"] == "gauge" and name in GAUGE_MAX
+            for sample_name, labels, value in family["samples"]:
+                key = (sample_name, tuple(sorted(labels.items())))
+                have = into["samples"].get(key)
+                if have is None:
+                    into["samples"][key] = float(value)
+                else:
+                    into["samples"][key] = max(have, value) if highest else have + value
+    return {
+        name: {"type": f["type"], "help": f["help"],
+               "samples": [[n, dict(labels), v] for (n, labels), v in f["samples"].items()]}
+        for name, f in merged.items()
+    }
+
+
+def render(families: dict[str, Any]) -> str:
+    """Prometheus text of families in the :func:`families_of` shape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return generate_latest(registry).decode()
+
+
+class _Families:
+    """A collector yielding families received as data (a fleet's sum of its children)."""
+
+    def __init__(self, families: dict[str, Any]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        for name in sorted(self._families):
+            family = self._families[name]
+            metric = Metric(name, family["help"], family["type"])
+            for sample_name, labels, value in family["samples"]:
+                metric.add_sample(sample_name, labels, value)
+            yield metric

@@ -1,0 +1,83 @@
+"""A worker's /metrics: the documented Prometheus names, as a scrape reads them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
+from tests.conftest import await_until
+from tests.promtext import samples, value
+from tests.unit.worker.worker_support import fast_options, serving
+
+
+@step(name="wmetrics_ok")
+async def wmetrics_ok(x: int) -> int:
+    return x + 1
+
+
+@step(name="wmetrics_boom")
+async def wmetrics_boom() -> None:
+    raise ValueError("boom")
+
+
+@workflow(name="wmetrics_flow")
+async def wmetrics_flow(ctx: WorkflowContext, params: Any) -> Any:
+    first = await wmetrics_ok(params["x"])
+    await ctx.sleep(0.05)  # parks: the resumed attempt reads its journal from the cache
+    return await wmetrics_ok(first)
+
+
+@workflow(name="wmetrics_fails")
+async def wmetrics_fails(ctx: WorkflowContext, params: Any) -> Any:
+    await wmetrics_boom()
+
+
+async def scrape(address: tuple[str, int] | None) -> str:
+    assert address is not None
+    reader, writer = await asyncio.open_connection(*address)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: probe\r\n\r\n")
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"200", head
+    return body.decode()
+
+
+async def test_metrics_name_runs_steps_durations_claims_and_the_journal_cache(
+    store: Any,
+) -> None:
+    worker = WorkflowWorker(store=store, workflows=[wmetrics_flow, wmetrics_fails],
+                            options=fast_options(health_port=0))
+    async with serving(worker):
+        client = worker.client
+        ok = [await client.submit(wmetrics_flow, {"x": i}) for i in range(3)]
+        bad = await client.submit(wmetrics_fails, {})
+        for i, run in enumerate(ok):
+            assert await client.result(run.run_id, timeout=10) == i + 2
+        await await_until(lambda: worker.runs_done == 4, what="the failing run ended")
+        assert (await client.get(bad.run_id)).status is RunStatus.FAILED
+        text = await scrape(worker.health_address)
+
+    assert samples(text)  # every line parses as a Prometheus sample
+    flow, fails = {"workflow": "wmetrics_flow"}, {"workflow": "wmetrics_fails"}
+    # Each flow run: one attempt, then one more after its sleep.
+    assert value(text, "pyrula_runs_started_total", **flow) == 6
+    assert value(text, "pyrula_runs_completed_total", **flow) == 3
+    assert value(text, "pyrula_runs_failed_total", **fails) == 1
+    assert value(text, "pyrula_runs_completed_total", **fails) == 0
+    assert value(text, "pyrula_step_duration_seconds_count", step="wmetrics_ok", **flow) == 6
+    assert value(text, "pyrula_step_duration_seconds_count", step="wmetrics_boom",
+                 **fails) == 1
+    assert value(text, "pyrula_run_duration_seconds_count", **flow) == 3
+    # the sleep is inside the run's duration
+    assert value(text, "pyrula_run_duration_seconds_bucket", le="0.025", **flow) == 0
+    assert value(text, "pyrula_claim_latency_seconds_count", **flow) == 6
+    assert value(text, "pyrula_journal_cache_hits_total") == 3
+    assert value(text, "pyrula_journal_cache_misses_total") == 0
+    assert value(text, "pyrula_runs_in_flight") == 0
+    assert "# TYPE pyrula_step_duration_seconds histogram" in text
