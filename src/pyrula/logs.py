@@ -10,10 +10,12 @@ context (worker_id, run_id, workflow...).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 #: The logger of the fleet's supervisor (``pyrula.supervisor.*``).
@@ -22,6 +24,33 @@ FLEET_LOGGER = "pyrula.fleet"
 CLI_LOGGER = "pyrula.cli"
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+#: The run whose code runs in this context (``run_id``, ``workflow``, ``attempt``, and
+#: ``step`` inside a step), set by the engine for a workflow's body and each step, so that
+#: a line the app logs there says which run wrote it.
+RUN_FIELDS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "pyrula_run_fields", default=None
+)
+#: The worker whose tasks run in this context (``worker_id``), set by the worker.
+WORKER_FIELDS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "pyrula_worker_fields", default=None
+)
+
+
+class ContextFields(logging.Filter):
+    """Give each record the run and worker fields of the context it was logged in, where
+    the call did not pass them itself: a JSON line then names the ``run_id``, ``workflow``,
+    ``attempt`` and ``worker_id`` wherever they are known, the app's own lines included.
+    Installed by ``configure``; an app with its own logging setup can add it to a handler.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for fields in (RUN_FIELDS.get(), WORKER_FIELDS.get()):
+            if fields:
+                for key, value in fields.items():
+                    if not hasattr(record, key):
+                        setattr(record, key, value)
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -56,14 +85,30 @@ def _event_of(message: str) -> str:
     return head if head and " " not in head else ""
 
 
+_format = "text"
+
+
+def announce(text: str, event: str, **fields: Any) -> None:
+    """Print a command's banner line to stderr: as it is for people, or as one JSON log
+    line (``event``, with ``fields``) under ``--log-format json``, so that every line a
+    JSON-logging process writes parses."""
+    if _format == "json":
+        logging.getLogger(CLI_LOGGER).info(text, extra={"event": event, **fields})
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
 def configure(fmt: str = "text", level: str | int = "INFO") -> None:
     """Send pyrula's logs (and the app's) to stderr, one line per event."""
+    global _format
     if fmt not in ("text", "json"):
         from pyrula.errors import ConfigurationError
 
         raise ConfigurationError(f"log format must be json or text, got {fmt!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(ContextFields())
+    _format = fmt
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -271,3 +271,30 @@ def test_dev_restarts_when_an_app_source_file_changes(workers: Workers) -> None:
     assert worker.running()
     worker.send(signal.SIGTERM)
     assert worker.wait() == 0
+
+
+def test_json_logs_name_the_run_workflow_attempt_and_worker_on_every_line_they_know(
+    workers: Workers, client: SyncWorkflowClient
+) -> None:
+    worker = workers.start("--log-format", "json")
+    worker.wait_for_log("worker_started")
+    run = client.submit("pp_logs", {"tag": "t1"})
+    assert client.result(run.run_id, timeout=20) == "t1"
+    worker.wait_for_log("charging t1")
+    worker.send(signal.SIGTERM)
+    assert worker.wait() == 0
+
+    lines = [line for line in worker.log().splitlines() if line.strip()]
+    events = worker.json_events()
+    assert len(events) == len(lines), "every line is one JSON object"
+    started = next(e for e in events if e["event"] == "worker_started")
+    worker_id = started["worker_id"]
+    body = next(e for e in events if e["message"] == "starting t1")
+    inside = next(e for e in events if e["message"] == "charging t1")
+    for line in (body, inside):  # the app's own lines, inside the run
+        assert line["logger"] == "procapp"
+        assert (line["run_id"], line["workflow"], line["attempt"]) == (run.run_id, "pp_logs", 1)
+        assert line["worker_id"] == worker_id
+    assert inside["step"] == "chatty" and "step" not in body
+    assert all(e.get("worker_id") == worker_id for e in events
+               if e["event"] in ("worker_started", "shutdown", "worker_stopped"))

@@ -39,6 +39,7 @@ APP = textwrap.dedent(
     '''
     """The workflow app of the process tests (written by tests/integration/workerprocs.py)."""
 
+    import logging
     import os
     import time
     from pathlib import Path
@@ -104,6 +105,18 @@ APP = textwrap.dedent(
     @workflow(name="pp_hog")
     async def hog_run(ctx, params):
         return await hog(params["tag"], params["seconds"])
+
+
+    @step
+    def chatty(tag: str) -> str:
+        logging.getLogger("procapp").info("charging %s", tag)
+        return tag
+
+
+    @workflow(name="pp_logs")
+    async def logs_run(ctx, params):
+        logging.getLogger("procapp").warning("starting %s", params["tag"])
+        return await chatty(params["tag"])
     '''
 )
 

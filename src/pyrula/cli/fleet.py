@@ -210,8 +210,10 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
             f"{options.health_port}: {bind_failure(options.health_host, options.health_port, exc)}"
             "; --health-port 0 picks a free one"
         ) from None
-    click.echo(f"pyrula-fleet: {options.children} children on {redact_url(options.store_url)}; "
-               f"health on http://{host}:{port} (/livez /readyz /status /metrics)", err=True)
+    logs.announce(f"pyrula-fleet: {options.children} children on "
+                  f"{redact_url(options.store_url)}; health on http://{host}:{port} "
+                  "(/livez /readyz /status /metrics)", "fleet_banner",
+                  store=redact_url(options.store_url), health=f"http://{host}:{port}")
     try:
         return await supervisor.run()
     finally:

@@ -88,12 +88,13 @@ def _worker_command(dev: bool) -> Any:
         archived = (f" (archived to {worker.store.archive.where()})"
                     if isinstance(worker.store, ArchivingStore) else "")
         where = redact_url(resolve_store_url(store))
-        click.echo(f"pyrula worker {worker.worker_id} on {where}{archived} serving "
-                   f"{', '.join(worker.workflow_names)}", err=True)
+        logs.announce(f"pyrula worker {worker.worker_id} on {where}{archived} serving "
+                      f"{', '.join(worker.workflow_names)}", "worker_banner",
+                      worker_id=worker.worker_id, store=where)
         on_start = (lambda: _watch_for_changes(worker)) if dev else None
         code = serve(worker, on_start)
         if dev and getattr(worker, "reload_requested", False):
-            click.echo("code changed: restarting", err=True)
+            logs.announce("code changed: restarting", "code_changed")
             _restart()
         sys.exit(code)
 

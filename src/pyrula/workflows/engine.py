@@ -129,7 +129,7 @@ class Attempt:
         settings = settings or AttemptSettings()
         self._user_code: UserCodeMonitor = user_code or Unmonitored()
         self._wake = asyncio.Event()
-        self._body = Body(claimed.run_id, self._user_code)
+        self._body = Body(claimed, self._user_code)
         self._stops = StopState()
         self._replay = Replay(journal, workflow=claimed.name, run_id=claimed.run_id)
         self._writes = Writes(

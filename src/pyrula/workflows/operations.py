@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
+from pyrula.logs import RUN_FIELDS
 from pyrula.workflows.blockers import BlockerKind, Blockers
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.definition import (
@@ -88,6 +89,11 @@ class Unmonitored:
         pass
 
 
+def run_fields(claimed: ClaimedRun) -> dict[str, Any]:
+    """The fields a log line written by the run's code carries (``pyrula.logs``)."""
+    return {"run_id": claimed.run_id, "workflow": claimed.name, "attempt": claimed.token}
+
+
 class StepTimeout(TimeoutError):
     """A step ran past its ``timeout=``."""
 
@@ -95,8 +101,9 @@ class StepTimeout(TimeoutError):
 class Body:
     """The task running the workflow function of one attempt, and its user-code section."""
 
-    def __init__(self, run_id: str, monitor: UserCodeMonitor) -> None:
-        self._run_id = run_id
+    def __init__(self, claimed: ClaimedRun, monitor: UserCodeMonitor) -> None:
+        self._run_id = claimed.run_id
+        self._fields = run_fields(claimed)
         self._monitor = monitor
         self._task: asyncio.Task[Any] | None = None
 
@@ -106,6 +113,7 @@ class Body:
         context = contextvars.copy_context()
         context.run(current_engine.set, engine)
         context.run(RUNNING_RUN.set, self._run_id)
+        context.run(RUN_FIELDS.set, self._fields)
         self._task = asyncio.get_running_loop().create_task(
             self._in_progress(code), name=RUN_TASK_PREFIX + self._run_id, context=context
         )
@@ -161,6 +169,7 @@ class Operations:
         self.owner = claimed.owner
         self.token = claimed.token
         self.start_id = claimed.start_id
+        self._fields = run_fields(claimed)
         self._replay = replay
         self._writes = writes
         self._stops = stops
@@ -303,6 +312,7 @@ class Operations:
         context.run(current_engine.set, None)
         context.run(current_step.set, info)
         context.run(RUNNING_RUN.set, self.run_id)
+        context.run(RUN_FIELDS.set, {**self._fields, "step": spec.name})
         loop = asyncio.get_running_loop()
         with self._blockers.step_in_progress():
             future: asyncio.Future[Any]

@@ -118,7 +118,8 @@ class AttemptRunner:
     async def _run(self, claimed: ClaimedRun, crashes: int) -> None:
         p = self._p
         spec = p.specs[claimed.name]
-        run_log = {"run_id": claimed.run_id, "workflow": claimed.name, **p.log}
+        run_log = {"run_id": claimed.run_id, "workflow": claimed.name,
+                   "attempt": claimed.token, **p.log}
         p.runs.renew(claimed.run_id, claimed.token, self._liveness_bound(spec))
         self._count_start(claimed)
         try:

@@ -26,6 +26,7 @@ from pyrula.config.cloud import check_cloud
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError, WorkflowNotFound
 from pyrula.health_http import ProbeServer
+from pyrula.logs import WORKER_FIELDS
 from pyrula.metrics import Metrics
 from pyrula.wire import WorkerState
 from pyrula.workflows.client import WorkflowClient
@@ -204,6 +205,8 @@ class WorkflowWorker:
                 "constructing the worker, or pass workflows=[...]"
             )
         loop = asyncio.get_running_loop()
+        # Every task started from here on (loops, attempts) logs as this worker's.
+        WORKER_FIELDS.set({"worker_id": self.worker_id})
         rt = self._rt
         rt.start(loop)
         self._timers.start()
