@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -214,7 +215,13 @@ def test_submit_result_show_and_events(served: Cli) -> None:
     steps = [e for e in data["timeline"] if e["kind"] == "step"]
     assert [(s["name"], s["outcome"], s["attempts"]) for s in steps] == [
         ("double", "completed", 1), ("double", "completed", 1)]
-    assert served.json("get", run_id)["result"] == {"doubled": 12}
+    got = served.json("get", run_id)
+    assert got["result"] == {"doubled": 12}
+    # timestamps read as times, not epoch floats
+    for key in ("created_at", "started_at", "finished_at"):
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", got[key]), got
+    assert got["created_at"] <= got["started_at"] <= got["finished_at"]
+    assert got["wake_at"] is None
     journal = served.json("runs", "events", run_id)
     assert journal == served.json("events", run_id)
     assert journal[-1]["type"] == "run:completed"

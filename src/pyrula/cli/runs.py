@@ -50,9 +50,17 @@ def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str))
 
 
+#: A run's timestamps: printed as ISO-8601 UTC (``2026-12-01T16:40:00.123Z``), which a
+#: person reads and every JSON consumer parses, rather than as epoch floats.
+_TIMES = ("created_at", "updated_at", "started_at", "finished_at", "wake_at")
+
+
 def info_dict(info: Any) -> dict[str, Any]:
     data = asdict(info)
     data["status"] = info.status.value
+    for key in _TIMES:
+        if key in data:
+            data[key] = iso(data[key], precise=True)
     return data
 
 
