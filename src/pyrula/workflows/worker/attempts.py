@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import JournalCorrupt, StaleToken, StoreUnavailable, WorkflowNotFound
@@ -31,6 +31,9 @@ from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.timers import TimerLoop
 from pyrula.workflows.worker.usercode import UserCodeTracker
+
+if TYPE_CHECKING:
+    from pyrula.workflows.worker.traces import TraceExports
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ class AttemptParts:
     timers: TimerLoop
     metrics: Metrics
     log: Mapping[str, str]
+    #: Exports the trace of each run an attempt ends (``span_exporter``), or None.
+    traces: TraceExports | None = None
 
 
 class AttemptRunner:
@@ -159,6 +164,8 @@ class AttemptRunner:
                     OutcomeKind.CONTINUED):
             self.runs_done += 1
             p.metrics.inc("pyrula.workflows.runs.finished", status=kind.value)
+            if p.traces is not None:
+                p.traces.run_ended(claimed.run_id)
         if kind is OutcomeKind.FAILED and outcome.error is not None:
             logger.info("run %s failed [%s] %s", claimed.run_id, outcome.error.get("code"),
                         outcome.error.get("message"), extra=run_log)

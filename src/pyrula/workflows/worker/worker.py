@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyrula.config.cloud import check_cloud
 from pyrula.config.worker import WorkerOptions
@@ -50,6 +50,11 @@ from pyrula.workflows.worker.schedules import ScheduleLoop
 from pyrula.workflows.worker.store_loops import ClockLoop, ReconcileLoop, ShardLeaseLoop
 from pyrula.workflows.worker.timers import TimerLoop
 from pyrula.workflows.worker.usercode import UserCodeTracker
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from pyrula.workflows.worker.traces import TraceExports
 
 __all__ = ["JournalCacheMismatch", "WorkflowWorker"]
 
@@ -83,6 +88,10 @@ class WorkflowWorker:
     ``clock`` defaults to the store's own clock where it has one (a Valkey server's
     ``TIME``, carried forward by the monotonic clock: ``StoreClock``), else the host's: every
     worker then judges locks, leases and timers by one clock, whatever its host's says.
+
+    ``span_exporter`` (an OpenTelemetry ``SpanExporter``; needs ``pyrula[otel]``): when an
+    attempt ends its run, the run's trace is built from its journal and exported, in the
+    background (``pyrula.workflows.tracing``, ``worker.traces``).
     """
 
     def __init__(
@@ -96,6 +105,7 @@ class WorkflowWorker:
         registry: Registry = REGISTRY,
         on_claimed: Callable[[dict[str, int]], None] | None = None,
         on_user_code: Callable[[], None] | None = None,
+        span_exporter: SpanExporter | None = None,
     ) -> None:
         self.options = o = (options if options is not None else WorkerOptions()).resolve()
         self.store: Store = store if store is not None else _default_store()
@@ -143,6 +153,13 @@ class WorkflowWorker:
         self._schedules = ScheduleLoop(self.store, self.workflow_names, self.metrics, self._log,
                                        interval=o.schedule_interval, runtime=self._rt)
         self._probes = Probes(self, self._rt)
+        self._traces: TraceExports | None = None
+        if span_exporter is not None:  # needs pyrula[otel]; says so at construction
+            from pyrula.workflows.tracing import require_otel
+            from pyrula.workflows.worker.traces import TraceExports
+
+            require_otel()
+            self._traces = TraceExports(self.store, span_exporter, self._log)
 
     # --- public surface -------------------------------------------------------------
 
@@ -255,7 +272,7 @@ class WorkflowWorker:
             specs=self._specs, store=self.store, clock=self._clock, options=o,
             settings=settings, pool=pool, runs=self._runs, cache=self._cache,
             user_code=self._user_code, gate=self._gate, timers=self._timers,
-            metrics=self.metrics, log=self._log,
+            metrics=self.metrics, log=self._log, traces=self._traces,
         ), self._rt)
 
     async def _prepare_store(self) -> None:
@@ -382,6 +399,8 @@ class WorkflowWorker:
             except Exception:  # shards then lapse after shard_lease_ttl
                 logger.warning("shard release failed", exc_info=True, extra=log)
 
+        if self._traces is not None:  # the traces of the runs that just ended
+            await self._traces.drain(o.cancel_timeout)
         try:
             await self._orphans.membership.leave()
         except Exception:  # the registration lapses by itself
