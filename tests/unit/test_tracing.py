@@ -94,6 +94,11 @@ async def nap(ctx: WorkflowContext, params: None) -> float:
     return await charge(1.0)
 
 
+@workflow(name="tracing.approval")
+async def approval(ctx: WorkflowContext, params: None) -> Any:
+    return await ctx.wait_for_signal("approved", timeout=3600)
+
+
 @workflow(name="tracing.chain")
 async def chain(ctx: WorkflowContext, params: int) -> int:
     await charge(float(params))
@@ -242,6 +247,27 @@ async def test_a_sleep_is_a_park_between_two_attempts(
     assert (parked.attributes or {})["pyrula.ended_by"] == "run:woken"
     assert "pyrula.after" not in (second.attributes or {}), "woken, not requeued"
     assert (root.attributes or {})["pyrula.attempts"] == 2
+
+
+async def test_a_wait_is_a_park_ended_by_its_signal(
+    runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    t0 = clock.now()
+    run = await runner.client.submit("tracing.approval")
+    await runner.run(run.name, run.run_id)
+    clock.advance(5)
+    await runner.client.signal(run.run_id, "approved", True)
+    await runner.run(run.name, run.run_id)
+    spans = await _spans(runner, run.run_id)
+
+    parked = _one(spans, "parked waiting")
+    assert _offset(t0, parked) == (0.0, 5.0)
+    assert (parked.attributes or {})["pyrula.signal"] == "approved"
+    assert (parked.attributes or {})["pyrula.ended_by"] == "signal:received"
+    root = _one(spans, "run tracing.approval")
+    assert [(e.name, dict(e.attributes or {})) for e in root.events] == [
+        ("signal_received", {"pyrula.signal": "approved"})]
+    assert (root.attributes or {})["pyrula.status"] == "completed"
 
 
 async def test_a_continued_run_links_to_the_trace_of_its_successor(

@@ -166,7 +166,7 @@ def _root(history: History, run_id: str) -> SpanPlan:
             plan.link_run = str(successor)
     for signal in history.signals:
         plan.events.append(("signal_received", float(signal["ts"]),
-                            {"pyrula.signal": str(signal.get("signal", signal["type"]))}))
+                            {"pyrula.signal": str(signal.get("name"))}))
     return plan
 
 
