@@ -22,6 +22,9 @@ async def test_reclaim_worker_requeues_exactly_the_dead_workers_runs(store: Stor
         assert (await info(store, claimed.run_id)).status == RunStatus.QUEUED
         last = (await journal(store, claimed.run_id))[-1]
         assert last["type"] == "run:requeued" and last["reason"] == "orphaned"
+        # The requeue keeps the evidence of the crash, not only a quarantine's error.
+        assert last["detail"] == {"cause": "worker_crash", "worker": "dead", "attempt": 1,
+                                  "exit_signal": "SIGKILL", "rss_bytes": 123}
     assert (await info(store, alive.run_id)).status == RunStatus.RUNNING
     assert await store.reclaim_worker("dead", now=T0 + 2, poison=PoisonPolicy()) == []
 
@@ -101,6 +104,7 @@ async def test_requeue_unheld_puts_back_only_the_runs_the_worker_does_not_know(
         assert ran.status == RunStatus.QUEUED
         last = (await journal(store, claimed.run_id))[-1]
         assert last["type"] == "run:requeued" and last["reason"] == "store_unavailable"
+        assert "detail" not in last, "no crash, no evidence"
     for claimed in [*known, other]:
         assert (await info(store, claimed.run_id)).status == RunStatus.RUNNING
     assert await store.requeue_unheld("w", {c.run_id for c in known}, now=T0 + 2) == []

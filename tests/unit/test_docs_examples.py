@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["docs/writing-workflows.md", "docs/schedules.md", "README.md"]
+PAGES = ["docs/writing-workflows.md", "docs/schedules.md", "docs/operations.md", "README.md"]
 
 
 def _blocks() -> list[tuple[str, int, str]]:

@@ -25,6 +25,7 @@ ENGINE = {
     "pyrula.workflows.writes",
     "pyrula.workflows.stop",
     "pyrula.workflows.events",
+    "pyrula.workflows.history",
     "pyrula.workflows.errors",
     "pyrula.workflows.records",
     "pyrula.workflows.clock",

@@ -6,7 +6,8 @@ started again (the ``run:requeued`` reason before them: ``orphaned`` after a wor
 ``shutdown`` after a drain), which is apart from a step's own tries (``step:failed`` with
 a retry). A *step* is one call of the workflow, however many tries it took. A *park* is a
 span the run spent sleeping or waiting, from ``run:sleeping``/``run:waiting`` to what
-ended it.
+ended it. The journal is read by ``pyrula.workflows.history`` (which the trace export
+reads it with too); this module only words it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pyrula.workflows.events import Event, EventType
+from pyrula.workflows.events import Event
+from pyrula.workflows.history import read_history
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +35,6 @@ class StepOutcome(StrEnum):
     COMPLETED = "completed"
     RETRYING = "retrying"  # a try failed and the step is tried again
     FAILED = "failed"  # a try failed and no retry is left
-
-
-#: What ends a park: the run was woken, signalled, started again, or ended.
-_PARK_ENDS = frozenset({
-    EventType.RUN_WOKEN, EventType.SIGNAL_RECEIVED, EventType.INTERRUPT_RESUMED,
-    EventType.RUN_STARTED, EventType.RUN_COMPLETED, EventType.RUN_ERROR,
-    EventType.RUN_CANCELLED, EventType.RUN_CONTINUED,
-})
 
 
 def iso(ts: float | None, *, precise: bool = False) -> str | None:
@@ -61,60 +55,34 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
       ``outcome`` (``completed``, ``failed``, ``retrying`` or ``running``);
     * ``parked``: ``why``, ``from``, ``until`` (None while still parked), ``seconds``.
     """
-    entries: list[dict[str, Any]] = []
+    history = read_history(events)
+    placed: list[tuple[int, dict[str, Any]]] = []
+    for attempt in history.attempts:
+        after = None if attempt.after is None else f"requeued: {attempt.after}"
+        placed.append((attempt.index, {
+            "kind": EntryKind.ATTEMPT, "attempt": attempt.number,
+            "at": iso(attempt.start, precise=True), "worker": attempt.worker, "after": after,
+        }))
     steps: dict[int, dict[str, Any]] = {}
-    park: dict[str, Any] | None = None
-    requeued: str | None = None
-    for event in events:
-        kind = event.get("type")
-        ts = float(event.get("ts", 0.0))
-        if park is not None and kind in _PARK_ENDS:
-            park["until"] = iso(ts, precise=True)
-            park["seconds"] = round(ts - park.pop("_from"), 3)
-            park = None
-        if kind == EventType.RUN_REQUEUED:
-            requeued = str(event.get("reason", "unknown"))
-        elif kind == EventType.RUN_STARTED:
-            entries.append({"kind": EntryKind.ATTEMPT, "attempt": event.get("attempt"),
-                            "at": iso(ts, precise=True), "worker": event.get("worker"),
-                            "after": None if requeued is None else f"requeued: {requeued}"})
-            requeued = None
-        elif kind == EventType.STEP_STARTED:
-            call = int(event.get("call", 0))
-            step = steps.get(call)
-            if step is None:
-                step = {"kind": EntryKind.STEP, "name": event.get("step"), "call": call,
-                        "attempts": 0, "started": iso(ts, precise=True), "finished": None,
-                        "outcome": StepOutcome.RUNNING}
-                steps[call] = step
-                entries.append(step)
-            step["attempts"] += 1
-            step["outcome"] = StepOutcome.RUNNING
-        elif kind in (EventType.STEP_COMPLETED, EventType.STEP_FAILED):
-            step = steps.get(int(event.get("call", 0)))
-            if step is None:
-                continue
-            step["finished"] = iso(ts, precise=True)
-            if kind == EventType.STEP_COMPLETED:
-                step["outcome"] = StepOutcome.COMPLETED
-            else:
-                step["outcome"] = (StepOutcome.RETRYING if event.get("will_retry")
-                                   else StepOutcome.FAILED)
-        elif kind in (EventType.RUN_SLEEPING, EventType.RUN_WAITING):
-            park = {"kind": EntryKind.PARKED, "why": _why_parked(event),
-                    "from": iso(ts, precise=True), "until": None, "seconds": None, "_from": ts}
-            entries.append(park)
-    if park is not None:
-        park.pop("_from")
-    return entries
-
-
-def _why_parked(event: Event) -> str:
-    if event.get("type") == EventType.RUN_WAITING:
-        return f"waiting for signal {event.get('signal')!r}"
-    if event.get("reason") == "retry":
-        return f"retry of step {event.get('step')!r}"
-    return "sleeping"
+    for tried in history.tries:
+        step = steps.get(tried.call)
+        if step is None:
+            step = steps[tried.call] = {
+                "kind": EntryKind.STEP, "name": tried.name, "call": tried.call, "attempts": 0,
+                "started": iso(tried.start, precise=True), "finished": None,
+            }
+            placed.append((tried.index, step))
+        step["attempts"] += 1
+        step["outcome"] = StepOutcome(tried.outcome)
+        if tried.end is not None:
+            step["finished"] = iso(tried.end, precise=True)
+    for park in history.parks:
+        placed.append((park.index, {
+            "kind": EntryKind.PARKED, "why": park.why, "from": iso(park.start, precise=True),
+            "until": iso(park.end, precise=True),
+            "seconds": None if park.end is None else round(park.end - park.start, 3),
+        }))
+    return [entry for _, entry in sorted(placed, key=lambda item: item[0])]
 
 
 def describe(entry: dict[str, Any]) -> str:

@@ -71,12 +71,18 @@ def started_event(now: float, attempt: int, worker_id: str) -> Event:
     return make_event(EventType.RUN_STARTED, now, attempt=attempt, worker=worker_id)
 
 
-def requeued_event(now: float, reason: str, crashes: int | None = None) -> Event:
+def requeued_event(now: float, reason: str, crashes: int | None = None,
+                   detail: Mapping[str, Any] | None = None) -> Event:
     """``run:requeued``; a requeue that counted a crash against the run also says how many
-    of its crashes count now (``crashes``)."""
-    if crashes is None:
-        return make_event(EventType.RUN_REQUEUED, now, reason=reason)
-    return make_event(EventType.RUN_REQUEUED, now, reason=reason, crashes=crashes)
+    of its crashes count now (``crashes``). A requeue for a crash keeps its evidence
+    (``detail``: the cause, the worker, and for a fleet child its pid, exit signal and
+    RSS), so the journal alone tells how an attempt ended, not only a quarantine's error."""
+    fields: dict[str, Any] = {"reason": reason}
+    if crashes is not None:
+        fields["crashes"] = crashes
+    if detail:
+        fields["detail"] = dict(detail)
+    return make_event(EventType.RUN_REQUEUED, now, **fields)
 
 
 def quarantine_error(crashes: int, detail: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import JournalCorrupt, StaleToken, StoreUnavailable, WorkflowNotFound
@@ -32,6 +32,9 @@ from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.timers import TimerLoop
 from pyrula.workflows.worker.usercode import UserCodeTracker
+
+if TYPE_CHECKING:
+    from pyrula.workflows.worker.traces import TraceExports
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,8 @@ class AttemptParts:
     timers: TimerLoop
     metrics: Metrics
     log: Mapping[str, str]
+    #: Exports the trace of each run an attempt ends (``span_exporter``), or None.
+    traces: TraceExports | None = None
 
 
 class AttemptRunner:
@@ -196,6 +201,8 @@ class AttemptRunner:
                 p.metrics.inc(counted, workflow=claimed.name)
             p.metrics.observe("pyrula.workflows.run.duration",
                               max(0.0, p.clock.now() - claimed.created_at), workflow=claimed.name)
+            if p.traces is not None:
+                p.traces.run_ended(claimed.run_id)
         elif kind is OutcomeKind.REQUEUED:
             p.metrics.inc("pyrula.workflows.runs.requeued", reason=outcome.reason or "unknown")
         if kind is OutcomeKind.FAILED and outcome.error is not None:

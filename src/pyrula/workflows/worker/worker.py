@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyrula.config.cloud import check_cloud
 from pyrula.config.worker import WorkerOptions
@@ -48,9 +48,15 @@ from pyrula.workflows.worker.probes import Probes
 from pyrula.workflows.worker.renewal import LockRenewer, RenewalSettings
 from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.schedules import ScheduleLoop
+from pyrula.workflows.worker.shutdown import drain_runs, drain_threads
 from pyrula.workflows.worker.store_loops import ClockLoop, ReconcileLoop, ShardLeaseLoop
 from pyrula.workflows.worker.timers import TimerLoop
 from pyrula.workflows.worker.usercode import UserCodeTracker
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from pyrula.workflows.worker.traces import TraceExports
 
 __all__ = ["JournalCacheMismatch", "WorkflowWorker"]
 
@@ -84,6 +90,10 @@ class WorkflowWorker:
     ``clock`` defaults to the store's own clock where it has one (a Valkey server's
     ``TIME``, carried forward by the monotonic clock: ``StoreClock``), else the host's: every
     worker then judges locks, leases and timers by one clock, whatever its host's says.
+
+    ``span_exporter`` (an OpenTelemetry ``SpanExporter``; needs ``pyrula[otel]``): when an
+    attempt ends its run, the run's trace is built from its journal and exported, in the
+    background (``pyrula.workflows.tracing``, ``worker.traces``).
     """
 
     def __init__(
@@ -97,6 +107,7 @@ class WorkflowWorker:
         registry: Registry = REGISTRY,
         on_claimed: Callable[[dict[str, int]], None] | None = None,
         on_user_code: Callable[[], None] | None = None,
+        span_exporter: SpanExporter | None = None,
     ) -> None:
         self.options = o = (options if options is not None else WorkerOptions()).resolve()
         self.store: Store = store if store is not None else _default_store()
@@ -144,6 +155,13 @@ class WorkflowWorker:
         self._schedules = ScheduleLoop(self.store, self.workflow_names, self.metrics, self._log,
                                        interval=o.schedule_interval, runtime=self._rt)
         self._probes = Probes(self, self._rt)
+        self._traces: TraceExports | None = None
+        if span_exporter is not None:  # needs pyrula[otel]; says so at construction
+            from pyrula.workflows.tracing import require_otel
+            from pyrula.workflows.worker.traces import TraceExports
+
+            require_otel()
+            self._traces = TraceExports(self.store, span_exporter, self._log)
 
     # --- public surface -------------------------------------------------------------
 
@@ -259,7 +277,7 @@ class WorkflowWorker:
             specs=self._specs, store=self.store, clock=self._clock, options=o,
             settings=settings, pool=pool, runs=self._runs, cache=self._cache,
             user_code=self._user_code, gate=self._gate, timers=self._timers,
-            metrics=self.metrics, log=self._log,
+            metrics=self.metrics, log=self._log, traces=self._traces,
         ), self._rt)
 
     async def _prepare_store(self) -> None:
@@ -339,41 +357,8 @@ class WorkflowWorker:
         logger.info("shutdown: 1/5 stop claiming", extra={"event": "shutdown", **log})
         await stop_claiming(claim, self._claim, log)
 
-        # Every step is logged, with or without work, so the sequence reads the same in
-        # every drain.
-        pending = set(self._runner.tasks) if self._runner is not None else set()
-        logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
-                    o.shutdown_grace, len(pending), extra={"event": "shutdown", **log})
-        if pending:
-            _, pending = await asyncio.wait(pending, timeout=o.shutdown_grace)
-
-        logger.log(logging.WARNING if pending else logging.INFO,
-                   "shutdown: 3/5 cancelling %d runs still in flight", len(pending),
-                   extra={"event": "shutdown", **log})
-        if pending:
-            for attempt in self._runs.attempts():
-                attempt.stand_down("shutdown")
-            _, pending = await asyncio.wait(pending, timeout=max(o.cancel_timeout, 0.01))
-            for task in pending:  # stuck in a store call: leave it to orphan recovery
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
-
-        busy = self._pool.busy if self._pool is not None else 0
-        logger.info("shutdown: 4/5 waiting up to %.1f s for %d calls still in a thread",
-                    o.cancel_timeout, busy, extra={"event": "shutdown", **log})
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            idle = await asyncio.get_running_loop().run_in_executor(
-                None, self._pool.all_idle.wait, o.cancel_timeout
-            )
-            if not idle:
-                logger.warning(
-                    "worker_thread_calls_still_running: %d sync step calls still running "
-                    "after %.1f s; left on daemon threads (their runs were requeued)",
-                    self._pool.busy, o.cancel_timeout,
-                    extra={"event": "worker_thread_calls_still_running", **log},
-                )
+        await drain_runs(self._runner, self._runs, o, log)
+        await drain_threads(self._pool, o, log)
 
         leases = self._caps.shard_leases
         if leases is None:
@@ -386,6 +371,8 @@ class WorkflowWorker:
             except Exception:  # shards then lapse after shard_lease_ttl
                 logger.warning("shard release failed", exc_info=True, extra=log)
 
+        if self._traces is not None:  # the traces of the runs that just ended
+            await self._traces.drain(o.cancel_timeout)
         try:
             await self._orphans.membership.leave()
         except Exception:  # the registration lapses by itself

@@ -244,6 +244,6 @@ class MemoryAttempts:
             run.append([make_event(EventType.RUN_CANCELLED, now)], now)
             self._state.end(run, RunStatus.CANCELLED, now)
             return RequeueOutcome(run.run_id, False)
-        run.append([requeued_event(now, reason, counted)], now)
+        run.append([requeued_event(now, reason, counted, crash_detail)], now)
         self._state.enqueue(run)
         return RequeueOutcome(run.run_id, False)

@@ -309,6 +309,6 @@ def _requeue(
         append_events(conn, run_id, length, [make_event(EventType.RUN_CANCELLED, now)], now)
         end_run(conn, run_id, RunStatus.CANCELLED, now)
         return RequeueOutcome(run_id, False)
-    append_events(conn, run_id, length, [requeued_event(now, reason, counted)], now)
+    append_events(conn, run_id, length, [requeued_event(now, reason, counted, crash_detail)], now)
     enqueue(conn, run_id, row["name"], row["owner"])
     return RequeueOutcome(run_id, False)

@@ -154,6 +154,8 @@ local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl,
   if not f[6] then redis.call('HSET', run, 'jnl', 1) end
   local function push(ev) journal_push(base, id, f[6], true, ev); f[6] = '1' end
   local requeued = {reason = reason}
+  local evidence = cjson.decode(detail)
+  if type(evidence) == 'table' and next(evidence) ~= nil then requeued.detail = evidence end
   if crash == '1' then
     local crashes = cjson.decode(f[1] or '[]')
     local live = {}
