@@ -1,5 +1,6 @@
 """SQLiteStore specifics: the schema version (an additive change upgrades an older file in
-place; a file from a newer pyrula is refused) and closing a store others still use."""
+place, filling in what an added column can learn from it; a file from a newer pyrula is
+refused) and closing a store others still use."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from pyrula.workflows import ConfigurationError, SQLiteStore
 from pyrula.workflows.schedules import Schedule
+from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.sqlite.schema import SCHEMA_VERSION
 
 
@@ -42,9 +44,41 @@ def test_a_version_1_file_gains_the_schedules_table(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 2
+        assert _version(path) == SCHEMA_VERSION == 3
         store.schedule_create(Schedule.create("wf", "0 * * * *", schedule_id="s"))
         assert [s.schedule_id for s in store.schedule_list()] == ["s"]
+    finally:
+        store.close()
+
+
+async def test_a_version_2_file_gains_queued_at_from_what_it_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    store = SQLiteStore(path)
+    try:
+        fresh, _ = await store.submit("wf", {}, now=100.0)
+        again, _ = await store.submit("wf", {}, now=101.0)
+        claimed = await store.claim_run(again.run_id, "w", now=102.0, lock_ttl=30.0)
+        assert claimed is not None
+        await store.requeue(again.run_id, claimed.token, now=110.0, reason="shutdown")
+        await store.signal(fresh.run_id, "note", None, now=120.0)
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)  # what pyrula with schema 2 left behind: no queued_at
+    try:
+        conn.execute("ALTER TABLE runs DROP COLUMN queued_at")
+        conn.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+        conn.commit()
+    finally:
+        conn.close()
+
+    store = SQLiteStore(path)
+    try:
+        assert _version(path) == SCHEMA_VERSION
+        # Never claimed: queued since it was created (the signal since does not count).
+        # Requeued by the older pyrula: dated by its last write, the requeue.
+        assert await store.queue_stats(["wf"]) == {"wf": QueueStat(2, 100.0)}
+        await store.claim_run(fresh.run_id, "w", now=130.0, lock_ttl=30.0)
+        assert await store.queue_stats(["wf"]) == {"wf": QueueStat(1, 110.0)}
     finally:
         store.close()
 

@@ -103,6 +103,29 @@ class FinishedReader(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class QueueStat:
+    """The queue of one workflow name at one moment: what an autoscaler scales on."""
+
+    #: Runs queued and claimable now (flow control's held-back runs included; runs parked
+    #: on a timer or a signal are not in the queue).
+    depth: int
+    #: When the longest-waiting of them became claimable (submitted, requeued or woken),
+    #: epoch seconds of the store's clock; None when ``depth`` is 0.
+    oldest_at: float | None
+
+
+@runtime_checkable
+class QueueStats(Protocol):
+    """A store that can tell how deep each workflow's queue is and how long it has waited
+    (the queue depth and oldest-age gauges)."""
+
+    async def queue_stats(self, names: Sequence[str]) -> dict[str, QueueStat]:
+        """Depth and oldest claimable time of the queue of each name (every name asked
+        for is in the answer; depth 0 where nothing is queued)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     """The optional abilities of one store, resolved once (None: the store lacks it)."""
 
@@ -114,6 +137,7 @@ class Capabilities:
     server_clock: ServerClock | None = None
     archive_source: ArchiveSource | None = None
     finished_reader: FinishedReader | None = None
+    queue_stats: QueueStats | None = None
 
 
 @runtime_checkable
@@ -136,4 +160,5 @@ def capabilities_of(store: object) -> Capabilities:
         server_clock=store if isinstance(store, ServerClock) else None,
         archive_source=store if isinstance(store, ArchiveSource) else None,
         finished_reader=store if isinstance(store, FinishedReader) else None,
+        queue_stats=store if isinstance(store, QueueStats) else None,
     )

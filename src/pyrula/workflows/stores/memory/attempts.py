@@ -245,5 +245,5 @@ class MemoryAttempts:
             self._state.end(run, RunStatus.CANCELLED, now)
             return RequeueOutcome(run.run_id, False)
         run.append([requeued_event(now, reason, counted, crash_detail)], now)
-        self._state.enqueue(run)
+        self._state.enqueue(run, now)
         return RequeueOutcome(run.run_id, False)

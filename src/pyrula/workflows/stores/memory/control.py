@@ -30,7 +30,7 @@ class MemoryControl:
             run.append([event], now)
             run.signal_seq[name] = len(run.journal)
             if run.status is RunStatus.WAITING and name in run.waiting_for:
-                self._state.enqueue(run)
+                self._state.enqueue(run, now)
 
     async def cancel(self, run_id: str, *, now: float) -> bool:
         with self._state.lock:
@@ -52,5 +52,5 @@ class MemoryControl:
             if run.status is not RunStatus.SLEEPING:
                 return False
             run.append([make_event(EventType.RUN_WOKEN, now, reason="manual")], now)
-            self._state.enqueue(run)
+            self._state.enqueue(run, now)
             return True

@@ -1,5 +1,6 @@
 """The memory store's work queue: submit, claim (deficit round robin over owners, FIFO
-within one, flow control), claim one run by id, and wake runs whose timer is due."""
+within one, flow control), claim one run by id, wake runs whose timer is due, and the
+queues' depth and age (QueueStats)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from pyrula.workflows.events import EventType, make_event
 from pyrula.workflows.records import ClaimedRun, RunHandle, RunStatus
+from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.common import (
     NO_OWNER,
     new_run_id,
@@ -101,9 +103,23 @@ class MemoryQueue:
                 if run.status not in (RunStatus.SLEEPING, RunStatus.WAITING):
                     continue
                 run.append([make_event(EventType.RUN_WOKEN, now, reason="timer")], now)
-                state.enqueue(run)
+                state.enqueue(run, now)
                 woken += 1
         return woken
+
+    async def queue_stats(self, names: Sequence[str]) -> dict[str, QueueStat]:
+        """Every queued run of each name counts, whether or not flow control would let
+        its owner start one now: those wait as much as the others."""
+        stats: dict[str, QueueStat] = {}
+        with self._state.lock:
+            for name in names:
+                queued = [
+                    self._state.runs[run_id].queued_at
+                    for queue in self._state.queues.get(name, {}).values()
+                    for run_id in queue
+                ]
+                stats[name] = QueueStat(len(queued), min(queued) if queued else None)
+        return stats
 
     def _take(self, run: RunRecord, worker_id: str, now: float, lock_ttl: float) -> ClaimedRun:
         """Start the next attempt of ``run`` (already out of its queue) under ``worker_id``."""

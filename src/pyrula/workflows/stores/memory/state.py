@@ -44,6 +44,8 @@ class RunRecord:
     created_at: float
     updated_at: float
     start_id: str
+    #: When the run last entered its queue (submitted, requeued, woken): its queue age.
+    queued_at: float = 0.0
     idempotency_key: str | None = None
     status: RunStatus = RunStatus.QUEUED
     attempt: int = 0
@@ -156,12 +158,14 @@ class MemoryState:
             idempotency_key=idempotency_key,
         )
         self.runs[run_id] = run
-        self.enqueue(run)
+        self.enqueue(run, now)
         return run
 
-    def enqueue(self, run: RunRecord) -> None:
-        """Queue ``run`` behind its owner's other runs of its workflow."""
+    def enqueue(self, run: RunRecord, now: float) -> None:
+        """Queue ``run`` behind its owner's other runs of its workflow, claimable from
+        ``now``."""
         run.status = RunStatus.QUEUED
+        run.queued_at = now
         run.lock_owner = None
         run.wake_at = None
         run.waiting_for = ()

@@ -87,6 +87,7 @@ class MemoryStore(SyncAdmin):
     claim = _Via("_queue", MemoryQueue.claim)
     claim_run = _Via("_queue", MemoryQueue.claim_run)
     wake_due = _Via("_queue", MemoryQueue.wake_due)
+    queue_stats = _Via("_queue", MemoryQueue.queue_stats)
 
     # an attempt's writes, and requeues of attempts nobody holds
     append = _Via("_attempts", MemoryAttempts.append)

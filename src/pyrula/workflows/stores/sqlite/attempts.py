@@ -310,5 +310,5 @@ def _requeue(
         end_run(conn, run_id, RunStatus.CANCELLED, now)
         return RequeueOutcome(run_id, False)
     append_events(conn, run_id, length, [requeued_event(now, reason, counted, crash_detail)], now)
-    enqueue(conn, run_id, row["name"], row["owner"])
+    enqueue(conn, run_id, row["name"], row["owner"], now)
     return RequeueOutcome(run_id, False)

@@ -50,7 +50,7 @@ class RunControl:
                 conn.execute("UPDATE runs SET signal_seq=? WHERE run_id=?", (to_json(seen), run_id))
                 waiting = from_json(row["waiting_for"]) or []
                 if status is RunStatus.WAITING and name in waiting:
-                    enqueue(conn, run_id, row["name"], row["owner"])
+                    enqueue(conn, run_id, row["name"], row["owner"], now)
 
         await self._calls.call(op, inline=True)
 
@@ -84,7 +84,7 @@ class RunControl:
                     return False
                 woken = make_event(EventType.RUN_WOKEN, now, reason="manual")
                 append_events(conn, run_id, row["journal_len"], [woken], now)
-                enqueue(conn, run_id, row["name"], row["owner"])
+                enqueue(conn, run_id, row["name"], row["owner"], now)
                 return True
 
         return await self._calls.call(op, inline=True)

@@ -1,5 +1,6 @@
 """The SQLite store's work queue: submitting runs, claiming them (fair across owners,
-within their flow-control limits) and waking those whose timer fell due."""
+within their flow-control limits), waking those whose timer fell due, and the queues'
+depth and age (QueueStats)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from pyrula.workflows.errors import JournalCorrupt, WorkflowNotFound
 from pyrula.workflows.events import Event, EventType, make_event
 from pyrula.workflows.records import ClaimedRun, RunHandle, RunStatus
+from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.common import NO_OWNER, pick_owner, record_params, started_event
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
@@ -32,7 +34,7 @@ _INLINE_CLAIM = 64
 
 
 class WorkQueue:
-    """submit, claim, claim_run and wake_due of the store protocol."""
+    """submit, claim, claim_run and wake_due of the store protocol, and queue_stats."""
 
     def __init__(self, db: Database, calls: Calls) -> None:
         self._db = db
@@ -122,10 +124,30 @@ class WorkQueue:
                 for run_id, name, owner, length in due:
                     woken = make_event(EventType.RUN_WOKEN, now, reason="timer")
                     append_events(conn, run_id, length, [woken], now)
-                    enqueue(conn, run_id, name, owner)
+                    enqueue(conn, run_id, name, owner, now)
                 return len(due)
 
         return await self._calls.call(op)
+
+    async def queue_stats(self, names: Sequence[str]) -> dict[str, QueueStat]:
+        """One read over the ``runs_queue`` index: the queued runs of these names only,
+        whatever flow control would let their owners start now."""
+
+        wanted = list(dict.fromkeys(names))
+        stats = {name: QueueStat(0, None) for name in wanted}
+        if not wanted:
+            return stats
+        sql = (
+            "SELECT name, COUNT(*), MIN(queued_at) FROM runs WHERE status='queued' "
+            f"AND name IN ({', '.join('?' * len(wanted))}) GROUP BY name"
+        )
+
+        def op(conn: sqlite3.Connection) -> list[tuple[str, int, float | None]]:
+            return conn.execute(sql, wanted).fetchall()
+
+        for name, depth, oldest in await self._calls.call(lambda: self._db.read(op)):
+            stats[name] = QueueStat(int(depth), None if oldest is None else float(oldest))
+        return stats
 
 
 def _pick(

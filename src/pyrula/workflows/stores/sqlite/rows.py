@@ -145,8 +145,9 @@ def _next_queue_seq(conn: sqlite3.Connection) -> int:
     return int(found[0])
 
 
-def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str) -> None:
-    """Queue the run last in its name's queue (its owner's served count kept fair)."""
+def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str, now: float) -> None:
+    """Queue the run last in its name's queue (its owner's served count kept fair),
+    claimable from ``now``."""
     # The run itself is left out: a new one is inserted as 'queued' before this call.
     active = conn.execute(
         "SELECT 1 FROM runs WHERE name=? AND owner=? AND status='queued' AND run_id!=? "
@@ -168,9 +169,9 @@ def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str) -> Non
             (name, owner, floor or 0.0),
         )
     conn.execute(
-        "UPDATE runs SET status='queued', queue_seq=?, lock_owner=NULL, wake_at=NULL, "
-        "waiting_for=NULL, interrupt=NULL WHERE run_id=?",
-        (_next_queue_seq(conn), run_id),
+        "UPDATE runs SET status='queued', queue_seq=?, queued_at=?, lock_owner=NULL, "
+        "wake_at=NULL, waiting_for=NULL, interrupt=NULL WHERE run_id=?",
+        (_next_queue_seq(conn), now, run_id),
     )
 
 
@@ -190,7 +191,7 @@ def new_run(
     if predecessor is not None:
         event["predecessor"] = predecessor
     append_events(conn, run_id, 0, [event], now)
-    enqueue(conn, run_id, name, owner)
+    enqueue(conn, run_id, name, owner, now)
     return run_id
 
 

@@ -1,8 +1,8 @@
 """The SQLite store's schema and its migration. Bump SCHEMA_VERSION with any change to it.
 
-A change that only adds tables or indexes (``CREATE ... IF NOT EXISTS``) lists the
-versions it upgrades in place in ADDITIVE_FROM: opening such a file creates what is new
-and records the new version.
+A change that only adds tables, indexes (``CREATE ... IF NOT EXISTS``) or nullable
+columns (ADDED_COLUMNS) lists the versions it upgrades in place in ADDITIVE_FROM: opening
+such a file creates what is new and records the new version.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pyrula.workflows.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
-#: Versions this schema upgrades in place (2 added the schedules table).
-ADDITIVE_FROM = frozenset({1})
+SCHEMA_VERSION = 3
+#: Versions this schema upgrades in place (2 added the schedules table, 3 runs.queued_at).
+ADDITIVE_FROM = frozenset({1, 2})
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -49,7 +49,8 @@ SCHEMA = (
         signal_seq BLOB NOT NULL DEFAULT '{}',
         journal_len INTEGER NOT NULL DEFAULT 0,
         parked_seq INTEGER NOT NULL DEFAULT 0,
-        queue_seq INTEGER
+        queue_seq INTEGER,
+        queued_at REAL
     )""",
     """CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency
         ON runs(name, idempotency_key) WHERE idempotency_key IS NOT NULL""",
@@ -99,6 +100,26 @@ SCHEMA = (
 )
 
 
+#: Columns added to a table after it was first created: (table, column, declaration, the
+#: statement that fills it in on a file that lacked it).
+ADDED_COLUMNS = (
+    # When a queued run became claimable: a run never claimed, when it was created; any
+    # other is dated by its last write (an older pyrula kept no better record of when it
+    # was requeued or woken).
+    ("runs", "queued_at", "REAL",
+     "UPDATE runs SET queued_at=CASE WHEN attempt=0 THEN created_at ELSE updated_at END "
+     "WHERE status='queued'"),
+)
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    for table, column, declaration, backfill in ADDED_COLUMNS:
+        present = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            conn.execute(backfill)
+
+
 def migrate(conn: sqlite3.Connection, path: str) -> None:
     """Create what is missing of the schema and record its version, in one transaction.
 
@@ -115,6 +136,7 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
                 "INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (SCHEMA_VERSION,)
             )
         elif int(row[0]) in ADDITIVE_FROM:
+            _add_columns(conn)
             conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (SCHEMA_VERSION,))
         elif int(row[0]) != SCHEMA_VERSION:
             raise ConfigurationError(

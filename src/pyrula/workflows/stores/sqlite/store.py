@@ -35,6 +35,7 @@ from pyrula.workflows.records import (
 )
 from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import SyncAdmin
+from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.sqlite.attempts import Attempts
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
@@ -117,6 +118,9 @@ class SQLiteStore(SyncAdmin):
 
     async def wake_due(self, *, now: float, limit: int) -> int:
         return await self._queue.wake_due(now=now, limit=limit)
+
+    async def queue_stats(self, names: Sequence[str]) -> dict[str, QueueStat]:
+        return await self._queue.queue_stats(names)
 
     # --- attempts -------------------------------------------------------------------
 

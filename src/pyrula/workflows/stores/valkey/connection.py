@@ -271,14 +271,15 @@ class Connection:
             raise result
         return result
 
-    async def batch(self, calls: Sequence[Call]) -> list[Any]:
+    async def batch(self, calls: Sequence[Call], *, idempotent: bool = False) -> list[Any]:
         """Several operations on several shards in one round trip (grouped by node on a
-        cluster). Errors are returned in place, not raised."""
+        cluster). Errors are returned in place, not raised. ``idempotent``: the operations
+        only read, so a connection lost under them may send them again."""
         if not calls:
             return []
-        return await self._eval(calls)
+        return await self._eval(calls, idempotent)
 
-    async def _eval(self, calls: Sequence[Call]) -> list[Any]:
+    async def _eval(self, calls: Sequence[Call], idempotent: bool = False) -> list[Any]:
         """EVALSHA each call in one round trip; the script is reloaded once if the server
         lost it. Results in order, errors in place."""
         commands: list[Command] = []
@@ -289,7 +290,7 @@ class Connection:
             keys.append(names[0])
         router = self.router()
         self.stats["round_trips"] += 1
-        results = await router.execute(commands, keys)
+        results = await router.execute(commands, keys, idempotent=idempotent)
         # A flush can land between the calls of one batch: re-send only the calls refused
         # with NOSCRIPT (they did not run); the others must not run twice.
         refused = [i for i in range(len(calls)) if _noscript(results[i])]
@@ -297,7 +298,7 @@ class Connection:
             await self.load_script()
             self.stats["round_trips"] += 1
             again = await router.execute([commands[i] for i in refused],
-                                         [keys[i] for i in refused])
+                                         [keys[i] for i in refused], idempotent=idempotent)
             for i, result in zip(refused, again, strict=True):
                 results[i] = result
         return [self._translate(result, calls[i][1]) if isinstance(result, ReplyError)

@@ -1,6 +1,6 @@
-"""Reads of runs: a record, a journal, a page of runs, a wait for a run's end; and what an
-ArchivingStore reads of ended runs (their index by finish time, records with journals)
-and asks of them (let their live copies expire)."""
+"""Reads of runs: a record, a journal, a page of runs, a wait for a run's end, the queues'
+depth and age; and what an ArchivingStore reads of ended runs (their index by finish
+time, records with journals) and asks of them (let their live copies expire)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from pyrula.errors import WorkflowNotFound
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.valkey.codec import (
     as_hash,
     as_scored,
@@ -157,6 +158,25 @@ class Reads:
             raise_first((moved, fields))
             record = as_hash(fields)
             info = run_info(run_id, record) if record else None
+
+    async def queue_stats(self, names: Sequence[str]) -> dict[str, QueueStat]:
+        """Every shard of every name read at once, one round trip per server node: each
+        shard's ``queue_stats`` counts its owners' FIFOs and reads their heads' records.
+        ``oldest_at`` is the earliest head: exact while the writers' clocks agree (a run
+        queued behind another under a clock running behind is not looked at)."""
+        conn = self.connection
+        wanted = list(dict.fromkeys(names))
+        calls = [(conn.keys.base_of(name, shard), ("queue_stats",))
+                 for name in wanted for shard in range(conn.shard_count)]
+        replies = await conn.batch(calls, idempotent=True)
+        raise_first(replies)
+        stats: dict[str, QueueStat] = {}
+        for i, name in enumerate(wanted):
+            shards = replies[i * conn.shard_count:(i + 1) * conn.shard_count]
+            depth = sum(int(count) for count, _ in shards)
+            times = [float(at) for _, at in shards if at]
+            stats[name] = QueueStat(depth, min(times) if depth and times else None)
+        return stats
 
     # --- archiving (ArchivingStore) --------------------------------------------------
 

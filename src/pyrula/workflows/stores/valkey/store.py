@@ -33,6 +33,7 @@ from pyrula.workflows.records import (
 )
 from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import SyncAdmin
+from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.valkey.attempts import Attempts
 from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.control import Control
@@ -251,6 +252,9 @@ class ValkeyStore(SyncAdmin):
         self, run_ids: Sequence[str]
     ) -> dict[str, tuple[RunInfo, list[Event]]]:
         return await self.reads.read_finished(run_ids)
+
+    async def queue_stats(self, names: Sequence[str]) -> dict[str, QueueStat]:
+        return await self.reads.queue_stats(names)
 
     # --- shard leases and membership ------------------------------------------------
 

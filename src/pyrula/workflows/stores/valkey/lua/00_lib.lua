@@ -72,8 +72,10 @@ local function enqueue(base, id, owner, now, fresh)
     rang = true
   end
   if fresh then return rang end
+  -- A fresh run has been claimable since its created_at; any other records when it was
+  -- queued again (queue_stats: the queue's age).
   redis.call('HSET', runk(base, id), 'status', 'queued', 'lock_owner', '', 'wake_at', '',
-    'waiting_for', '', 'interrupt', '', 'updated_at', now)
+    'waiting_for', '', 'interrupt', '', 'updated_at', now, 'queued_at', now)
   redis.call('ZREM', base .. ':timers', id)
   redis.call('ZREM', base .. ':times', id)
   return rang

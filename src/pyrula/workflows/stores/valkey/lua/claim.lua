@@ -138,3 +138,33 @@ ops.claim_run = function(k, a)
   redis.call('ZADD', base .. ':times', expires, id)
   return take(base, id, a[3], a[4], expires)
 end
+
+-- queue_stats: how many runs this shard's queues hold, and since when the longest-waiting
+-- of their heads has been claimable (read only). Each owner's FIFO is in the order its
+-- runs became claimable, so its head is its oldest; only the heads are read.
+-- KEYS: base
+-- ARGV: op
+-- returns {depth, oldest: the time as the record holds it ('' when nothing is queued)}
+-- A run never claimed became claimable when it was created; one queued again records
+-- queued_at (a record queued again by an older build, without it: its updated_at).
+ops.queue_stats = function(k, a)
+  local base = k[1]
+  local depth, oldest, shown = 0, nil, ''
+  for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
+    local q = base .. ':q:' .. owner
+    local head = redis.call('LRANGE', q, 0, 0)[1]
+    if head then
+      depth = depth + redis.call('LLEN', q)
+      local f = redis.call('HMGET', runk(base, head), 'queued_at', 'attempt', 'created_at',
+        'updated_at')
+      local at = f[1]
+      if not at then
+        if f[2] == '0' then at = f[3] else at = f[4] end
+      end
+      if at and (oldest == nil or tonumber(at) < oldest) then
+        oldest, shown = tonumber(at), at
+      end
+    end
+  end
+  return {depth, shown}
+end
