@@ -16,6 +16,8 @@ samples to its supervisor (:meth:`Metrics.samples`), which sums them over its ch
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
+
+
+logger = logging.getLogger(__name__)
+
+#: How long a scrape waits for the store's queue figures before serving without them.
+QUEUE_STATS_TIMEOUT_S = 2.0
+QUEUE_DEPTH = "pyrula.workflows.queue.depth"
+QUEUE_AGE = "pyrula.workflows.queue.oldest_age"
 
 
 class Kind(StrEnum):
@@ -192,6 +202,24 @@ class Metrics:
     def samples(self) -> dict[str, Any]:
         """Every family's type, help and samples, for a fleet child's report."""
         return families_of(self.registry)
+
+
+async def record_queues(metrics: Metrics, source: Any, names: Sequence[str], now: float) -> None:
+    """Set the queue gauges of ``names`` from ``source.queue_stats`` (a store's
+    ``QueueStats``) as of ``now`` (the store's clock). A store that does not answer within
+    ``QUEUE_STATS_TIMEOUT_S`` leaves them as they were: the scrape still answers."""
+    try:
+        stats = await asyncio.wait_for(source.queue_stats(list(names)), QUEUE_STATS_TIMEOUT_S)
+    except Exception as exc:  # any store trouble: the rest of the scrape is still served
+        logger.debug("queue figures not read for /metrics: %s", exc)
+        return
+    for name, stat in stats.items():
+        metrics.set(QUEUE_DEPTH, float(stat.depth), workflow=name)
+        age = 0.0 if stat.oldest_at is None else max(0.0, now - stat.oldest_at)
+        metrics.set(QUEUE_AGE, age, workflow=name)
+    served = [{"workflow": name} for name in stats]
+    metrics.forget(QUEUE_DEPTH, served)
+    metrics.forget(QUEUE_AGE, served)
 
 
 def families_of(registry: CollectorRegistry) -> dict[str, Any]:

@@ -10,7 +10,7 @@ Child -> supervisor:
      "claim_tick_age": seconds, "free": slots, "store_ok": bool}
     {"type": "boot_error", "message": "Type: text", "traceback": "..."}
                                                   before exiting without becoming ready
-    {"type": "metrics", "families": {name: {"type", "help", "samples"}}}
+    {"type": "metrics", "families": {name: {"type", "help", "samples"}}, "workflows": [...]}
                                                   every METRICS_INTERVAL, and as it exits
 
 A heartbeat goes out every HEARTBEAT_INTERVAL, and also right after a claim and whenever a
@@ -77,8 +77,8 @@ def decode(data: bytes) -> dict[str, Any]:
     return message
 
 
-def metrics_message(families: dict[str, Any]) -> bytes:
-    return encode({"type": "metrics", "families": families})
+def metrics_message(families: dict[str, Any], workflows: list[str]) -> bytes:
+    return encode({"type": "metrics", "families": families, "workflows": workflows})
 
 
 def heartbeat_message(beat: Heartbeat) -> bytes:

@@ -10,7 +10,7 @@ from pathlib import Path
 from pyrula.workflows import RunStatus, SyncWorkflowClient
 from tests.conftest import wait_until
 from tests.fleet.fleetprocs import QUICK, Fleets, ready
-from tests.promtext import value
+from tests.promtext import samples, value
 
 
 def test_fleet_metrics_sum_the_children_and_keep_a_killed_childs_counts(
@@ -64,5 +64,30 @@ def test_fleet_metrics_sum_the_children_and_keep_a_killed_childs_counts(
     assert value(text, "pyrula_runs_started_total", workflow="fa_gated") == 2
     assert value(text, "pyrula_runs_completed_total", workflow="fa_load") == 8  # kept
     assert value(text, "pyrula_fleet_restarts_total") == 1
+    assert ("pyrula_queue_depth", frozenset({("workflow", "fa_load")})) in samples(text)
+    assert value(text, "pyrula_queue_depth", workflow="fa_load") == 0
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(30) == 0
+
+
+def test_fleet_metrics_show_the_queue_once_not_once_per_child(
+    fleets: Fleets, client: SyncWorkflowClient, tmp_path: Path
+) -> None:
+    fleet = fleets.start("-n", "2", "--max-concurrent-runs", "1", *QUICK)
+    fleet.wait_ready(2)
+    runs = [client.submit("fa_gated", {"tag": "q"}) for _ in range(5)]
+    fleet.wait_status(lambda s: sum(c["in_flight"] for c in ready(s)) == 2,
+                      what="both children holding a run")
+
+    def queued() -> float:
+        return value(fleet.get("/metrics")[1], "pyrula_queue_depth", workflow="fa_gated")
+
+    wait_until(lambda: queued() == 3, 20, what="3 runs queued in the fleet's metrics")
+    text = fleet.get("/metrics")[1]
+    assert value(text, "pyrula_queue_oldest_age_seconds", workflow="fa_gated") > 0
+    (tmp_path / "gate-q").touch()
+    for run in runs:
+        client.result(run.run_id, timeout=30)
+    wait_until(lambda: queued() == 0, 20, what="the queue emptied in the fleet's metrics")
     fleet.send(signal.SIGTERM)
     assert fleet.wait(30) == 0

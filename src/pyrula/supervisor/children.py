@@ -51,8 +51,9 @@ class Child:
     retiring: bool = False  # asked to drain on purpose (recycle, scale down, shutdown)
     killed_for: str | None = None
     run_limit: int | None = None
-    #: Its last metrics report (``pyrula.metrics`` families).
+    #: Its last metrics report (``pyrula.metrics`` families), and the workflows it serves.
     metrics: dict[str, Any] = field(default_factory=dict)
+    workflows: list[str] = field(default_factory=list)
 
     @property
     def state(self) -> ChildState:

@@ -41,7 +41,7 @@ def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
         return 200, supervisor.status()
 
     async def metrics() -> tuple[int, Any]:
-        return 200, render_metrics(supervisor.status(), supervisor)
+        return 200, render_metrics(supervisor.status(), supervisor, await supervisor.metrics())
 
     return ProbeServer(
         {"/livez": livez, "/readyz": readyz, "/status": status, "/metrics": metrics},
@@ -49,7 +49,8 @@ def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
     )
 
 
-def render_metrics(status: dict[str, Any], supervisor: Supervisor) -> str:
+def render_metrics(status: dict[str, Any], supervisor: Supervisor,
+                   families: dict[str, Any]) -> str:
     lines = [
         "# TYPE pyrula_fleet_children gauge",
         f"pyrula_fleet_children {len(status['children'])}",
@@ -74,4 +75,4 @@ def render_metrics(status: dict[str, Any], supervisor: Supervisor) -> str:
     lines.append("# TYPE pyrula_fleet_shards gauge")
     for name, count in sorted(status["shards"].items()):
         lines.append(f'pyrula_fleet_shards{{workflow="{name}"}} {count}')
-    return "\n".join(lines) + "\n" + render(supervisor.metrics())
+    return "\n".join(lines) + "\n" + render(families)

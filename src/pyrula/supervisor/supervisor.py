@@ -197,6 +197,7 @@ class Supervisor:
             child.boot_error = self.boots.failed(child.slot, child.pid, message)
         elif kind == "metrics":
             child.metrics = dict(message.get("families") or {})
+            child.workflows = [str(name) for name in message.get("workflows") or []]
 
     def _on_exit(self, child: Child) -> None:
         # A signal sent to the whole process group (honcho, docker stop, systemd, a
@@ -467,9 +468,13 @@ class Supervisor:
             self.desired, self.draining,
         )
 
-    def metrics(self) -> dict[str, Any]:
-        """The fleet's metrics families (``FleetMetrics.families``)."""
-        return self.fleet_metrics.families(child.metrics for child in self._children())
+    async def metrics(self) -> dict[str, Any]:
+        """The fleet's metrics families (``FleetMetrics.families``), with the queues of the
+        workflows its children serve read from the store once, not once per child."""
+        children = self._children()
+        names = sorted({name for child in children for name in child.workflows})
+        await self.fleet_metrics.read_queues(self.store, names)
+        return self.fleet_metrics.families(child.metrics for child in children)
 
     def ready_children(self) -> int:
         return sum(1 for c in self._children() if c.state is ChildState.READY)

@@ -81,3 +81,41 @@ async def test_metrics_name_runs_steps_durations_claims_and_the_journal_cache(
     assert value(text, "pyrula_journal_cache_misses_total") == 0
     assert value(text, "pyrula_runs_in_flight") == 0
     assert "# TYPE pyrula_step_duration_seconds histogram" in text
+
+
+GATE: dict[str, asyncio.Event] = {}
+
+
+@step(name="wmetrics_hold")
+async def wmetrics_hold(key: str) -> str:
+    await GATE[key].wait()
+    return key
+
+
+@workflow(name="wmetrics_queued")
+async def wmetrics_queued(ctx: WorkflowContext, params: Any) -> Any:
+    return await wmetrics_hold(params["key"])
+
+
+async def test_metrics_show_the_queue_depth_and_its_oldest_age_per_workflow(store: Any) -> None:
+    GATE["q"] = asyncio.Event()
+    worker = WorkflowWorker(store=store, workflows=[wmetrics_queued],
+                            options=fast_options(health_port=0, max_concurrent_runs=1))
+    async with serving(worker):
+        client = worker.client
+        runs = [await client.submit(wmetrics_queued, {"key": "q"}) for _ in range(3)]
+        await await_until(lambda: worker.in_flight == 1, what="one run held")
+        text = await scrape(worker.health_address)
+        queued = {"workflow": "wmetrics_queued"}
+        assert value(text, "pyrula_queue_depth", **queued) == 2
+        assert value(text, "pyrula_runs_in_flight") == 1
+        waited = value(text, "pyrula_queue_oldest_age_seconds", **queued)
+        assert waited > 0
+        later = await scrape(worker.health_address)
+        assert value(later, "pyrula_queue_oldest_age_seconds", **queued) >= waited
+        GATE["q"].set()
+        for run in runs:
+            assert await client.result(run.run_id, timeout=10) == "q"
+        text = await scrape(worker.health_address)
+        assert value(text, "pyrula_queue_depth", **queued) == 0
+        assert value(text, "pyrula_queue_oldest_age_seconds", **queued) == 0

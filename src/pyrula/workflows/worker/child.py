@@ -153,7 +153,7 @@ def _heartbeat(worker: Any, reach: StoreCheck, *, periodic: bool) -> bytes:
 
 def _metrics(worker: Any) -> bytes:
     worker.metrics.set("pyrula.workflows.runs.in_flight", float(worker.in_flight))
-    return metrics_message(worker.metrics.samples())
+    return metrics_message(worker.metrics.samples(), worker.workflow_names)
 
 
 def _send(conn: Connection, message: bytes) -> bool:

@@ -15,9 +15,10 @@ from typing import Any, Protocol
 
 from pyrula.errors import ConfigurationError
 from pyrula.health_http import ProbeServer, bind_failure
-from pyrula.metrics import Metrics
+from pyrula.metrics import Metrics, record_queues
 from pyrula.wire import WorkerState
 from pyrula.workflows.stores.base import Store
+from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S
 from pyrula.workflows.worker.runtime import Runtime
 
@@ -50,6 +51,13 @@ class Probed(Protocol):
 
     @property
     def in_flight(self) -> int: ...
+
+    @property
+    def workflow_names(self) -> list[str]: ...
+
+    def now(self) -> float:
+        """The worker's clock (the store's where it has one)."""
+        ...
 
     def shards(self) -> dict[str, int]: ...
 
@@ -123,4 +131,7 @@ class Probes:
     async def metrics(self) -> tuple[int, Any]:
         metrics = self._w.metrics
         metrics.set("pyrula.workflows.runs.in_flight", float(self._w.in_flight))
+        queues = capabilities_of(self._w.store).queue_stats
+        if queues is not None:
+            await record_queues(metrics, queues, self._w.workflow_names, self._w.now())
         return 200, metrics.prometheus()

@@ -178,6 +178,10 @@ class WorkflowWorker:
     def in_flight(self) -> int:
         return self._runs.in_flight()
 
+    def now(self) -> float:
+        """The time by the worker's clock: the store's, where it has one."""
+        return self._clock.now()
+
     @property
     def free_slots(self) -> int:
         return max(0, self.options.max_concurrent_runs - self.in_flight)
