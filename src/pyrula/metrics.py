@@ -28,7 +28,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
-
 logger = logging.getLogger(__name__)
 
 #: How long a scrape waits for the store's queue figures before serving without them.
