@@ -238,6 +238,25 @@ def test_payloads_over_the_limit_are_413(api: httpx.Client) -> None:
     api.post(f"/{waiting}/cancel")
 
 
+def test_a_body_far_over_the_limit_is_413_before_it_is_read_whole(api: httpx.Client) -> None:
+    from pyrula.workflows.http import BODY_OVERHEAD_BYTES
+
+    cap = 2 * PAYLOAD_LIMIT + BODY_OVERHEAD_BYTES
+    huge = b'{"workflow": "rr.echo", "params": "' + b"x" * (cap + 1) + b'"}'
+    # declared up front: refused on its Content-Length
+    answer = api.post("/", content=huge, headers={"content-type": "application/json"})
+    assert _refused(answer, 413, str(cap)) == "payload_too_large"
+
+    # streamed without a length (chunked): refused once the cap is passed
+    def chunks() -> Iterator[bytes]:
+        yield huge[:1000]
+        yield huge[1000:]
+
+    answer = api.post("/", content=chunks(), headers={"content-type": "application/json"})
+    assert _refused(answer, 413, str(cap)) == "payload_too_large"
+    assert api.get("/", params={"workflow": "rr.echo"}).json()["runs"] == []
+
+
 def test_openapi_describes_every_route(api: httpx.Client) -> None:
     doc = api.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")

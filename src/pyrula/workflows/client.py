@@ -56,6 +56,11 @@ class WorkflowClient:
         self._clock = clock
         self._max_payload = max_payload_bytes or _env_payload_limit()
 
+    @property
+    def max_payload_bytes(self) -> int:
+        """The largest payload (params, signal payload, resume value) this client sends."""
+        return self._max_payload
+
     def _payload(self, value: Any, what: str) -> None:
         try:
             data = dumps(value)

@@ -54,6 +54,8 @@ MAX_LIST_LIMIT = 1000
 #: The longest ``GET /{run_id}/result?timeout=`` wait, in seconds: a request holds a
 #: connection, so it is bounded rather than left to the caller.
 MAX_RESULT_TIMEOUT_S = 300.0
+#: Room for the JSON around a request's payloads (field names, escapes, whitespace).
+BODY_OVERHEAD_BYTES = 64 * 1024
 
 
 class ApiError(Exception):
@@ -107,11 +109,22 @@ def decode_cursor(text: str) -> tuple[float, str]:
     return float(created_at), run_id
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object. Read leniently (``NaN``, ``1e400`` and
-    integers past 64 bits parse) so that such a value reaches the client's own payload
-    check and is refused naming the field that holds it."""
-    raw = await request.body()
+async def _body(request: Request, cap: int) -> dict[str, Any]:
+    """The request body as a JSON object, refused with a 413 once it passes ``cap`` bytes
+    (from its Content-Length, else as it streams in), so that an oversized body is never
+    held in memory whole. Read leniently (``NaN``, ``1e400`` and integers past 64 bits
+    parse) so that such a value reaches the client's own payload check and is refused
+    naming the field that holds it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise _too_large(int(declared), cap)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise _too_large(size, cap)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):
@@ -119,6 +132,12 @@ async def _body(request: Request) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _bad("body", "must be a JSON object")
     return value
+
+
+def _too_large(size: int, cap: int) -> ApiError:
+    return ApiError(413, "payload_too_large",
+                    f"the request body is over {cap} bytes (at least {size}); the payloads it "
+                    "carries are limited by max_payload_bytes")
 
 
 def _optional_str(body: dict[str, Any], field: str) -> str | None:
@@ -295,6 +314,9 @@ class RunRouter:
 
     def __init__(self, store: Store, *, max_payload_bytes: int | None = None) -> None:
         self.client = WorkflowClient(store, max_payload_bytes=max_payload_bytes)
+        #: The largest request body read: the payload limit plus room for the JSON around
+        #: it. A payload under the limit may still be refused by the client's own check.
+        self.body_cap = 2 * self.client.max_payload_bytes + BODY_OVERHEAD_BYTES
         routes = [
             Route("/", self._guard(self.submit), methods=["POST"]),
             Route("/", self._guard(self.list_runs), methods=["GET"]),
@@ -337,7 +359,7 @@ class RunRouter:
         return _json(OPENAPI)
 
     async def submit(self, request: Request) -> Response:
-        body = await _body(request)
+        body = await _body(request, self.body_cap)
         workflow = body.get("workflow")
         if not isinstance(workflow, str) or not workflow:
             raise _bad("workflow", "required, a non-empty string")
@@ -395,7 +417,7 @@ class RunRouter:
 
     async def signal(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        body = await _body(request)
+        body = await _body(request, self.body_cap)
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise _bad("name", "required, a non-empty string")
@@ -410,7 +432,7 @@ class RunRouter:
 
     async def resume(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        body = await _body(request)
+        body = await _body(request, self.body_cap)
         try:
             await self.client.resume(run_id, body.get("value"))
         except (PayloadTooLarge, RunNotActive):
