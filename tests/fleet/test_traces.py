@@ -67,8 +67,10 @@ def test_a_run_whose_child_is_killed_traces_both_attempts_and_the_kill(
     attempts = [line for line in shown.stdout.splitlines() if " attempt " in line]
     assert len(attempts) == 2, shown.stdout
     assert attempts[0].endswith(f"attempt 1 on {first.attributes['pyrula.worker']}")
-    assert attempts[1].endswith(
-        f"attempt 2 (requeued: orphaned) on {second.attributes['pyrula.worker']}")
+    worker1 = first.attributes["pyrula.worker"]
+    assert f"attempt 2 (requeued: orphaned; {worker1} died: SIGKILL, pid {victim}, RSS " \
+        in attempts[1], attempts[1]
+    assert attempts[1].endswith(f" MB) on {second.attributes['pyrula.worker']}")
 
     fleet.send(signal.SIGTERM)
     assert fleet.wait() == 0

@@ -68,3 +68,24 @@ def test_a_step_that_fails_for_good_and_a_step_still_running() -> None:
     assert [(e.get("name"), e.get("outcome")) for e in entries[1:]] == [
         ("a", "failed"), ("b", "running")]
     assert describe(entries[2]).endswith("step b (call 2): running, 1 try")
+
+
+def test_a_requeue_with_the_fleets_evidence_says_how_the_process_died() -> None:
+    evidence = {"cause": "worker_crash", "worker": "vm-7-aa", "exit": "signal SIGKILL",
+                "exit_code": -9, "exit_signal": "SIGKILL", "pid": 7, "rss_bytes": 28_400_000,
+                "killed_for": None}
+    entries = timeline(_journal(
+        ("run:submitted", 0, {"name": "w", "params": None}),
+        ("run:started", 1, {"attempt": 1, "worker": "vm-7-aa"}),
+        ("run:requeued", 2, {"reason": "orphaned", "crashes": 1, "detail": evidence}),
+        ("run:started", 3, {"attempt": 2, "worker": "vm-8-bb"}),
+        ("run:requeued", 4, {"reason": "shutdown"}),
+        ("run:started", 5, {"attempt": 3, "worker": "vm-9-cc"}),
+    ))
+    attempts = [e for e in entries if e["kind"] == "attempt"]
+    assert attempts[1]["after"] == (
+        "requeued: orphaned; vm-7-aa died: SIGKILL, pid 7, RSS 28 MB")
+    assert attempts[1]["evidence"] == evidence
+    assert (attempts[2]["after"], attempts[2]["evidence"]) == ("requeued: shutdown", None)
+    assert describe(attempts[1]).endswith(
+        "attempt 2 (requeued: orphaned; vm-7-aa died: SIGKILL, pid 7, RSS 28 MB) on vm-8-bb")

@@ -46,23 +46,49 @@ def iso(ts: float | None, *, precise: bool = False) -> str | None:
     return text.replace("+00:00", "Z")
 
 
+def death(evidence: dict[str, Any]) -> str:
+    """How the process of an attempt that crashed ended, as the fleet recorded it:
+    ``vm-12-ab died: SIGKILL, pid 12, RSS 23 MB``; empty without a process's evidence."""
+    facts = [str(evidence[key]) for key in ("exit_signal",) if evidence.get(key)]
+    if evidence.get("exit_signal") is None and evidence.get("exit"):
+        facts.append(str(evidence["exit"]))
+    if evidence.get("pid"):
+        facts.append(f"pid {evidence['pid']}")
+    if evidence.get("rss_bytes"):
+        facts.append(f"RSS {int(evidence['rss_bytes']) / 1e6:.0f} MB")
+    if evidence.get("killed_for"):
+        facts.append(f"killed: {evidence['killed_for']}")
+    if not facts:
+        return ""
+    worker = evidence.get("worker")
+    return f"{worker + ' ' if worker else 'its worker '}died: {', '.join(facts)}"
+
+
 def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
     """The entries of the run's timeline in journal order, each a dict with ``kind``:
 
     * ``attempt``: ``attempt``, ``at``, ``worker``, ``after`` (None for the first, else
-      ``requeued: <reason>``);
+      ``requeued: <reason>``, with how the process died where the fleet recorded it),
+      ``evidence`` (that record: pid, exit signal, RSS...; None without one);
     * ``step``: ``name``, ``call``, ``attempts`` (tries), ``started``, ``finished``,
       ``outcome`` (``completed``, ``failed``, ``retrying`` or ``running``);
     * ``parked``: ``why``, ``from``, ``until`` (None while still parked), ``seconds``.
     """
     history = read_history(events)
     placed: list[tuple[int, dict[str, Any]]] = []
+    previous = None
     for attempt in history.attempts:
         after = None if attempt.after is None else f"requeued: {attempt.after}"
+        found = previous.requeue.get("detail") if previous and previous.requeue else None
+        evidence = dict(found) if isinstance(found, dict) else None
+        if after is not None and evidence:
+            after += f"; {death(evidence)}" if death(evidence) else ""
         placed.append((attempt.index, {
             "kind": EntryKind.ATTEMPT, "attempt": attempt.number,
             "at": iso(attempt.start, precise=True), "worker": attempt.worker, "after": after,
+            "evidence": evidence,
         }))
+        previous = attempt
     steps: dict[int, dict[str, Any]] = {}
     for tried in history.tries:
         step = steps.get(tried.call)
