@@ -79,8 +79,8 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
     previous = None
     for attempt in history.attempts:
         after = None if attempt.after is None else f"requeued: {attempt.after}"
-        found = previous.requeue.get("detail") if previous and previous.requeue else None
-        evidence = dict(found) if isinstance(found, dict) else None
+        found: Any = previous.requeue.get("detail") if previous and previous.requeue else None
+        evidence: dict[str, Any] | None = dict(found) if isinstance(found, dict) else None
         if after is not None and evidence:
             after += f"; {death(evidence)}" if death(evidence) else ""
         placed.append((attempt.index, {
