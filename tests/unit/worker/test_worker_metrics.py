@@ -8,7 +8,7 @@ from typing import Any
 from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
 from tests.conftest import await_until
 from tests.promtext import samples, value
-from tests.unit.worker.worker_support import fast_options, serving
+from tests.unit.worker.worker_support import fast_options, http_text, serving
 
 
 @step(name="wmetrics_ok")
@@ -34,18 +34,9 @@ async def wmetrics_fails(ctx: WorkflowContext, params: Any) -> Any:
 
 
 async def scrape(address: tuple[str, int] | None) -> str:
-    assert address is not None
-    reader, writer = await asyncio.open_connection(*address)
-    try:
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: probe\r\n\r\n")
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.split()[1] == b"200", head
-    return body.decode()
+    status, body = await http_text(address, "/metrics")
+    assert status == 200, body
+    return body
 
 
 async def test_metrics_name_runs_steps_durations_claims_and_the_journal_cache(

@@ -243,17 +243,25 @@ class HeldReply:
         return claimed
 
 
-async def test_a_claim_in_flight_when_the_worker_stops_is_finished_and_its_runs_drained(
-    store: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    capture(caplog)
-    key = unique("inflight")
+async def _claim_held_back(store: Any, name: str) -> tuple[str, HeldReply, WorkflowWorker,
+                                                         asyncio.Task[None], Any]:
+    """A serving worker whose claim of a submitted run has run in the store, its reply
+    held back: (the run's gate key, the hold, the worker, its task, the run)."""
+    key = unique(name)
     async_gate(key).set()
     held = HeldReply(store)
     worker = WorkflowWorker(store=store, workflows=[wshut_async], options=fast_options())
     task = await start(worker)
     run = await worker.client.submit(wshut_async, {"key": key})
     await asyncio.wait_for(held.ran.wait(), 10)
+    return key, held, worker, task, run
+
+
+async def test_a_claim_in_flight_when_the_worker_stops_is_finished_and_its_runs_drained(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+    key, held, worker, task, run = await _claim_held_back(store, "inflight")
     worker.stop()
     await await_until(lambda: "1/5" in shutdown_steps(caplog), what="stop claiming")
     held.reply.set()
@@ -270,13 +278,7 @@ async def test_a_claim_that_never_answers_is_cancelled_and_its_runs_put_back(
 
     monkeypatch.setattr(claim_module, "CLAIM_STOP_S", 0.2)
     capture(caplog)
-    key = unique("unanswered")
-    async_gate(key).set()
-    held = HeldReply(store)
-    worker = WorkflowWorker(store=store, workflows=[wshut_async], options=fast_options())
-    task = await start(worker)
-    run = await worker.client.submit(wshut_async, {"key": key})
-    await asyncio.wait_for(held.ran.wait(), 10)
+    _, _, worker, task, run = await _claim_held_back(store, "unanswered")
     await stop(worker, task)
     info = await worker.client.get(run.run_id)
     assert info.status is RunStatus.QUEUED

@@ -120,8 +120,8 @@ class Outage:
         return await self._real(*args, **kwargs)
 
 
-async def http_get(address: tuple[str, int] | None, path: str) -> tuple[int, Any]:
-    """GET ``path`` from the probe server; (status, JSON body)."""
+async def http_text(address: tuple[str, int] | None, path: str) -> tuple[int, str]:
+    """GET ``path`` from the probe server; (status, body text)."""
     assert address is not None, "the probe server is not bound"
     reader, writer = await asyncio.open_connection(*address)
     try:
@@ -132,7 +132,13 @@ async def http_get(address: tuple[str, int] | None, path: str) -> tuple[int, Any
         writer.close()
         await writer.wait_closed()
     head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body)
+    return int(head.split()[1]), body.decode()
+
+
+async def http_get(address: tuple[str, int] | None, path: str) -> tuple[int, Any]:
+    """GET ``path`` from the probe server; (status, JSON body)."""
+    status, body = await http_text(address, path)
+    return status, json.loads(body)
 
 
 def of_type(events: list[dict[str, Any]], type_: str) -> list[dict[str, Any]]:
