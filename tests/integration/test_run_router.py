@@ -201,7 +201,7 @@ def test_unknown_runs_are_404(api: httpx.Client) -> None:
     ("post", "/", {"content": b'{"workflow": "rr.echo", "params": 1e400}'}, "params"),
     ("post", "/", {"content": b'{"workflow": "rr.echo", "params": 99999999999999999999999}'},
      "params"),
-    ("post", "/", {"content": b"[" * 100_000}, "body"),
+    ("post", "/", {"content": b"[" * 60_000}, "body"),  # nested past any parser, under the cap
     ("post", "/", {"content": b"\xff\xfe"}, "body"),
     ("post", "/", {"json": [1, 2]}, "body"),
     ("post", "/", {"content": b"{not json"}, "body"),
