@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from pyrula.workflows import InlineWorkflowRunner, RunStatus, WorkflowContext, workflow
+from pyrula.workflows import InlineWorkflowRunner, RunStatus, WorkflowContext, step, workflow
 from pyrula.workflows.definition import REGISTRY
 from pyrula.workflows.engine import Attempt, OutcomeKind
 from pyrula.workflows.errors import NonDeterminismError
 from pyrula.workflows.stop import Halt, Stop, StopReason, StopState
+from tests.conftest import await_until
 
 FIRST = NonDeterminismError("first divergence")
 SECOND = NonDeterminismError("second divergence")
@@ -31,6 +32,7 @@ ASKS = {
     "divergence": Stop.non_determinism(FIRST),
     "divergence_again": Stop.non_determinism(SECOND),
     "ending": Stop.ending(),
+    "hand_back": Stop.hand_back("upgrade"),
 }
 
 
@@ -65,7 +67,20 @@ CASES = [
          StopReason.LOST, False),
     Case("a stand-down alone lets the code go on until the loop's turn", ("stand_down",),
          StopReason.STAND_DOWN, False),
+    Case("a hand-back refuses new steps at once", ("hand_back",), StopReason.STAND_DOWN, True),
+    Case("a lost lock wins over a hand-back", ("hand_back", "lost"), StopReason.LOST, True),
 ]
+
+
+def test_a_stand_down_that_cuts_steps_short_overrides_a_hand_back() -> None:
+    state = StopState()
+    state.ask(ASKS["hand_back"])
+    state.ask(ASKS["stand_down"])
+    stop = state.current
+    assert stop is not None and stop.stand_down is not None
+    assert (stop.stand_down.reason, stop.at_boundary, stop.refuses) == ("shutdown", False, True)
+    state.ask(ASKS["hand_back"])  # and a later hand-back does not wait again
+    assert state.current is stop
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
@@ -150,3 +165,45 @@ async def test_the_outcome_when_stops_come_before_the_loop_looks(
     outcome = await attempt.run(admission=gate)
     assert outcome.kind is kind
     assert (await runner.client.get(run_id)).status is status
+
+
+STEP_GATE: dict[str, asyncio.Event] = {}
+STARTED: list[str] = []
+
+
+@step(name="engine.stop.held")
+async def held_step(key: str) -> str:
+    STARTED.append(key)
+    await STEP_GATE[key].wait()
+    return key
+
+
+@workflow(name="engine.stop.two_steps")
+async def two_steps(ctx: WorkflowContext, params: dict[str, str]) -> list[str]:
+    first = await held_step(params["first"])
+    return [first, await held_step(params["second"])]
+
+
+async def test_a_hand_back_lets_the_running_step_finish_and_starts_no_other(
+    runner: InlineWorkflowRunner,
+) -> None:
+    STEP_GATE["hb1"], STEP_GATE["hb2"] = asyncio.Event(), asyncio.Event()
+    run = await runner.client.submit("engine.stop.two_steps", {"first": "hb1", "second": "hb2"})
+    claimed = await runner.store.claim_run(run.run_id, "worker-1", now=time.time(), lock_ttl=60)
+    assert claimed is not None
+    attempt = Attempt(REGISTRY.workflow("engine.stop.two_steps"), claimed, claimed.journal,
+                      runner.store)
+    task = asyncio.create_task(attempt.run())
+    await await_until(lambda: "hb1" in STARTED, what="the first step running")
+    attempt.hand_back("upgrade")
+    await asyncio.sleep(0)
+    assert not task.done()  # the step is not cut
+    STEP_GATE["hb1"].set()
+    outcome = await asyncio.wait_for(task, 10)
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.REQUEUED, "upgrade")
+    assert "hb2" not in STARTED
+    events = await runner.client.events(run.run_id)
+    assert [e["type"] for e in events if e["type"].startswith("step:")] == [
+        "step:started", "step:completed"]
+    assert events[-1]["type"] == "run:requeued" and events[-1]["reason"] == "upgrade"
+    assert (await runner.client.get(run.run_id)).status is RunStatus.QUEUED

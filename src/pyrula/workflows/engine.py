@@ -164,6 +164,13 @@ class Attempt:
         self._stops.ask(Stop.stand(reason, crash=crash, **detail))
         self._wake.set()
 
+    def hand_back(self, reason: str, **detail: Any) -> None:
+        """Put the run back in the queue with ``reason`` once the steps running now have
+        finished and been recorded; start no new one (an upgrade moving the run to newer
+        code)."""
+        self._stops.ask(Stop.hand_back(reason, **detail))
+        self._wake.set()
+
     def abandon(self) -> None:
         """The run's lock is gone (the worker's watchdog stood it down): write nothing more,
         start no new step, and end as LOST at the next turn. Safe from any thread."""
@@ -235,7 +242,7 @@ class Attempt:
             # await (the body ending, a step finishing) leaves the event set for the wait.
             self._wake.clear()
             stop = self._stops.current
-            if stop is not None:
+            if stop is not None and not (stop.at_boundary and self._blockers.steps_running):
                 return await self._stopped(stop)
             if self._task.done():
                 return await self._conclude(self._task)

@@ -78,6 +78,9 @@ class Stop:
     error: NonDeterminismError | None = None
     #: The code may start no new operation (a cancel or the attempt's end came).
     refuses: bool = False
+    #: ``STAND_DOWN`` at the next step boundary: the steps running finish and are recorded
+    #: first, no new one starts (a hand-back to newer code; never a step cut in half).
+    at_boundary: bool = False
 
     @classmethod
     def lost(cls) -> Stop:
@@ -90,6 +93,11 @@ class Stop:
     @classmethod
     def stand(cls, reason: str, *, crash: bool = False, **detail: Any) -> Stop:
         return cls(StopReason.STAND_DOWN, stand_down=StandDown(reason, crash, dict(detail)))
+
+    @classmethod
+    def hand_back(cls, reason: str, **detail: Any) -> Stop:
+        return cls(StopReason.STAND_DOWN, stand_down=StandDown(reason, False, dict(detail)),
+                   refuses=True, at_boundary=True)
 
     @classmethod
     def cancel(cls) -> Stop:
@@ -106,7 +114,11 @@ class Stop:
     def then(self, later: Stop) -> Stop:
         """The stop in force once ``later`` comes after this one."""
         stronger = later.reason.strength > self.reason.strength
-        kept = later if stronger or (later.reason.halts and self.reason.halts) else self
+        # A stand-down that cuts the steps short (a shutdown past its grace) overrides one
+        # that was waiting for them to finish.
+        sooner = self.at_boundary and later.reason is self.reason and not later.at_boundary
+        kept = later if stronger or sooner or (later.reason.halts and self.reason.halts) \
+            else self
         if (self.refuses or later.refuses) and not kept.refuses:
             return replace(kept, refuses=True)
         return kept
