@@ -108,6 +108,9 @@ def cli() -> None:
 @click.option("--max-boot-failures", default=None, envvar="PYRULA_MAX_BOOT_FAILURES",
               help="children in a row that die before ready, then the fleet stops "
               f"({DEFAULTS.max_boot_failures})")
+@click.option("--drain-deadline", default=None, envvar="PYRULA_DRAIN_DEADLINE",
+              metavar="SECONDS", help="in an upgrade, how long the old generation keeps runs "
+              "the new code cannot replay (default: until they end)")
 @click.option("--shutdown-grace", default=None, envvar="PYRULA_SHUTDOWN_GRACE",
               help=f"seconds in-flight runs get to finish on SIGTERM ({DEFAULTS.shutdown_grace:g})")
 @click.option("--cancel-timeout", default=None, envvar="PYRULA_CANCEL_TIMEOUT",
@@ -121,8 +124,9 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
           store: str | None, namespace: str | None, cluster: bool | None,
           health_port: Any, health_host: str, max_runs_per_child: Any,
           max_memory_per_child: Any, child_timeout: Any, stall_timeout: Any,
-          max_boot_failures: Any, shutdown_grace: Any, cancel_timeout: Any,
-          log_format: str, log_level: str, **worker_options: Any) -> None:
+          max_boot_failures: Any, drain_deadline: Any, shutdown_grace: Any,
+          cancel_timeout: Any, log_format: str, log_level: str,
+          **worker_options: Any) -> None:
     """Start N worker processes and supervise them until SIGTERM/SIGINT."""
     logs.configure(log_format, log_level)
     try:
@@ -145,6 +149,8 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
             max_boot_failures=(DEFAULTS.max_boot_failures if max_boot_failures in (None, "")
                                else parse_int("--max-boot-failures", max_boot_failures,
                                               minimum=1)),
+            drain_deadline=(None if drain_deadline in (None, "") else
+                            parse_seconds("--drain-deadline", drain_deadline, 0.0)),
             shutdown_grace=parse_seconds("--shutdown-grace", shutdown_grace,
                                          DEFAULTS.shutdown_grace, strict=False),
             cancel_timeout=parse_seconds("--cancel-timeout", cancel_timeout,
@@ -249,6 +255,33 @@ def status(url: str | None, as_json: bool) -> None:
         click.echo(f"{child['slot']:>4} {child['pid']:>7} {child['state']:<9} "
                    f"{child['in_flight']:>9} {child['runs_done']:>7} {child['restarts']:>8} "
                    f"{rss:>9}  {child['worker_id']} {json.dumps(child['shards'])}")
+
+
+@cli.command("upgrade")
+@click.option("--url", default=None, help="the fleet's health URL (default "
+              "http://127.0.0.1:$PORT or :8081)")
+def upgrade(url: str | None) -> None:
+    """Start a new generation of children on the code as it is now (same as kill -USR2
+    <fleet pid>): runs move to it at their next step where the new code can replay them."""
+    import signal
+    import urllib.error
+    import urllib.request
+
+    base = url or f"http://127.0.0.1:{resolve_health_port(None)}"
+    try:
+        with urllib.request.urlopen(base.rstrip("/") + "/livez", timeout=5) as reply:
+            pid = int(json.loads(reply.read())["pid"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        click.echo(f"cannot reach the fleet at {base}: {exc}", err=True)
+        sys.exit(1)
+    try:
+        os.kill(pid, signal.SIGUSR2)
+    except OSError as exc:  # another host's fleet, or another user's
+        click.echo(f"cannot signal the fleet (pid {pid}) from here: {exc}; run this on the "
+                   "fleet's host", err=True)
+        sys.exit(1)
+    click.echo(f"upgrade started: fleet pid {pid} loads the code anew; follow it with "
+               "pyrula-fleet status")
 
 
 BENCH_EPILOG = """\b

@@ -360,6 +360,7 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
         for info in runs_client.list_runs(name=name, status=RunStatus.QUEUED, limit=limit):
             found.append(_stuck(info, f"queued: no live worker serves {name!r}"))
     found.extend(_call(runs_client.store, _failed_stuck(runs_client.store, limit)))
+    found.extend(_call(runs_client.store, _build_stuck(runs_client.store, limit)))
     if as_json:
         print_json(found)
         return
@@ -390,6 +391,31 @@ async def _failed_stuck(store: Any, limit: int) -> list[dict[str, Any]]:
     finally:
         if isinstance(failed, AsyncGenerator):  # left early: end the page reader now
             await failed.aclose()
+    return found
+
+
+async def _build_stuck(store: Any, limit: int) -> list[dict[str, Any]]:
+    """Runs parked because no live worker's code can replay them (an upgrade changed their
+    workflow incompatibly and the old code is gone): waiting for ``pyrula.build``."""
+    from pyrula.workflows import RunStatus, WorkflowClient
+    from pyrula.workflows.events import BUILD_SIGNAL
+
+    runs = WorkflowClient(store)
+    found: list[dict[str, Any]] = []
+    waiting = runs.list_runs(status=RunStatus.WAITING)
+    try:
+        async for info in waiting:
+            if BUILD_SIGNAL not in info.waiting_for:
+                continue
+            events = await runs.events(info.run_id)
+            last = next((e for e in reversed(events) if e.get("signal") == BUILD_SIGNAL), {})
+            found.append(_stuck(info, f"waiting for build {last.get('build')}: the code "
+                                      f"served now cannot replay it ({last.get('message')})"))
+            if len(found) >= limit:
+                break
+    finally:
+        if isinstance(waiting, AsyncGenerator):
+            await waiting.aclose()
     return found
 
 

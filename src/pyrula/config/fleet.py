@@ -39,6 +39,9 @@ class FleetOptions:
     child_timeout: float = 30.0
     stall_timeout: float = 60.0
     max_boot_failures: int = 5
+    #: How long an upgrade's old generation may keep runs the new code cannot replay
+    #: (None: until they end).
+    drain_deadline: float | None = None
     # The children drain with these (``child_worker_options``): the worker's own defaults.
     shutdown_grace: float = WorkerOptions.shutdown_grace
     cancel_timeout: float = WorkerOptions.cancel_timeout

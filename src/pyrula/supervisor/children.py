@@ -51,6 +51,8 @@ class Child:
     retiring: bool = False  # asked to drain on purpose (recycle, scale down, shutdown)
     killed_for: str | None = None
     run_limit: int | None = None
+    #: The generation it belongs to (a new one starts with each upgrade).
+    generation: int = 1
     #: Its last metrics report (``pyrula.metrics`` families), and the workflows it serves.
     metrics: dict[str, Any] = field(default_factory=dict)
     workflows: list[str] = field(default_factory=list)
@@ -155,7 +157,8 @@ class Spawner:
 
     def spawn(self, slot: int, config: dict[str, Any]) -> Child:
         self._reap_retired()
-        reader, writer = self._ctx.Pipe(duplex=False)
+        # Both ways: the child reports; the supervisor tells it to retire or take a run.
+        reader, writer = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(  # type: ignore[attr-defined]
             target=trampoline.run,
             args=(trampoline.CHILD_ENTRY, config, writer),

@@ -25,12 +25,14 @@ from pyrula.config.fleet import FleetOptions
 from pyrula.config.parse import redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.logs import FLEET_LOGGER
+from pyrula.supervisor import upgrades
 from pyrula.supervisor.boot import BootReport
 from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
 from pyrula.supervisor.fleet_metrics import FleetMetrics
 from pyrula.supervisor.recovery import Recovery
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
 from pyrula.supervisor.status import SlotView, fleet_status
+from pyrula.supervisor.upgrade import Upgrade
 from pyrula.supervisor.watch import Kill, Recycle, verdict
 from pyrula.wire import EXIT_BOOT_FAILURE, WorkerState, decode, parse_heartbeat
 
@@ -44,6 +46,7 @@ SIGNAL_COMMANDS = {
     signal.SIGHUP: "reload",
     signal.SIGTTIN: "add",
     signal.SIGTTOU: "remove",
+    signal.SIGUSR2: "upgrade",
 }
 FORCED_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
 #: After a second TERM/INT: how long the killed children's exits and the store calls that
@@ -85,6 +88,9 @@ class Supervisor:
         self._quit_deadline: float | None = None  # set by a second TERM/INT
         # Children asked to drain that no longer belong to a slot (recycled, scaled down).
         self._leaving: set[Child] = set()
+        #: The generation new children belong to, and the upgrade in progress.
+        self.generation = 1
+        self.upgrade: Upgrade | None = None
 
     # --- child configuration ----------------------------------------------------
 
@@ -155,6 +161,7 @@ class Supervisor:
 
     def _spawn(self, slot: Slot, *, incoming: bool = False) -> Child:
         child = self.spawner.spawn(slot.index, self.child_config(slot.index))
+        child.generation = self.generation
         if self.options.max_runs_per_child:
             # Jitter, so children started together are not recycled together.
             child.run_limit = int(self.options.max_runs_per_child * random.uniform(1.0, 1.1))
@@ -193,8 +200,12 @@ class Supervisor:
                                    "pid": child.pid, "worker_id": child.beat.worker_id})
                 self.boots.ready(self.ready_children(), self.desired,
                                  time.monotonic() - self.started_at)
+                if self.upgrade is not None:
+                    self.upgrade.tell([child])
         elif kind == "boot_error":
             child.boot_error = self.boots.failed(child.slot, child.pid, message)
+        elif kind == "refused":
+            upgrades.refused(self, str(message.get("run_id")), str(message.get("build")))
         elif kind == "metrics":
             child.metrics = dict(message.get("families") or {})
             child.workflows = [str(name) for name in message.get("workflows") or []]
@@ -215,6 +226,7 @@ class Supervisor:
             pass
         child.conn.close()
         self._leaving.discard(child)
+        upgrades.exited(self, child)
         slot = self.slots.get(child.slot)
         if slot is not None and slot.incoming is child:
             slot.incoming = None
@@ -308,6 +320,8 @@ class Supervisor:
                 self.spawner.reload()
                 self._recycle_queue = [i for i in sorted(self.slots)
                                        if i not in self._recycle_queue] + self._recycle_queue
+            elif command == "upgrade":
+                upgrades.begin(self)
             elif command == "add":
                 self.desired += 1
                 logger.info("received SIGTTIN: %d children desired", self.desired,
@@ -378,6 +392,7 @@ class Supervisor:
         for child in self._children():
             self._watch(child, now)
         self._scale()
+        upgrades.tick(self, now)
         for slot in self.slots.values():
             if slot.child is None and slot.incoming is None and slot.respawn_at is not None \
                     and now >= slot.respawn_at:
@@ -422,8 +437,8 @@ class Supervisor:
     def _recycle(self, now: float) -> None:
         """One slot at a time: start its replacement, and once that is ready, drain the
         old child. Capacity is kept throughout."""
-        if not self._recycle_queue:
-            return
+        if not self._recycle_queue or self.upgrade is not None:
+            return  # an upgrade replaces every slot's child itself; recycling waits
         index = self._recycle_queue[0]
         slot = self.slots.get(index)
         if slot is None:
@@ -463,10 +478,10 @@ class Supervisor:
     # --- health -----------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        return fleet_status(
+        return upgrades.status(self, fleet_status(
             (SlotView(i, s.child, s.restarts) for i, s in self.slots.items()),
             self.desired, self.draining,
-        )
+        ))
 
     async def metrics(self) -> dict[str, Any]:
         """The fleet's metrics families (``FleetMetrics.families``), with the queues of the

@@ -42,6 +42,9 @@ TERMINAL_EVENTS = frozenset(
 
 #: The signal name under which ``client.resume(run_id, value)`` is delivered to ``ctx.interrupt``.
 INTERRUPT_SIGNAL = "pyrula.interrupt"
+#: The signal a run waits for when no live worker's code can replay its journal (an
+#: upgrade changed its workflow incompatibly and the old code is gone).
+BUILD_SIGNAL = "pyrula.build"
 
 
 def make_event(type_: EventType | str, ts: float, **fields: Any) -> Event:

@@ -18,6 +18,8 @@ from pyrula.config.worker import WorkerOptions
 from pyrula.errors import JournalCorrupt, StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.metrics import Metrics
 from pyrula.workflows.clock import Clock
+from pyrula.workflows.compat import Stop as ReplayStop
+from pyrula.workflows.compat import check_replay
 from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
 from pyrula.workflows.events import Event, EventType
@@ -26,6 +28,7 @@ from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.gate import SuspectGate
+from pyrula.workflows.worker.generations import Generation, last_build, refuse
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import backoff_delays
 from pyrula.workflows.worker.pool import StepPool
@@ -46,6 +49,11 @@ _ENDED: dict[OutcomeKind, str | None] = {
     OutcomeKind.CANCELLED: "pyrula.workflows.runs.cancelled",
     OutcomeKind.CONTINUED: None,
 }
+
+
+#: How long the replay check of a run from another build may take: code that awaits
+#: something other than its steps that long is run rather than judged.
+REPLAY_CHECK_TIMEOUT_S = 1.0
 
 
 class JournalCacheMismatch(RuntimeError):
@@ -69,6 +77,8 @@ class AttemptParts:
     timers: TimerLoop
     metrics: Metrics
     log: Mapping[str, str]
+    worker_id: str
+    generation: Generation
     #: Exports the trace of each run an attempt ends (``span_exporter``), or None.
     traces: TraceExports | None = None
 
@@ -134,12 +144,15 @@ class AttemptRunner:
                 logger.critical("journal_cache_mismatch: %s", exc, extra=run_log)
                 self._rt.fail(exc)
                 return
+            if await self._refused(spec, claimed, journal, run_log):
+                return
             attempt = Attempt(
                 spec, claimed, journal, p.store, executor=p.pool, clock=p.clock,
                 settings=p.settings, user_code=p.user_code, on_step=self._step_timer(claimed),
             )
             if p.runs.attach(attempt):
                 attempt.abandon()  # stood down while its journal was being read
+            p.generation.hand_back_if_retiring(attempt)  # claimed as the worker retired
             admission = None
             if crashes:
                 # A suspect: its code runs apart from the other suspects' (worker.gate).
@@ -160,6 +173,37 @@ class AttemptRunner:
             p.user_code.attempt_ended(claimed.run_id, claimed.token)
             p.runs.release(claimed.run_id, claimed.token)
             self._rt.capacity.set()
+
+    async def take(self, run_id: str) -> bool:
+        """Claim ``run_id`` by id and run it here to its end (pinned: an upgrade's newer
+        code cannot replay it); False if it is no longer claimable."""
+        p = self._p
+        claimed = await p.store.claim_run(run_id, p.worker_id, now=p.clock.now(),
+                                          lock_ttl=p.options.lock_ttl)
+        if claimed is None:
+            return False
+        p.generation.pinned.add(run_id)
+        self.start(claimed)
+        return True
+
+    async def _refused(self, spec: WorkflowSpec, claimed: ClaimedRun, journal: list[Event],
+                       run_log: dict[str, Any]) -> bool:
+        """True if this worker's code cannot replay the run, which last ran on another
+        build: it is then handed on rather than failed (``worker.generations``)."""
+        generation = self._p.generation
+        theirs = last_build(journal)
+        if theirs is None or theirs == generation.build:
+            return False
+        verdict = await check_replay(spec, journal, run_id=claimed.run_id,
+                                     timeout=REPLAY_CHECK_TIMEOUT_S)
+        if verdict.stop is not ReplayStop.DIVERGED:
+            return False
+        try:
+            await refuse(self._p.store, claimed, journal, theirs, verdict.reason or "",
+                         generation, self._p.clock.now(), run_log)
+        except (StaleToken, WorkflowNotFound):
+            pass  # another attempt holds the run now
+        return True
 
     def _count_start(self, claimed: ClaimedRun) -> None:
         """Count the attempt begun, and how long the run waited for this claim: from the

@@ -26,6 +26,7 @@ from pyrula.wire import (
     HEARTBEAT_INTERVAL,
     METRICS_INTERVAL,
     Heartbeat,
+    decode,
     encode,
     heartbeat_message,
     metrics_message,
@@ -151,6 +152,28 @@ def _heartbeat(worker: Any, reach: StoreCheck, *, periodic: bool) -> bytes:
     ))
 
 
+def _on_supervisor(worker: Any, conn: Connection) -> None:
+    """What the supervisor tells this child during an upgrade (``supervisor.upgrade``)."""
+    try:
+        while conn.poll():
+            message = decode(conn.recv_bytes())
+            kind = message.get("type")
+            if kind == "retire":
+                worker.retire()
+            elif kind == "take":
+                task = asyncio.get_running_loop().create_task(worker.take(str(message["run_id"])))
+                _TAKES.add(task)
+                task.add_done_callback(_TAKES.discard)
+            elif kind == "generations":
+                worker.generation.set_older(message.get("older") or [])
+    except (EOFError, OSError, ValueError):
+        asyncio.get_running_loop().remove_reader(conn.fileno())
+
+
+#: The runs being taken over by id (kept referenced until they are started).
+_TAKES: set[asyncio.Task[Any]] = set()
+
+
 def _metrics(worker: Any) -> bytes:
     worker.metrics.set("pyrula.workflows.runs.in_flight", float(worker.in_flight))
     return metrics_message(worker.metrics.samples(), worker.workflow_names)
@@ -189,6 +212,9 @@ async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
 
     heartbeat = asyncio.create_task(beat())
     checker = asyncio.create_task(reach.watch(worker))
+    worker.generation.on_refused = lambda run_id, build: _send(
+        conn, encode({"type": "refused", "run_id": run_id, "build": build}))
+    loop.add_reader(conn.fileno(), _on_supervisor, worker, conn)
     try:
         await worker.run()
     except Exception as exc:
@@ -198,6 +224,7 @@ async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
         logger.exception("worker failed: %s", exc)
         return 1
     finally:
+        loop.remove_reader(conn.fileno())
         heartbeat.cancel()
         checker.cancel()
         await asyncio.gather(heartbeat, checker, return_exceptions=True)

@@ -26,6 +26,8 @@ class Runtime:
         self.stop_requested = False
         #: False while the store is bound to another project or environment.
         self.binding_ok = True
+        #: An upgrade's older generation: it claims nothing new (``worker.generations``).
+        self.retiring = False
         #: The error that stopped the worker (``run()`` re-raises it).
         self.fatal: BaseException | None = None
         self.loops: dict[str, LoopState] = {}
@@ -46,8 +48,9 @@ class Runtime:
 
     @property
     def paused(self) -> bool:
-        """True while the worker must start no new work (draining, or bound elsewhere)."""
-        return self.stop_requested or not self.binding_ok
+        """True while the worker must start no new work (draining, retiring, or bound
+        elsewhere)."""
+        return self.stop_requested or self.retiring or not self.binding_ok
 
     def stop(self) -> None:
         """Begin the graceful shutdown; safe from a signal handler, a coroutine or a thread."""

@@ -40,6 +40,7 @@ from pyrula.workflows.worker.attempts import AttemptParts, AttemptRunner, Journa
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts, stop_claiming
 from pyrula.workflows.worker.gate import SuspectGate
+from pyrula.workflows.worker.generations import Generation
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
 from pyrula.workflows.worker.orphans import OrphanLoop, Serving
@@ -139,6 +140,7 @@ class WorkflowWorker:
         # Runs claimed and not yet ended, from the moment a claim returns, before the
         # attempt's task (and any user code) runs, so a crash report is complete.
         self._runs = HeldRuns(self._cache)
+        self.generation = Generation(self.build)
         self._on_claimed = on_claimed
         self._user_code = UserCodeTracker(on_user_code)
         self._gate = SuspectGate()
@@ -177,6 +179,21 @@ class WorkflowWorker:
     @property
     def in_flight(self) -> int:
         return self._runs.in_flight()
+
+    # --- upgrades (``worker.generations``) -------------------------------------------
+
+    def retire(self) -> None:
+        """An older generation's worker during an upgrade: claim nothing new, hand back
+        each held run at its next step boundary."""
+        self._rt.retiring = True
+        self.generation.retire(self._runs.attempts())
+
+    async def take(self, run_id: str) -> bool:
+        """Claim ``run_id`` by id and run it to its end here (a run newer code cannot
+        replay); False if it is no longer claimable."""
+        if self._runner is None:
+            return False
+        return await self._runner.take(run_id)
 
     def now(self) -> float:
         """The time by the worker's clock: the store's, where it has one."""
@@ -281,7 +298,8 @@ class WorkflowWorker:
             specs=self._specs, store=self.store, clock=self._clock, options=o,
             settings=settings, pool=pool, runs=self._runs, cache=self._cache,
             user_code=self._user_code, gate=self._gate, timers=self._timers,
-            metrics=self.metrics, log=self._log, traces=self._traces,
+            metrics=self.metrics, log=self._log, worker_id=self.worker_id,
+            generation=self.generation, traces=self._traces,
         ), self._rt)
 
     async def _prepare_store(self) -> None:

@@ -1,0 +1,141 @@
+"""An upgrade on one host (SIGUSR2 / ``pyrula-fleet upgrade``), with real processes: runs
+in flight move to the new code at their next step where it can replay them, stay on the
+old code where it cannot, no run fails with NonDeterminismError, and the old generation
+exits on its own."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyrula.workflows import RunStatus, SyncWorkflowClient
+from tests.conftest import wait_until
+from tests.fleet.fleetprocs import FLEET, QUICK, Fleets, child_env, ready, write_app
+
+pytestmark = pytest.mark.slow
+
+MODULE = "upapp"
+
+APP = textwrap.dedent(
+    '''
+    """The upgrade tests' app; the test rewrites it between versions."""
+
+    import os
+    import time
+    from pathlib import Path
+
+    from pyrula.workflows import step, workflow
+
+    HERE = Path(__file__).resolve().parent
+    VERSION = "{version}"
+
+
+    def _mark(what):
+        with open(HERE / "effects.log", "a") as f:
+            f.write(f"{{what}} {{os.getpid()}}\\n")
+
+
+    @step(name="{first}")
+    def first(tag: str) -> str:
+        _mark(f"first {{tag}}")
+        while not (HERE / f"gate-{{tag}}").exists():
+            time.sleep(0.01)
+        return VERSION
+
+
+    @step(name="second")
+    def second(tag: str) -> str:
+        _mark(f"second {{tag}}")
+        return VERSION
+
+
+    @workflow(name="up_flow")
+    async def flow(ctx, params):
+        return [await first(params["tag"]), await second(params["tag"])]
+    '''
+)
+
+
+def _write(directory: Path, version: str, first: str = "first") -> None:
+    write_app(directory, APP.format(version=version, first=first), MODULE)
+
+
+def _upgrading(status: dict[str, Any]) -> bool:
+    gens = status.get("generations") or []
+    return len(gens) == 2 and gens[1]["state"] == "serving"
+
+
+def _run_upgrade(fleets: Fleets, client: SyncWorkflowClient, *, first: str
+                 ) -> tuple[list[Any], list[Any], str]:
+    """Three runs held in their first step on v1, an upgrade to v2 (step ``first`` named
+    ``first``), then three runs submitted after it; returns (old runs, new runs, log)."""
+    directory = fleets.directory
+    _write(directory, "v1")
+    fleet = fleets.start("-n", "2", "--lock-ttl", "5", *QUICK, app=MODULE)
+    fleet.wait_ready(2)
+    old = [client.submit("up_flow", {"tag": f"old{i}"}) for i in range(3)]
+    wait_until(lambda: sum(1 for e in fleets.effects() if e[0] == "first") == 3, 20,
+               what="the old runs in their first step")
+
+    _write(directory, "v2", first)
+    upgraded = subprocess.run([*FLEET, "upgrade", "--url", fleet.url], env=child_env(),
+                              capture_output=True, text=True, timeout=30)
+    assert upgraded.returncode == 0, upgraded.stderr
+    status = fleet.wait_status(_upgrading, 30, what="generation 2 serving beside 1")
+    assert [g["id"] for g in status["generations"]] == [1, 2]
+    assert status["generations"][0]["state"] == "retiring"
+    assert status["generations"][0]["build"] != status["generations"][1]["build"]
+    assert {c["generation"] for c in ready(status)} == {2}
+
+    for i in range(3):
+        (directory / f"gate-old{i}").touch()
+        (directory / f"gate-new{i}").touch()
+    new = [client.submit("up_flow", {"tag": f"new{i}"}) for i in range(3)]
+    for run in old + new:
+        client.result(run.run_id, timeout=60)
+    log = fleet.wait_for_log("fleet_upgraded", 60)
+    final = fleet.wait_status(lambda s: "generations" not in s, 30, what="one generation")
+    assert {c["generation"] for c in final["children"]} == {2}
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(60) == 0
+    return old, new, log
+
+
+def test_an_incompatible_upgrade_leaves_each_run_on_the_code_that_replays_it(
+    fleets: Fleets, client: SyncWorkflowClient
+) -> None:
+    # v2 renames the first step: a run that recorded it cannot replay on v2.
+    old, new, log = _run_upgrade(fleets, client, first="first_renamed")
+    for run in old:
+        info = client.get(run.run_id)
+        assert info.status is RunStatus.COMPLETED, info
+        assert info.result == ["v1", "v1"]  # finished on the old generation
+        reasons = [e.get("reason") for e in client.events(run.run_id)
+                   if e["type"] == "run:requeued"]
+        assert "upgrade" in reasons and "build_mismatch" in reasons
+    for run in new:
+        assert client.result(run.run_id) == ["v2", "v2"]
+    assert "NonDeterminismError" not in log
+    assert "run_build_mismatch" in log
+
+
+def test_a_compatible_upgrade_moves_runs_in_flight_to_the_new_code_at_their_next_step(
+    fleets: Fleets, client: SyncWorkflowClient
+) -> None:
+    old, new, log = _run_upgrade(fleets, client, first="first")
+    for run in old:
+        assert client.result(run.run_id) == ["v1", "v2"]  # step 1 on v1, step 2 on v2
+        journal = client.events(run.run_id)
+        firsts = [e for e in journal if e["type"] == "step:completed" and e["step"] == "first"]
+        assert len(firsts) == 1  # the step was not cut in half nor run again
+        builds = [e["build"] for e in journal if e["type"] == "run:started"]
+        assert len(builds) == 2 and builds[0] != builds[1]
+        assert [e["reason"] for e in journal if e["type"] == "run:requeued"] == ["upgrade"]
+    for run in new:
+        assert client.result(run.run_id) == ["v2", "v2"]
+    assert "run_build_mismatch" not in log
