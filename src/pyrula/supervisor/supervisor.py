@@ -4,8 +4,9 @@ One asyncio loop. Signal handlers only record a command; ``_tick`` acts. Childre
 over their pipes (``pyrula.wire``); their exits are seen through the process sentinels.
 
 The pure parts live apart: the restart policy (``restart``), what to do with a live child
-(``watch``) and the ``/status`` body (``status``). What stays here, about 470 lines, is the
-one state machine over the slots (spawn, exit, drain, quit, recycle, scale), kept in one
+(``watch``), the ``/status`` body (``status``) and elastic sizing (``scaling``; its loop,
+``autoscale``, only sets ``desired``). What stays here, about 500 lines, is the one state
+machine over the slots (spawn, exit, drain, quit, recycle, scale), kept in one
 class because every one of those steps reads and changes the same slots and queues.
 """
 
@@ -25,6 +26,7 @@ from pyrula.config.fleet import FleetOptions
 from pyrula.config.parse import redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.logs import FLEET_LOGGER
+from pyrula.supervisor.autoscale import Autoscaler, policy_of
 from pyrula.supervisor.boot import BootReport
 from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
 from pyrula.supervisor.fleet_metrics import FleetMetrics
@@ -85,6 +87,8 @@ class Supervisor:
         self._quit_deadline: float | None = None  # set by a second TERM/INT
         # Children asked to drain that no longer belong to a slot (recycled, scaled down).
         self._leaving: set[Child] = set()
+        #: Elastic sizing (``--min``/``--max``): the loop that sets ``desired``.
+        self.autoscaler = Autoscaler(self, policy_of(options)) if options.elastic else None
 
     # --- child configuration ----------------------------------------------------
 
@@ -116,6 +120,8 @@ class Supervisor:
         logger.info("fleet_started: %d children spawned (%s), store %s; not ready yet",
                     self.desired, self.spawner.method, redact_url(self.options.store_url),
                     extra={"event": "fleet_started", "children": self.desired})
+        sizing = (None if self.autoscaler is None
+                  else loop.create_task(self.autoscaler.run(), name="elastic-sizing"))
         try:
             while not self._stopped.is_set():
                 self._handle_commands()
@@ -127,6 +133,9 @@ class Supervisor:
         finally:
             for signum in SIGNAL_COMMANDS:
                 loop.remove_signal_handler(signum)
+            if sizing is not None:
+                sizing.cancel()
+                await asyncio.gather(sizing, return_exceptions=True)
             await self._finish_recoveries()
         return self.exit_code
 
@@ -308,6 +317,11 @@ class Supervisor:
                 self.spawner.reload()
                 self._recycle_queue = [i for i in sorted(self.slots)
                                        if i not in self._recycle_queue] + self._recycle_queue
+            elif command in ("add", "remove") and self.autoscaler is not None:
+                logger.warning("received %s: ignored, --min/--max size this fleet (%d "
+                               "desired); restart it with other bounds to change them",
+                               signal.Signals(signum).name, self.desired,
+                               extra={"event": "fleet_scale", "desired": self.desired})
             elif command == "add":
                 self.desired += 1
                 logger.info("received SIGTTIN: %d children desired", self.desired,
@@ -463,9 +477,11 @@ class Supervisor:
     # --- health -----------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        o = self.options
         return fleet_status(
             (SlotView(i, s.child, s.restarts) for i, s in self.slots.items()),
             self.desired, self.draining,
+            bounds=(o.min_children, o.max_children) if self.autoscaler is not None else None,
         )
 
     async def metrics(self) -> dict[str, Any]:
