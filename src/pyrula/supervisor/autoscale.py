@@ -22,9 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from pyrula.config.parse import env_value, parse_float
 from pyrula.logs import FLEET_LOGGER
 from pyrula.supervisor.children import Child, ChildState
-from pyrula.supervisor.scaling import Decision, Direction, ScalingInputs, ScalingPolicy, decide
+from pyrula.supervisor.scaling import (
+    DEFAULT_MIN_CPU_FREE,
+    Decision,
+    Direction,
+    ScalingInputs,
+    ScalingPolicy,
+    decide,
+)
 
 if TYPE_CHECKING:
     from pyrula.supervisor.supervisor import Supervisor
@@ -213,7 +221,13 @@ def _describe(decision: Decision) -> str:
 
 
 def policy_of(options: Any) -> ScalingPolicy:
-    """The policy of ``FleetOptions`` with elastic sizing (``--min``/``--max``...)."""
+    """The policy of ``FleetOptions`` with elastic sizing (``--min``/``--max``...).
+    ``PYRULA_SCALE_MIN_CPU_FREE`` (cores, default 0.25; 0 turns the check off) tunes the
+    CPU headroom a new child needs: on a host shared with other work, whole-host CPU may
+    stay busy while this fleet still has room."""
+    raw = env_value("PYRULA_SCALE_MIN_CPU_FREE")
+    cpu_free = DEFAULT_MIN_CPU_FREE if raw in (None, "") else parse_float(
+        "PYRULA_SCALE_MIN_CPU_FREE", raw, minimum=0.0, strict=False)
     return ScalingPolicy(minimum=options.min_children, maximum=options.max_children,
                          scale_up_after=options.scale_up_after,
-                         scale_down_after=options.scale_down_after)
+                         scale_down_after=options.scale_down_after, min_cpu_free=cpu_free)

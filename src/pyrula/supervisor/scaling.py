@@ -38,6 +38,8 @@ from enum import StrEnum
 logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+#: The free CPU (cores) a new child needs, unless ``PYRULA_SCALE_MIN_CPU_FREE`` says otherwise.
+DEFAULT_MIN_CPU_FREE = 0.25
 
 
 class Direction(StrEnum):
@@ -59,7 +61,7 @@ class ScalingPolicy:
     scale_up_after: float = 2.0
     scale_down_after: float = 60.0
     up_cooldown: float = 1.0
-    min_cpu_free: float = 0.25
+    min_cpu_free: float = DEFAULT_MIN_CPU_FREE
     min_child_memory: int = 64 * MIB
     memory_per_child_factor: float = 1.5
     max_loop_lag: float = 0.5
