@@ -24,6 +24,7 @@ from pyrula.config.fleet import (
 from pyrula.config.parse import parse_int, redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
+from pyrula.supervisor.memory import log_limits, read_cgroup_memory_limit, resolve_limits
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,13 @@ def cli() -> None:
 @click.option("--max-runs-per-child", default=None, envvar="PYRULA_MAX_RUNS_PER_CHILD",
               help="recycle a child after this many runs (with jitter)")
 @click.option("--max-memory-per-child", default=None, envvar="PYRULA_MAX_MEMORY_PER_CHILD",
-              help="recycle a child above this RSS, e.g. 512MB")
+              help="recycle a child above this RSS, e.g. 512MB (default in a container "
+              "with a memory limit: 80 % of its share)")
+@click.option("--memory-hard-limit", default=None, envvar="PYRULA_MEMORY_HARD_LIMIT",
+              metavar="BYTES",
+              help="kill a child above this RSS at once, e.g. 768MB; above "
+              "--max-memory-per-child (default in a container with a memory limit: 90 % "
+              "of its share)")
 @click.option("--child-timeout", default=None, envvar="PYRULA_CHILD_TIMEOUT",
               help="kill and replace a child whose loop sent no heartbeat this long "
               f"({DEFAULTS.child_timeout:g})")
@@ -132,7 +139,7 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
           scale_down_after: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
           store: str | None, namespace: str | None, cluster: bool | None,
           health_port: Any, health_host: str, max_runs_per_child: Any,
-          max_memory_per_child: Any, child_timeout: Any, stall_timeout: Any,
+          max_memory_per_child: Any, memory_hard_limit: Any, child_timeout: Any, stall_timeout: Any,
           max_boot_failures: Any, shutdown_grace: Any, cancel_timeout: Any,
           log_format: str, log_level: str, **worker_options: Any) -> None:
     """Start N worker processes and supervise them until SIGTERM/SIGINT."""
@@ -140,9 +147,16 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
     try:
         given = {k: v for k, v in worker_options.items() if v is not None}
         WorkerOptions(**given)  # bad worker option values fail here, in the parent
+        bounds = resolve_bounds(children, min_children, max_children, scale_up_after,
+                                scale_down_after)
+        # The most children there can be: the container's memory is shared among them.
+        count = bounds.get("max_children") or bounds["children"]
+        memory = resolve_limits(
+            parse_memory(max_memory_per_child),
+            parse_memory(memory_hard_limit, "--memory-hard-limit"),
+            read_cgroup_memory_limit(), count)
         options = FleetOptions(
-            **resolve_bounds(children, min_children, max_children, scale_up_after,
-                             scale_down_after),
+            **bounds,
             apps=apps,
             workflows=workflows,
             store_url=shared_store_url(resolve_store_url(store)),
@@ -152,7 +166,8 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
             health_host=health_host,
             max_runs_per_child=(None if max_runs_per_child in (None, "") else
                                 parse_int("--max-runs-per-child", max_runs_per_child, minimum=1)),
-            max_memory_per_child=parse_memory(max_memory_per_child),
+            max_memory_per_child=memory.soft,
+            memory_hard_limit=memory.hard,
             child_timeout=parse_seconds("--child-timeout", child_timeout, DEFAULTS.child_timeout),
             stall_timeout=parse_seconds("--stall-timeout", stall_timeout, DEFAULTS.stall_timeout),
             max_boot_failures=(DEFAULTS.max_boot_failures if max_boot_failures in (None, "")
@@ -167,6 +182,7 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
             worker_options=given,
         )
         warn_if_oversized(options.max_children or options.children, os.cpu_count())
+        log_limits(memory, count)
         code = run_fleet(options)
     except ConfigurationError as exc:  # also what the supervisor's store refuses at start
         click.echo(f"configuration error: {exc}", err=True)

@@ -36,6 +36,7 @@ class FleetOptions:
     health_host: str = WorkerOptions.health_host
     max_runs_per_child: int | None = None
     max_memory_per_child: int | None = None
+    memory_hard_limit: int | None = None
     child_timeout: float = 30.0
     stall_timeout: float = 60.0
     max_boot_failures: int = 5
@@ -61,6 +62,7 @@ class FleetOptions:
             raise ConfigurationError(f"--log-format must be json or text, got {self.log_format!r}")
         if self.namespace is not None:
             parse_namespace("--namespace (or PYRULA_VALKEY_NAMESPACE)", self.namespace)
+        check_memory_limits(self.max_memory_per_child, self.memory_hard_limit)
         if self.max_boot_failures < 1:
             raise ConfigurationError(
                 f"--max-boot-failures must be >= 1, got {self.max_boot_failures}"
@@ -147,10 +149,20 @@ def resolve_store_url(flag: str | None) -> str:
     return flag or env_value("PYRULA_STORE_URL") or DEFAULT_STORE_URL
 
 
-def parse_memory(raw: Any) -> int | None:
+def parse_memory(raw: Any, option: str = "--max-memory-per-child") -> int | None:
     if raw is None or raw == "":
         return None
-    return parse_bytes("--max-memory-per-child", raw, minimum=MIB)
+    return parse_bytes(option, raw, minimum=MIB)
+
+
+def check_memory_limits(soft: int | None, hard: int | None) -> None:
+    """A hard limit at or below the soft one would kill every child the soft limit is
+    meant to replace gently."""
+    if soft is not None and hard is not None and hard <= soft:
+        raise ConfigurationError(
+            f"--memory-hard-limit ({hard} bytes) must be above --max-memory-per-child "
+            f"({soft} bytes): above the soft limit a child is replaced, above the hard one "
+            "it is killed")
 
 
 def parse_seconds(option: str, raw: Any, default: float, strict: bool = True) -> float:

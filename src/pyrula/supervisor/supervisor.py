@@ -30,10 +30,12 @@ from pyrula.supervisor.autoscale import Autoscaler, policy_of
 from pyrula.supervisor.boot import BootReport
 from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
 from pyrula.supervisor.fleet_metrics import FleetMetrics
+from pyrula.supervisor.memory import enforce_hard_limit, kill_over_hard_limit
 from pyrula.supervisor.recovery import Recovery
+from pyrula.supervisor.recycling import abandon_replacement, next_in_line, replacement_overdue
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
 from pyrula.supervisor.status import SlotView, fleet_status
-from pyrula.supervisor.watch import Kill, Recycle, verdict
+from pyrula.supervisor.watch import Kill, MemoryKill, Recycle, verdict
 from pyrula.wire import EXIT_BOOT_FAILURE, WorkerState, decode, parse_heartbeat
 
 logger = logging.getLogger(FLEET_LOGGER)
@@ -227,6 +229,7 @@ class Supervisor:
         slot = self.slots.get(child.slot)
         if slot is not None and slot.incoming is child:
             slot.incoming = None
+            next_in_line(self._recycle_queue, child.slot)  # it failed: the others' turn
         elif slot is not None and slot.child is child:
             slot.child = None
         text, signame = describe_exit(child.exitcode)
@@ -380,6 +383,8 @@ class Supervisor:
                 self._stopped.set()
             return
         if self.draining:
+            self._measure()  # a draining child may still grow past the hard limit
+            enforce_hard_limit(self._children(), self.options)
             if not self._children():
                 logger.info("fleet_stopped", extra={"event": "fleet_stopped"})
                 self._stopped.set()
@@ -414,6 +419,8 @@ class Supervisor:
                          "killing it", child.slot, child.pid, action.silent,
                          extra={"event": "child_unresponsive", "slot": child.slot})
             child.kill()
+        elif isinstance(action, MemoryKill):
+            kill_over_hard_limit(child, action.rss_bytes, action.limit)
         elif isinstance(action, Recycle):
             if action.stalled_for is not None:
                 logger.error("child_stalled: slot %d pid %d has claimed nothing for %.0f s "
@@ -450,6 +457,9 @@ class Supervisor:
             self._spawn(slot, incoming=True)
             return
         if not slot.incoming.ready_seen:
+            if replacement_overdue(slot.incoming, self.options.child_timeout, now):
+                abandon_replacement(slot.incoming, now)
+                next_in_line(self._recycle_queue, index)
             return
         old, slot.child, slot.incoming = slot.child, slot.incoming, None
         slot.restarts += 1
