@@ -17,6 +17,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "pyrula"
 
 ENGINE = {
     "pyrula.workflows.definition",
+    "pyrula.workflows.build",
+    "pyrula.workflows.compat",
     "pyrula.workflows.context",
     "pyrula.workflows.engine",
     "pyrula.workflows.replay",
