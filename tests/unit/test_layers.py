@@ -94,6 +94,8 @@ def test_the_supervisor_never_imports_the_engine() -> None:
     forbidden = (
         "pyrula.workflows.engine",
         "pyrula.workflows.definition",
+    "pyrula.workflows.build",
+    "pyrula.workflows.compat",
         "pyrula.workflows.context",
         "pyrula.workflows.worker",
     )
