@@ -23,7 +23,7 @@ JOURNALS = Path(__file__).parent / "journals"
 FILES = sorted(JOURNALS.glob("*.json"))
 
 
-@step(name="golden.reserve_v2")
+@step(name="golden_check.reserve_v2")
 def reserve_v2(order_id: str, qty: int) -> dict[str, Any]:
     return {"order": order_id, "reserved": qty}
 
@@ -61,5 +61,5 @@ def test_a_renamed_step_fails_the_replay_check_of_a_golden_run(name: str) -> Non
                               golden["frontier"]["journal"], run_id=name)
 
     assert not verdict.ok and verdict.stop is Stop.DIVERGED
-    assert "has 'golden.reserve' at call 1, but the code now calls 'golden.reserve_v2'" in str(
-        verdict.reason)
+    assert ("has 'golden.reserve' at call 1, but the code now calls "
+            "'golden_check.reserve_v2'") in str(verdict.reason)

@@ -47,7 +47,7 @@ end
 --          owners still queued}
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
-  local build = a[6]
+  local build = a[6] or ''
   local caps = {}
   for i = 7, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
   local active = base .. ':active'
