@@ -108,6 +108,9 @@ CATALOG: dict[str, Spec] = {
         "archived yet ended (0 when the archive has caught up)."),
     "pyrula.workflows.journal_cache.hits": _spec(
         "pyrula_journal_cache_hits", C, "Resumed runs whose journal came from the cache."),
+    "pyrula.fleet.scaled": _spec(
+        "pyrula_fleet_scaled", C, "Elastic sizing decisions that changed the fleet's size, "
+        "by direction (up, down).", "direction"),
     "pyrula.workflows.journal_cache.misses": _spec(
         "pyrula_journal_cache_misses", C, "Resumed runs whose journal was read from the "
         "store."),

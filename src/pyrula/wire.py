@@ -7,7 +7,7 @@ Child -> supervisor:
     {"type": "heartbeat", "state": "starting"|"ready"|"draining", "worker_id", "pid",
      "in_flight", "runs_done", "shards": {workflow: n}, "held": {run_id: token},
      "user_code": [run_id...], "suspects": [run_id...],
-     "claim_tick_age": seconds, "free": slots, "store_ok": bool}
+     "claim_tick_age": seconds, "free": slots, "store_ok": bool, "build": build id}
     {"type": "boot_error", "message": "Type: text", "traceback": "..."}
                                                   before exiting without becoming ready
     {"type": "metrics", "families": {name: {"type", "help", "samples"}}, "workflows": [...]}
@@ -64,6 +64,9 @@ class Heartbeat:
     #: whether the child's store answered when it last looked (a child that cannot reach
     #: its store is not ready to serve)
     store_ok: bool = True
+    #: the build the child's worker serves (``pyrula.workflows.build``); "" from a child
+    #: of an older pyrula
+    build: str = ""
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -107,4 +110,5 @@ def parse_heartbeat(message: dict[str, Any]) -> Heartbeat:
         claim_tick_age=float(message.get("claim_tick_age", 0.0)),
         free=int(message.get("free", 0)),
         store_ok=bool(message.get("store_ok", True)),
+        build=str(message.get("build") or ""),
     )

@@ -166,8 +166,9 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
 
 # --- comparing journals ---------------------------------------------------------------
 
-#: Fields that differ between a recording and its replay by nature, not by behaviour.
-VOLATILE = frozenset({"ts", "worker"})
+#: Fields that differ between a recording and its replay by nature, not by behaviour
+#: (``build``: the fingerprint of the code the process that claimed it had loaded).
+VOLATILE = frozenset({"ts", "worker", "build"})
 #: Fields that hold run ids, which a store makes anew.
 RUN_IDS = frozenset({"successor", "predecessor"})
 

@@ -17,6 +17,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "pyrula"
 
 ENGINE = {
     "pyrula.workflows.definition",
+    "pyrula.workflows.build",
+    "pyrula.workflows.compat",
     "pyrula.workflows.context",
     "pyrula.workflows.engine",
     "pyrula.workflows.replay",
@@ -92,6 +94,8 @@ def test_the_supervisor_never_imports_the_engine() -> None:
     forbidden = (
         "pyrula.workflows.engine",
         "pyrula.workflows.definition",
+    "pyrula.workflows.build",
+    "pyrula.workflows.compat",
         "pyrula.workflows.context",
         "pyrula.workflows.worker",
     )

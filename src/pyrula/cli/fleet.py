@@ -17,13 +17,14 @@ from pyrula.config.fleet import (
     FleetOptions,
     parse_memory,
     parse_seconds,
-    resolve_children,
+    resolve_bounds,
     resolve_health_port,
     resolve_store_url,
 )
 from pyrula.config.parse import parse_int, redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
+from pyrula.supervisor.memory import log_limits, read_cgroup_memory_limit, resolve_limits
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,18 @@ def cli() -> None:
 
 @cli.command("start")
 @click.option("-n", "children", default=None, envvar="PYRULA_CHILDREN", metavar="N",
-              help="worker processes (default $WEB_CONCURRENCY, else 2)")
+              help="worker processes (default $WEB_CONCURRENCY, else 2; with --min/--max: "
+              "the start size, default --min)")
+@click.option("--min", "min_children", default=None, envvar="PYRULA_MIN_CHILDREN", metavar="N",
+              help="elastic sizing: never fewer children (with --max)")
+@click.option("--max", "max_children", default=None, envvar="PYRULA_MAX_CHILDREN", metavar="M",
+              help="elastic sizing: never more children (with --min)")
+@click.option("--scale-up-after", default=None, envvar="PYRULA_SCALE_UP_AFTER",
+              metavar="SECONDS", help="elastic: add a child when the oldest queued run waited "
+              f"this long ({DEFAULTS.scale_up_after:g})")
+@click.option("--scale-down-after", default=None, envvar="PYRULA_SCALE_DOWN_AFTER",
+              metavar="SECONDS", help="elastic: remove a child after every child was idle "
+              f"this long ({DEFAULTS.scale_down_after:g})")
 @click.option("--app", "apps", multiple=True, envvar="PYRULA_APP", metavar="MODULE",
               help="import this module so its @workflow functions register (repeatable)")
 @click.option("--workflow", "workflows", multiple=True, metavar="MODULE:FN",
@@ -98,7 +110,13 @@ def cli() -> None:
 @click.option("--max-runs-per-child", default=None, envvar="PYRULA_MAX_RUNS_PER_CHILD",
               help="recycle a child after this many runs (with jitter)")
 @click.option("--max-memory-per-child", default=None, envvar="PYRULA_MAX_MEMORY_PER_CHILD",
-              help="recycle a child above this RSS, e.g. 512MB")
+              help="recycle a child above this RSS, e.g. 512MB (default in a container "
+              "with a memory limit: 80 % of its share)")
+@click.option("--memory-hard-limit", default=None, envvar="PYRULA_MEMORY_HARD_LIMIT",
+              metavar="BYTES",
+              help="kill a child above this RSS at once, e.g. 768MB; above "
+              "--max-memory-per-child (default in a container with a memory limit: 90 % "
+              "of its share)")
 @click.option("--child-timeout", default=None, envvar="PYRULA_CHILD_TIMEOUT",
               help="kill and replace a child whose loop sent no heartbeat this long "
               f"({DEFAULTS.child_timeout:g})")
@@ -120,20 +138,29 @@ def cli() -> None:
               envvar="PYRULA_LOG_FORMAT", show_default=True)
 @click.option("--log-level", default="INFO", envvar="PYRULA_LOG_LEVEL", show_default=True)
 @worker_option_flags
-def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
+def start(children: Any, min_children: Any, max_children: Any, scale_up_after: Any,
+          scale_down_after: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
           store: str | None, namespace: str | None, cluster: bool | None,
           health_port: Any, health_host: str, max_runs_per_child: Any,
-          max_memory_per_child: Any, child_timeout: Any, stall_timeout: Any,
-          max_boot_failures: Any, drain_deadline: Any, shutdown_grace: Any,
-          cancel_timeout: Any, log_format: str, log_level: str,
+          max_memory_per_child: Any, memory_hard_limit: Any, child_timeout: Any,
+          stall_timeout: Any, max_boot_failures: Any, drain_deadline: Any,
+          shutdown_grace: Any, cancel_timeout: Any, log_format: str, log_level: str,
           **worker_options: Any) -> None:
     """Start N worker processes and supervise them until SIGTERM/SIGINT."""
     logs.configure(log_format, log_level)
     try:
         given = {k: v for k, v in worker_options.items() if v is not None}
         WorkerOptions(**given)  # bad worker option values fail here, in the parent
+        bounds = resolve_bounds(children, min_children, max_children, scale_up_after,
+                                scale_down_after)
+        # The most children there can be: the container's memory is shared among them.
+        count = bounds.get("max_children") or bounds["children"]
+        memory = resolve_limits(
+            parse_memory(max_memory_per_child),
+            parse_memory(memory_hard_limit, "--memory-hard-limit"),
+            read_cgroup_memory_limit(), count)
         options = FleetOptions(
-            children=resolve_children(children),
+            **bounds,
             apps=apps,
             workflows=workflows,
             store_url=shared_store_url(resolve_store_url(store)),
@@ -143,7 +170,8 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
             health_host=health_host,
             max_runs_per_child=(None if max_runs_per_child in (None, "") else
                                 parse_int("--max-runs-per-child", max_runs_per_child, minimum=1)),
-            max_memory_per_child=parse_memory(max_memory_per_child),
+            max_memory_per_child=memory.soft,
+            memory_hard_limit=memory.hard,
             child_timeout=parse_seconds("--child-timeout", child_timeout, DEFAULTS.child_timeout),
             stall_timeout=parse_seconds("--stall-timeout", stall_timeout, DEFAULTS.stall_timeout),
             max_boot_failures=(DEFAULTS.max_boot_failures if max_boot_failures in (None, "")
@@ -159,7 +187,8 @@ def start(children: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
             log_level=log_level,
             worker_options=given,
         )
-        warn_if_oversized(options.children, os.cpu_count())
+        warn_if_oversized(options.max_children or options.children, os.cpu_count())
+        log_limits(memory, count)
         code = run_fleet(options)
     except ConfigurationError as exc:  # also what the supervisor's store refuses at start
         click.echo(f"configuration error: {exc}", err=True)
@@ -216,7 +245,9 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
             f"{options.health_port}: {bind_failure(options.health_host, options.health_port, exc)}"
             "; --health-port 0 picks a free one"
         ) from None
-    logs.announce(f"pyrula-fleet: {options.children} children on "
+    size = (f"{options.children} children (elastic {options.min_children}.."
+            f"{options.max_children})" if options.elastic else f"{options.children} children")
+    logs.announce(f"pyrula-fleet: {size} on "
                   f"{redact_url(options.store_url)}; health on http://{host}:{port} "
                   "(/livez /readyz /status /metrics)", "fleet_banner",
                   store=redact_url(options.store_url), health=f"http://{host}:{port}")
@@ -246,7 +277,9 @@ def status(url: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
-    click.echo(f"fleet {body['status']}  restarts={body['restarts']}  "
+    sizing = (f"  size {len(body['children'])} desired={body['desired']} "
+              f"min={body['min']} max={body['max']}" if "desired" in body else "")
+    click.echo(f"fleet {body['status']}{sizing}  restarts={body['restarts']}  "
                f"shards={json.dumps(body['shards'])}")
     click.echo(f"{'SLOT':>4} {'PID':>7} {'STATE':<9} {'IN-FLIGHT':>9} {'DONE':>7} "
                f"{'RESTARTS':>8} {'RSS':>9}  WORKER / SHARDS")

@@ -15,13 +15,29 @@ queue once per child would multiply it).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from pyrula.metrics import Metrics, merge, record_queues
+from pyrula.logs import FLEET_LOGGER
+from pyrula.metrics import QUEUE_STATS_TIMEOUT_S, Metrics, merge, record_queues
 from pyrula.workflows.clock import store_clock
-from pyrula.workflows.stores.capabilities import capabilities_of
+from pyrula.workflows.stores.capabilities import QueueStat, capabilities_of
+
+logger = logging.getLogger(FLEET_LOGGER)
+
+
+async def _store_now(store: Any) -> float:
+    """Epoch seconds on the store's clock (the host's if it has none or it fails)."""
+    clock = store_clock(store)
+    if clock is not None:
+        try:
+            await clock.sync()
+        except Exception:  # the host's clock then; the figures are a gauge
+            clock = None
+    return clock.now() if clock is not None else time.time()
 
 
 class FleetMetrics:
@@ -34,14 +50,25 @@ class FleetMetrics:
         queues = capabilities_of(store).queue_stats
         if queues is None or not names:
             return
-        clock = store_clock(store)
-        if clock is not None:
-            try:
-                await clock.sync()
-            except Exception:  # the host's clock then; the figures are a gauge
-                clock = None
-        now = clock.now() if clock is not None else time.time()
-        await record_queues(self.own, queues, names, now)
+        await record_queues(self.own, queues, names, await _store_now(store))
+
+    async def queue_figures(
+        self, store: Any, names: list[str]
+    ) -> tuple[float, dict[str, QueueStat]] | None:
+        """(now on the store's clock, the queue of each of ``names``) for elastic sizing;
+        None when the store cannot tell or did not answer in time. No names: no queue."""
+        queues = capabilities_of(store).queue_stats
+        if queues is None:
+            return None
+        if not names:
+            return time.time(), {}
+        try:
+            now = await _store_now(store)
+            stats = await asyncio.wait_for(queues.queue_stats(names), QUEUE_STATS_TIMEOUT_S)
+        except Exception as exc:  # any store trouble: this tick goes without the queue
+            logger.debug("queue figures not read for elastic sizing: %s", exc)
+            return None
+        return now, stats
 
     def retire(self, families: dict[str, Any]) -> None:
         """Keep the counters and histograms of a child that exited."""

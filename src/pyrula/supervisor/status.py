@@ -31,10 +31,12 @@ class SlotView:
     restarts: int
 
 
-def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool) -> dict[str, Any]:
+def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool,
+                 bounds: tuple[Any, Any] | None = None) -> dict[str, Any]:
     """The ``/status`` body: ok once ``desired`` children are ready and reach their store;
     starting while none is ready and none has restarted yet; degraded otherwise; draining
-    once the fleet drains."""
+    once the fleet drains. With elastic sizing (``bounds``: ``--min``, ``--max``) it also
+    says ``min``, ``max`` and the size the fleet wants now, ``desired``."""
     slots = sorted(slots, key=lambda s: s.index)
     children = []
     shards: dict[str, int] = {}
@@ -71,9 +73,12 @@ def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool) -> dic
         overall = FleetStatus.STARTING
     else:
         overall = FleetStatus.DEGRADED
-    return {
+    body: dict[str, Any] = {
         "status": overall,
         "children": children,
         "shards": shards,
         "restarts": sum(s.restarts for s in slots),
     }
+    if bounds is not None:
+        body.update(min=bounds[0], max=bounds[1], desired=desired)
+    return body

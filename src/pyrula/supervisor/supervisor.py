@@ -4,8 +4,9 @@ One asyncio loop. Signal handlers only record a command; ``_tick`` acts. Childre
 over their pipes (``pyrula.wire``); their exits are seen through the process sentinels.
 
 The pure parts live apart: the restart policy (``restart``), what to do with a live child
-(``watch``) and the ``/status`` body (``status``). What stays here, about 470 lines, is the
-one state machine over the slots (spawn, exit, drain, quit, recycle, scale), kept in one
+(``watch``), the ``/status`` body (``status``) and elastic sizing (``scaling``; its loop,
+``autoscale``, only sets ``desired``). What stays here, about 500 lines, is the one state
+machine over the slots (spawn, exit, drain, quit, recycle, scale), kept in one
 class because every one of those steps reads and changes the same slots and queues.
 """
 
@@ -26,14 +27,17 @@ from pyrula.config.parse import redact_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.logs import FLEET_LOGGER
 from pyrula.supervisor import upgrades
+from pyrula.supervisor.autoscale import Autoscaler, policy_of
 from pyrula.supervisor.boot import BootReport
 from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
 from pyrula.supervisor.fleet_metrics import FleetMetrics
+from pyrula.supervisor.memory import enforce_hard_limit, kill_over_hard_limit
 from pyrula.supervisor.recovery import Recovery
+from pyrula.supervisor.recycling import abandon_replacement, next_in_line, replacement_overdue
 from pyrula.supervisor.restart import GiveUp, RestartPolicy
 from pyrula.supervisor.status import SlotView, fleet_status
 from pyrula.supervisor.upgrade import Upgrade
-from pyrula.supervisor.watch import Kill, Recycle, verdict
+from pyrula.supervisor.watch import Kill, MemoryKill, Recycle, verdict
 from pyrula.wire import EXIT_BOOT_FAILURE, WorkerState, decode, parse_heartbeat
 
 logger = logging.getLogger(FLEET_LOGGER)
@@ -91,6 +95,8 @@ class Supervisor:
         #: The generation new children belong to, and the upgrade in progress.
         self.generation = 1
         self.upgrade: Upgrade | None = None
+        #: Elastic sizing (``--min``/``--max``): the loop that sets ``desired``.
+        self.autoscaler = Autoscaler(self, policy_of(options)) if options.elastic else None
 
     # --- child configuration ----------------------------------------------------
 
@@ -122,6 +128,8 @@ class Supervisor:
         logger.info("fleet_started: %d children spawned (%s), store %s; not ready yet",
                     self.desired, self.spawner.method, redact_url(self.options.store_url),
                     extra={"event": "fleet_started", "children": self.desired})
+        sizing = (None if self.autoscaler is None
+                  else loop.create_task(self.autoscaler.run(), name="elastic-sizing"))
         try:
             while not self._stopped.is_set():
                 self._handle_commands()
@@ -133,6 +141,9 @@ class Supervisor:
         finally:
             for signum in SIGNAL_COMMANDS:
                 loop.remove_signal_handler(signum)
+            if sizing is not None:
+                sizing.cancel()
+                await asyncio.gather(sizing, return_exceptions=True)
             await self._finish_recoveries()
         return self.exit_code
 
@@ -230,6 +241,7 @@ class Supervisor:
         slot = self.slots.get(child.slot)
         if slot is not None and slot.incoming is child:
             slot.incoming = None
+            next_in_line(self._recycle_queue, child.slot)  # it failed: the others' turn
         elif slot is not None and slot.child is child:
             slot.child = None
         text, signame = describe_exit(child.exitcode)
@@ -320,6 +332,11 @@ class Supervisor:
                 self.spawner.reload()
                 self._recycle_queue = [i for i in sorted(self.slots)
                                        if i not in self._recycle_queue] + self._recycle_queue
+            elif command in ("add", "remove") and self.autoscaler is not None:
+                logger.warning("received %s: ignored, --min/--max size this fleet (%d "
+                               "desired); restart it with other bounds to change them",
+                               signal.Signals(signum).name, self.desired,
+                               extra={"event": "fleet_scale", "desired": self.desired})
             elif command == "upgrade":
                 upgrades.begin(self)
             elif command == "add":
@@ -380,6 +397,8 @@ class Supervisor:
                 self._stopped.set()
             return
         if self.draining:
+            self._measure()  # a draining child may still grow past the hard limit
+            enforce_hard_limit(self._children(), self.options)
             if not self._children():
                 logger.info("fleet_stopped", extra={"event": "fleet_stopped"})
                 self._stopped.set()
@@ -415,6 +434,8 @@ class Supervisor:
                          "killing it", child.slot, child.pid, action.silent,
                          extra={"event": "child_unresponsive", "slot": child.slot})
             child.kill()
+        elif isinstance(action, MemoryKill):
+            kill_over_hard_limit(child, action.rss_bytes, action.limit)
         elif isinstance(action, Recycle):
             if action.stalled_for is not None:
                 logger.error("child_stalled: slot %d pid %d has claimed nothing for %.0f s "
@@ -451,6 +472,9 @@ class Supervisor:
             self._spawn(slot, incoming=True)
             return
         if not slot.incoming.ready_seen:
+            if replacement_overdue(slot.incoming, self.options.child_timeout, now):
+                abandon_replacement(slot.incoming, now)
+                next_in_line(self._recycle_queue, index)
             return
         old, slot.child, slot.incoming = slot.child, slot.incoming, None
         slot.restarts += 1
@@ -478,9 +502,11 @@ class Supervisor:
     # --- health -----------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        o = self.options
         return upgrades.status(self, fleet_status(
             (SlotView(i, s.child, s.restarts) for i, s in self.slots.items()),
             self.desired, self.draining,
+            bounds=(o.min_children, o.max_children) if self.autoscaler is not None else None,
         ))
 
     async def metrics(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pyrula.config import check_cloud
+from pyrula.workflows.build import serving_build
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.definition import REGISTRY, WorkflowSpec, workflow_name
@@ -47,6 +48,18 @@ class InlineWorkflowRunner:
         self._cloud = cloud
         self._started = False
         self._executor: ThreadPoolExecutor | None = None
+        self._build: str | None = None
+
+    @property
+    def build(self) -> str:
+        """The build recorded in the run:started of the runs this runner claims (as a
+        worker's: PYRULA_BUILD_ID, else the fingerprint of its workflows and steps), read
+        when first asked."""
+        if self._build is None:
+            served = [spec for name, spec in REGISTRY.workflows().items()
+                      if self._only is None or name in self._only]
+            self._build = serving_build(served, REGISTRY)
+        return self._build
 
     async def start(self) -> None:
         """Check the configuration now (Cloud key included) instead of on the first run."""
@@ -83,7 +96,8 @@ class InlineWorkflowRunner:
         if info.name != name:
             raise ValueError(f"run {run_id} is a run of {info.name!r}, not {name!r}")
         claimed = await self.store.claim_run(
-            run_id, self.worker_id, now=self._clock.now(), lock_ttl=self._settings.lock_ttl
+            run_id, self.worker_id, now=self._clock.now(), lock_ttl=self._settings.lock_ttl,
+            build=self.build,
         )
         if claimed is None:
             return await self.store.read_events(run_id)
@@ -95,7 +109,7 @@ class InlineWorkflowRunner:
         names = sorted(REGISTRY.workflows() if self._only is None else self._only)
         claimed = await self.store.claim(
             self.worker_id, names, limit=1, now=self._clock.now(),
-            lock_ttl=self._settings.lock_ttl,
+            lock_ttl=self._settings.lock_ttl, build=self.build,
         )
         if not claimed:
             return None

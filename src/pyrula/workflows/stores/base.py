@@ -140,18 +140,21 @@ class WorkQueue(Protocol):
         limit: int,
         now: float,
         lock_ttl: float,
+        build: str | None = None,
     ) -> list[ClaimedRun]:
         """Claim up to ``limit`` queued runs of ``names`` for this worker. Atomic per run.
 
         Picks by deficit round robin across owners (the least-served owner next), FIFO
         within one owner, honouring flow control; bumps the attempt (the fencing token),
-        takes the lock until ``now + lock_ttl`` and appends ``run:started``. Each run comes
-        with its journal after the seq where it last parked (see ClaimedRun).
+        takes the lock until ``now + lock_ttl`` and appends ``run:started`` (with
+        ``"build": build``, the code the worker serves, unless None). Each run comes with
+        its journal after the seq where it last parked (see ClaimedRun).
         """
         ...
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
+        build: str | None = None,
     ) -> ClaimedRun | None:
         """Claim this one run if it is queued (as ``claim`` does), else return None."""
         ...

@@ -67,8 +67,13 @@ def record_params(run_id: str, raw: str | bytes | None) -> Any:
                              ) from None
 
 
-def started_event(now: float, attempt: int, worker_id: str) -> Event:
-    return make_event(EventType.RUN_STARTED, now, attempt=attempt, worker=worker_id)
+def started_event(now: float, attempt: int, worker_id: str, build: str | None = None) -> Event:
+    """``run:started`` of attempt ``attempt``; ``build``: the code the claimer serves (a
+    claim without one, by a tool or an older build, records none)."""
+    event = make_event(EventType.RUN_STARTED, now, attempt=attempt, worker=worker_id)
+    if build is not None:
+        event["build"] = build
+    return event
 
 
 def requeued_event(now: float, reason: str, crashes: int | None = None,

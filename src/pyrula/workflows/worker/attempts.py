@@ -179,7 +179,8 @@ class AttemptRunner:
         code cannot replay it); False if it is no longer claimable."""
         p = self._p
         claimed = await p.store.claim_run(run_id, p.worker_id, now=p.clock.now(),
-                                          lock_ttl=p.options.lock_ttl)
+                                          lock_ttl=p.options.lock_ttl,
+                                          build=p.generation.build)
         if claimed is None:
             return False
         p.generation.pinned.add(run_id)

@@ -149,6 +149,7 @@ def _heartbeat(worker: Any, reach: StoreCheck, *, periodic: bool) -> bytes:
         claim_tick_age=round(worker.claim_tick_age(), 3),
         free=worker.free_slots,
         store_ok=reach.ok,
+        build=worker.build,
     ))
 
 

@@ -42,6 +42,8 @@ class ClaimParts:
     options: WorkerOptions
     worker_id: str
     names: Sequence[str]
+    #: The build the worker serves, recorded in the run:started of every run it claims.
+    build: str
     runs: HeldRuns
     user_code: UserCodeTracker
     #: Starts a claimed run's attempt (``AttemptRunner.start``).
@@ -88,6 +90,7 @@ class ClaimLoop:
         try:
             claimed = await p.store.claim(
                 p.worker_id, p.names, limit=free, now=p.clock.now(), lock_ttl=o.lock_ttl,
+                build=p.build,
             )
         except (StoreUnavailable, asyncio.CancelledError):
             # The claim may have run with its reply lost (the connection went, or the call

@@ -29,6 +29,7 @@ from pyrula.health_http import ProbeServer
 from pyrula.logs import WORKER_FIELDS
 from pyrula.metrics import Metrics
 from pyrula.wire import WorkerState
+from pyrula.workflows.build import serving_build
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock, StoreClock
 from pyrula.workflows.definition import REGISTRY, Registry, workflow_name
@@ -95,6 +96,9 @@ class WorkflowWorker:
     ``span_exporter`` (an OpenTelemetry ``SpanExporter``; needs ``pyrula[otel]``): when an
     attempt ends its run, the run's trace is built from its journal and exported, in the
     background (``pyrula.workflows.tracing``, ``worker.traces``).
+
+    ``build`` names the code it serves instead of ``PYRULA_BUILD_ID`` or its fingerprint
+    (``pyrula.workflows.build``): every run:started it writes records it.
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class WorkflowWorker:
         on_claimed: Callable[[dict[str, int]], None] | None = None,
         on_user_code: Callable[[], None] | None = None,
         span_exporter: SpanExporter | None = None,
+        build: str | None = None,
     ) -> None:
         self.options = o = (options if options is not None else WorkerOptions()).resolve()
         self.store: Store = store if store is not None else _default_store()
@@ -127,6 +132,8 @@ class WorkflowWorker:
                     raise WorkflowNotFound(f"no workflow registered under the name {name!r}")
                 self._specs[name] = available[name]
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+        #: The code it serves (``pyrula.workflows.build``), in every run:started it writes.
+        self.build = serving_build(self._specs.values(), registry, build)
         self.client = WorkflowClient(self.store, clock=clock, max_payload_bytes=o.max_payload_bytes)
         self.health_address: tuple[str, int] | None = None
         self.metrics = Metrics()
@@ -267,15 +274,16 @@ class WorkflowWorker:
         self._claim = ClaimLoop(ClaimParts(
             store=self.store, doorbell=self._caps.doorbell, clock=self._clock,
             options=self.options, worker_id=self.worker_id, names=self.workflow_names,
-            runs=self._runs, user_code=self._user_code, start=self._runner.start,
+            build=self.build, runs=self._runs, user_code=self._user_code, start=self._runner.start,
             on_claimed=self._on_claimed, metrics=self.metrics, log=self._log,
         ), rt)
         claim = asyncio.create_task(self._supervise(self._claim))
         if rt.binding_ok and not rt.stop_requested:
             rt.state = WorkerState.READY
         logger.info(
-            "worker_started: %s serving %s", self.worker_id, ", ".join(self.workflow_names),
-            extra={"event": "worker_started", **self._log},
+            "worker_started: %s serving %s (build %s)", self.worker_id,
+            ", ".join(self.workflow_names), self.build,
+            extra={"event": "worker_started", "build": self.build, **self._log},
         )
         try:
             await rt.stopping.wait()

@@ -64,6 +64,7 @@ class MemoryQueue:
         limit: int,
         now: float,
         lock_ttl: float,
+        build: str | None = None,
     ) -> list[ClaimedRun]:
         claimed: list[ClaimedRun] = []
         with self._state.lock:
@@ -78,18 +79,19 @@ class MemoryQueue:
                     if run is None:
                         continue
                     progress = True
-                    claimed.append(self._take(run, worker_id, now, lock_ttl))
+                    claimed.append(self._take(run, worker_id, now, lock_ttl, build))
         return claimed
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
+        build: str | None = None,
     ) -> ClaimedRun | None:
         with self._state.lock:
             run = self._state.runs.get(run_id)
             if run is None or run.status is not RunStatus.QUEUED:
                 return None
             self._state.dequeue(run)
-            return self._take(run, worker_id, now, lock_ttl)
+            return self._take(run, worker_id, now, lock_ttl, build)
 
     async def wake_due(self, *, now: float, limit: int) -> int:
         state = self._state
@@ -121,7 +123,9 @@ class MemoryQueue:
                 stats[name] = QueueStat(len(queued), min(queued) if queued else None)
         return stats
 
-    def _take(self, run: RunRecord, worker_id: str, now: float, lock_ttl: float) -> ClaimedRun:
+    def _take(
+        self, run: RunRecord, worker_id: str, now: float, lock_ttl: float, build: str | None
+    ) -> ClaimedRun:
         """Start the next attempt of ``run`` (already out of its queue) under ``worker_id``."""
         run.attempt += 1
         run.status = RunStatus.RUNNING
@@ -129,7 +133,7 @@ class MemoryQueue:
         run.lock_expires = now + lock_ttl
         if run.started_at is None:
             run.started_at = now
-        run.append([started_event(now, run.attempt, worker_id)], now)
+        run.append([started_event(now, run.attempt, worker_id, build)], now)
         return ClaimedRun(
             run_id=run.run_id,
             name=run.name,

@@ -73,6 +73,7 @@ class WorkQueue:
         limit: int,
         now: float,
         lock_ttl: float,
+        build: str | None = None,
     ) -> list[ClaimedRun]:
         def op() -> list[ClaimedRun]:
             claimed: list[ClaimedRun] = []
@@ -90,7 +91,7 @@ class WorkQueue:
                         if run_id is None:
                             continue
                         progress = True
-                        claimed.append(_take(conn, run_id, worker_id, now, lock_ttl))
+                        claimed.append(_take(conn, run_id, worker_id, now, lock_ttl, build))
                 for queue in queues:
                     queue.record_served()
             return claimed
@@ -101,14 +102,15 @@ class WorkQueue:
         return await self._calls.call(op, inline=limit <= _INLINE_CLAIM)
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
+        build: str | None = None,
     ) -> ClaimedRun | None:
         def op() -> ClaimedRun | None:
             with self._db.tx() as conn:
                 row = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
                 if row is None or row[0] != RunStatus.QUEUED:
                     return None
-                return _take(conn, run_id, worker_id, now, lock_ttl)
+                return _take(conn, run_id, worker_id, now, lock_ttl, build)
 
         return await self._calls.call(op, inline=True)
 
@@ -169,7 +171,8 @@ def _pick(
 
 
 def _take(
-    conn: sqlite3.Connection, run_id: str, worker_id: str, now: float, lock_ttl: float
+    conn: sqlite3.Connection, run_id: str, worker_id: str, now: float, lock_ttl: float,
+    build: str | None,
 ) -> ClaimedRun:
     """Start the next attempt of this queued run: one UPDATE and its ``run:started``."""
     row = conn.execute(
@@ -182,7 +185,7 @@ def _take(
     if row is None:
         raise WorkflowNotFound(f"no run with id {run_id!r}")
     name, params, owner, attempt, length, base, start_id, created_at, crashes = row
-    insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id)])
+    insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id, build)])
     values: Any = None
     journal: list[Event] = []
     corrupt: JournalCorrupt | None = None

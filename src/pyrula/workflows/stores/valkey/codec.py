@@ -74,7 +74,8 @@ def implied_of(fields: Mapping[str, str]) -> Callable[[int], Event]:
             return submitted_from(fields["name"], loads(fields.get("params")),
                                   fields.get("owner", ""), fields["created_at"],
                                   fields.get("idem", ""), fields.get("predecessor", ""))
-        return started_event(float(fields["started_at"]), 1, fields["w1"])
+        return started_event(float(fields["started_at"]), 1, fields["w1"],
+                             fields.get("b1") or None)
 
     return build
 

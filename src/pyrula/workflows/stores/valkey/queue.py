@@ -56,10 +56,10 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
     does not read is not a reason to fail the claim: the other runs it took start, and
     the worker fails this one (its attempt and lock are taken like theirs)."""
     (run_id, name, params, owner, attempt, start_id, created, base_seq, journal, idem,
-     predecessor, started_at, first_worker, crashes) = row
+     predecessor, started_at, first_worker, crashes, first_build) = row
     record = {"name": name, "params": params, "owner": owner, "created_at": created,
               "idem": idem, "predecessor": predecessor, "started_at": started_at,
-              "w1": first_worker}
+              "w1": first_worker, "b1": first_build}
     values: Any = None
     journaled: list[Event] = []
     corrupt: JournalCorrupt | None = None
@@ -154,9 +154,11 @@ class Queue:
         limit: int,
         now: float,
         lock_ttl: float,
+        build: str | None = None,
     ) -> list[ClaimedRun]:
         if not names or limit <= 0:
             return []
+        built = build or ""
         conn, bell = self.connection, self.doorbell
         await bell.flush_unring()
         hint, bell.hint = bell.hint, None
@@ -214,12 +216,13 @@ class Queue:
                 for visit in round_:
                     rows, left = await conn.op(
                         keys_of(visit.candidate.name, visit.candidate.shard), "claim",
-                        worker_id, now, now + lock_ttl, visit.share, *caps,
+                        worker_id, now, now + lock_ttl, visit.share, built, *caps,
                     )
                     took(rows, left, visit)
                 return
             calls: list[Call] = [
-                (keys_of(c.name, c.shard), ("claim", worker_id, now, now + lock_ttl, share))
+                (keys_of(c.name, c.shard),
+                 ("claim", worker_id, now, now + lock_ttl, share, built))
                 for c, share in round_
             ]
             for visit, result in zip(round_, await conn.batch(calls), strict=True):
@@ -262,13 +265,14 @@ class Queue:
         return claimed
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
+        build: str | None = None,
     ) -> ClaimedRun | None:
         base = self.connection.keys.base_of_run(run_id)
         if base is None:
             return None
         row = await self.connection.op(base, "claim_run", run_id, worker_id, now,
-                                       now + lock_ttl)
+                                       now + lock_ttl, build or "")
         return None if not row else claimed_run(row)
 
     # --- timers ---------------------------------------------------------------------

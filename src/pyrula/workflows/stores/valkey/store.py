@@ -134,15 +134,18 @@ class ValkeyStore(SyncAdmin):
                                        idempotency_key=idempotency_key)
 
     async def claim(
-        self, worker_id: str, names: Sequence[str], *, limit: int, now: float, lock_ttl: float
+        self, worker_id: str, names: Sequence[str], *, limit: int, now: float, lock_ttl: float,
+        build: str | None = None,
     ) -> list[ClaimedRun]:
         return await self.queue.claim(worker_id, names, limit=limit, now=now,
-                                      lock_ttl=lock_ttl)
+                                      lock_ttl=lock_ttl, build=build)
 
     async def claim_run(
-        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float
+        self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
+        build: str | None = None,
     ) -> ClaimedRun | None:
-        return await self.queue.claim_run(run_id, worker_id, now=now, lock_ttl=lock_ttl)
+        return await self.queue.claim_run(run_id, worker_id, now=now, lock_ttl=lock_ttl,
+                                          build=build)
 
     async def wake_due(self, *, now: float, limit: int) -> int:
         return await self.queue.wake_due(now=now, limit=limit)

@@ -8,7 +8,8 @@
 --
 -- The journal list holds seq N at index N - 1. Its first entries are not written when the
 -- run record holds everything they say: run:submitted (always), and run:started of a
--- run's first attempt when nothing came before it (fields started_at and w1). Their places
+-- run's first attempt when nothing came before it (fields started_at, w1 and b1, the
+-- first claimer's build, if it named one). Their places
 -- hold empty placeholders that readers replace with the events built from the record. The
 -- list is created by the first event written, placeholders included; the record's field
 -- `jnl` says it exists.

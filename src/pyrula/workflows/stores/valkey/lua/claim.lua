@@ -1,10 +1,11 @@
 -- Taking queued runs: the lock, the fencing token (attempt), run:started, the journal.
 
-local function take(base, id, worker, now, expires)
-  -- Lock one dequeued run for `worker` (its entry in :times is the caller's to add).
+local function take(base, id, worker, now, expires, build)
+  -- Lock one dequeued run for `worker`, which serves `build` ('' for none: run:started
+  -- then records no build). Its entry in :times is the caller's to add.
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
-    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1', 'crashes')
+    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1', 'crashes', 'b1')
   local attempt = tonumber(f[7] or '0') + 1
   local fields = {'status', 'running', 'attempt', attempt, 'lock_owner', worker,
     'lock_expires', expires, 'updated_at', now}
@@ -13,18 +14,20 @@ local function take(base, id, worker, now, expires)
     -- Nothing was written for this run yet: its run:started is implied by the record.
     fields[#fields + 1] = 'started_at'; fields[#fields + 1] = now
     fields[#fields + 1] = 'w1'; fields[#fields + 1] = worker
-    f[8], f[12] = now, worker
+    if build ~= '' then fields[#fields + 1] = 'b1'; fields[#fields + 1] = build end
+    f[8], f[12], f[14] = now, worker, build
     journal = {'', ''}
   end
   redis.call('HSET', run, unpack(fields))
   local from = tonumber(f[6] or '0')
   if not journal then
     redis.call('RPUSH', jnlk(base, id),
-      event('run:started', now, {attempt = attempt, worker = worker}))
+      event('run:started', now, {attempt = attempt, worker = worker,
+        build = build ~= '' and build or nil}))
     journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   end
   return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or '',
-    f[8] or '', f[12] or '', f[13] or '[]'}
+    f[8] or '', f[12] or '', f[13] or '[]', f[14] or ''}
 end
 
 local function older(a, b)
@@ -36,15 +39,17 @@ end
 -- over owners (least served first, oldest head breaking ties), FIFO within an owner.
 -- KEYS: base [, the name's doorbell (one server only): a claim that empties the shard
 --       takes it out there (a later submit rings it again)]
--- ARGV: op, worker, now, lock_expires, limit, [owner, cap]... (flow-controlled owners may
--- take at most cap runs; cap 0 blocks the owner)
+-- ARGV: op, worker, now, lock_expires, limit, build ('' for none), [owner, cap]...
+-- (flow-controlled owners may take at most cap runs; cap 0 blocks the owner)
 -- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
 --           {journal after base_seq}, idempotency_key, predecessor, started_at,
---           first worker, crashes (JSON list of times)}...}, owners still queued}
+--           first worker, crashes (JSON list of times), first build}...},
+--          owners still queued}
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
+  local build = a[6] or ''
   local caps = {}
-  for i = 6, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
+  for i = 7, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
   local active = base .. ':active'
   local listed = redis.call('ZRANGE', active, 0, 63, 'WITHSCORES')
   local owners, served = {}, {}
@@ -118,7 +123,7 @@ ops.claim = function(k, a)
   end
   local out, locks = {}, {}
   for i, id in ipairs(taken) do
-    out[i] = take(base, id, worker, now, expires)
+    out[i] = take(base, id, worker, now, expires, build)
     locks[#locks + 1] = expires
     locks[#locks + 1] = id
   end
@@ -129,14 +134,15 @@ ops.claim = function(k, a)
   return {out, left}
 end
 
--- claim_run: claim this one run if it is queued. ARGV: op, run_id, worker, now, expires
+-- claim_run: claim this one run if it is queued.
+-- ARGV: op, run_id, worker, now, expires, build ('' for none)
 ops.claim_run = function(k, a)
   local base, id, expires = k[1], a[2], a[5]
   local f = redis.call('HMGET', runk(base, id), 'status', 'owner')
   if f[1] ~= 'queued' then return nil end
   dequeue(base, id, f[2])
   redis.call('ZADD', base .. ':times', expires, id)
-  return take(base, id, a[3], a[4], expires)
+  return take(base, id, a[3], a[4], expires, a[6] or '')
 end
 
 -- queue_stats: how many runs this shard's queues hold, and since when the longest-waiting
