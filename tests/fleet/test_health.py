@@ -15,7 +15,7 @@ from tests.servers import free_port
 
 STATUS_KEYS = {"status", "children", "shards", "restarts"}
 CHILD_KEYS = {"slot", "pid", "worker_id", "state", "shards", "in_flight", "runs_done",
-              "restarts", "rss_bytes"}
+              "restarts", "rss_bytes", "generation"}
 SAMPLE = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (-?[0-9.e+]+|\+Inf)$')
 
 

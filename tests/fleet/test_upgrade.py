@@ -5,8 +5,10 @@ exits on its own."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 
 from pyrula.workflows import RunStatus, SyncWorkflowClient
 from tests.conftest import wait_until
-from tests.fleet.fleetprocs import FLEET, QUICK, Fleets, child_env, ready, write_app
+from tests.fleet.fleetprocs import FLEET, QUICK, STORE_URL, Fleets, child_env, ready, write_app
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +53,7 @@ APP = textwrap.dedent(
     @step(name="second")
     def second(tag: str) -> str:
         _mark(f"second {{tag}}")
-        return VERSION
+        return "{version}"  # in the step's source: each version is another build
 
 
     @workflow(name="up_flow")
@@ -139,3 +141,34 @@ def test_a_compatible_upgrade_moves_runs_in_flight_to_the_new_code_at_their_next
     for run in new:
         assert client.result(run.run_id) == ["v2", "v2"]
     assert "run_build_mismatch" not in log
+
+
+def test_past_the_drain_deadline_a_run_no_code_can_replay_is_parked_and_listed_as_stuck(
+    fleets: Fleets, client: SyncWorkflowClient
+) -> None:
+    directory = fleets.directory
+    _write(directory, "v1")
+    fleet = fleets.start("-n", "1", "--drain-deadline", "1", "--shutdown-grace", "0.5",
+                         "--cancel-timeout", "0.5", app=MODULE)
+    fleet.wait_ready(1)
+    run = client.submit("up_flow", {"tag": "late"})  # its gate never opens
+    wait_until(lambda: any(e[:2] == ["first", "late"] for e in fleets.effects()), 20,
+               what="the run in its first step")
+    # ...and the first step is recorded as started: v2 then cannot replay it
+    _write(directory, "v2", "first_renamed")
+    fleet.send(signal.SIGUSR2)
+    fleet.wait_for_log("fleet_upgraded", 60)
+
+    wait_until(lambda: client.get(run.run_id).status is RunStatus.WAITING, 30,
+               what="the run parked for want of its build")
+    info = client.get(run.run_id)
+    assert info.waiting_for == ("pyrula.build",)
+    stuck = subprocess.run([sys.executable, "-m", "pyrula.cli", "runs", "stuck", "--json",
+                            "--store", STORE_URL], cwd=directory, env=child_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert stuck.returncode == 0, stuck.stderr
+    [row] = [r for r in json.loads(stuck.stdout) if r["run_id"] == run.run_id]
+    assert row["status"] == "waiting" and "cannot replay" in row["why"], row
+    assert "NonDeterminismError" not in fleet.log()
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(60) == 0
