@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import click
 
 from pyrula import logs
+from pyrula.cli.fleet_control import status, upgrade
 from pyrula.config.fleet import (
     FleetOptions,
     parse_memory,
@@ -258,65 +259,6 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
         await store.aclose()
 
 
-@cli.command("status")
-@click.option("--url", default=None, help="the fleet's health URL (default "
-              "http://127.0.0.1:$PORT or :8081)")
-@click.option("--json", "as_json", is_flag=True, help="print the raw /status JSON")
-def status(url: str | None, as_json: bool) -> None:
-    """Show a running fleet: its children, shards, runs and restarts."""
-    import urllib.error
-    import urllib.request
-
-    base = url or f"http://127.0.0.1:{resolve_health_port(None)}"
-    try:
-        with urllib.request.urlopen(base.rstrip("/") + "/status", timeout=5) as reply:
-            body = json.loads(reply.read())
-    except (urllib.error.URLError, OSError) as exc:
-        click.echo(f"cannot reach the fleet at {base}: {exc}", err=True)
-        sys.exit(1)
-    if as_json:
-        click.echo(json.dumps(body, indent=2))
-        return
-    sizing = (f"  size {len(body['children'])} desired={body['desired']} "
-              f"min={body['min']} max={body['max']}" if "desired" in body else "")
-    click.echo(f"fleet {body['status']}{sizing}  restarts={body['restarts']}  "
-               f"shards={json.dumps(body['shards'])}")
-    click.echo(f"{'SLOT':>4} {'PID':>7} {'STATE':<9} {'IN-FLIGHT':>9} {'DONE':>7} "
-               f"{'RESTARTS':>8} {'RSS':>9}  WORKER / SHARDS")
-    for child in body["children"]:
-        rss = f"{child['rss_bytes'] / 1048576:.1f}MB"
-        click.echo(f"{child['slot']:>4} {child['pid']:>7} {child['state']:<9} "
-                   f"{child['in_flight']:>9} {child['runs_done']:>7} {child['restarts']:>8} "
-                   f"{rss:>9}  {child['worker_id']} {json.dumps(child['shards'])}")
-
-
-@cli.command("upgrade")
-@click.option("--url", default=None, help="the fleet's health URL (default "
-              "http://127.0.0.1:$PORT or :8081)")
-def upgrade(url: str | None) -> None:
-    """Start a new generation of children on the code as it is now (same as kill -USR2
-    <fleet pid>): runs move to it at their next step where the new code can replay them."""
-    import signal
-    import urllib.error
-    import urllib.request
-
-    base = url or f"http://127.0.0.1:{resolve_health_port(None)}"
-    try:
-        with urllib.request.urlopen(base.rstrip("/") + "/livez", timeout=5) as reply:
-            pid = int(json.loads(reply.read())["pid"])
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-        click.echo(f"cannot reach the fleet at {base}: {exc}", err=True)
-        sys.exit(1)
-    try:
-        os.kill(pid, signal.SIGUSR2)
-    except OSError as exc:  # another host's fleet, or another user's
-        click.echo(f"cannot signal the fleet (pid {pid}) from here: {exc}; run this on the "
-                   "fleet's host", err=True)
-        sys.exit(1)
-    click.echo(f"upgrade started: fleet pid {pid} loads the code anew; follow it with "
-               "pyrula-fleet status")
-
-
 BENCH_EPILOG = """\b
 Modes (pick at most one; without either, all --runs are queued first and then the fleet
 is started, its start-up included in the time):
@@ -415,6 +357,10 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
             click.echo(f"pyrula-fleet bench: the fleet's last output:\n{figures['fleet_log_tail']}",
                        err=True)
         sys.exit(1)
+
+
+cli.add_command(status)
+cli.add_command(upgrade)
 
 
 def main() -> None:

@@ -4,10 +4,11 @@ One asyncio loop. Signal handlers only record a command; ``_tick`` acts. Childre
 over their pipes (``pyrula.wire``); their exits are seen through the process sentinels.
 
 The pure parts live apart: the restart policy (``restart``), what to do with a live child
-(``watch``), the ``/status`` body (``status``) and elastic sizing (``scaling``; its loop,
-``autoscale``, only sets ``desired``). What stays here, about 500 lines, is the one state
-machine over the slots (spawn, exit, drain, quit, recycle, scale), kept in one
-class because every one of those steps reads and changes the same slots and queues.
+(``watch``), the ``/status`` body (``status``), elastic sizing (``scaling``; its loop,
+``autoscale``, only sets ``desired``), memory limits (``memory``) and upgrades
+(``upgrade``, ``upgrades``). What stays here, about 520 lines, is the one state machine
+over the slots (spawn, exit, drain, quit, recycle, scale), kept in one class because every
+one of those steps reads and changes the same slots and queues.
 """
 
 from __future__ import annotations
