@@ -172,3 +172,25 @@ def test_past_the_drain_deadline_a_run_no_code_can_replay_is_parked_and_listed_a
     assert "NonDeterminismError" not in fleet.log()
     fleet.send(signal.SIGTERM)
     assert fleet.wait(60) == 0
+
+
+def test_sigterm_during_an_upgrade_drains_both_generations(
+    fleets: Fleets, client: SyncWorkflowClient
+) -> None:
+    directory = fleets.directory
+    _write(directory, "v1")
+    fleet = fleets.start("-n", "1", "--shutdown-grace", "0.5", "--cancel-timeout", "0.5",
+                         app=MODULE)
+    fleet.wait_ready(1)
+    run = client.submit("up_flow", {"tag": "held"})  # keeps its old child retiring
+    wait_until(lambda: any(e[:2] == ["first", "held"] for e in fleets.effects()), 20,
+               what="the run in its first step")
+    _write(directory, "v2", "first_renamed")
+    fleet.send(signal.SIGUSR2)
+    fleet.wait_status(_upgrading, 30, what="generation 2 serving beside 1")
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(30) == 0
+    log = fleet.log()
+    assert "past the drain deadline" not in log, log[-4000:]  # the old child drained too
+    assert log.count("after draining") == 2, log[-4000:]
+    assert client.get(run.run_id).status is RunStatus.QUEUED  # handed back, not lost

@@ -53,6 +53,8 @@ class Child:
     run_limit: int | None = None
     #: The generation it belongs to (a new one starts with each upgrade).
     generation: int = 1
+    #: Which fork server forked it (``Spawner.server``; a reload starts a new one).
+    server: int = 0
     #: Its last metrics report (``pyrula.metrics`` families), and the workflows it serves.
     metrics: dict[str, Any] = field(default_factory=dict)
     workflows: list[str] = field(default_factory=list)
@@ -101,6 +103,8 @@ class Spawner:
     def __init__(self, preload: list[str]) -> None:
         self.preload = preload
         self._retired: list[int] = []  # fork servers replaced by reload(), not yet reaped
+        #: The fork server children are forked by now (counts reloads).
+        self.server = 0
         methods = multiprocessing.get_all_start_methods()
         self.method = "forkserver" if "forkserver" in methods else "spawn"
         self._ctx = multiprocessing.get_context(self.method)
@@ -144,6 +148,7 @@ class Spawner:
                 server._forkserver_address = None
         self._set_preload()
         multiprocessing.forkserver.ensure_running()
+        self.server += 1
 
     def _reap_retired(self) -> None:
         """Collect the fork servers replaced by ``reload`` that have exited since."""
@@ -167,7 +172,7 @@ class Spawner:
         )
         process.start()
         writer.close()
-        return Child(slot=slot, process=process, conn=reader)
+        return Child(slot=slot, process=process, conn=reader, server=self.server)
 
     def close(self) -> None:
         if self.method == "forkserver":

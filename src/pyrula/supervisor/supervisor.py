@@ -54,6 +54,8 @@ SIGNAL_COMMANDS = {
     signal.SIGUSR2: "upgrade",
 }
 FORCED_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
+#: The exit code multiprocessing reports for a child whose fork server is gone.
+LOST_EXIT_CODE = 255
 #: After a second TERM/INT: how long the killed children's exits and the store calls that
 #: requeue their runs may take before the fleet exits anyway (the orphan scan of the next
 #: worker is the backstop for whatever the store did not take back by then).
@@ -247,7 +249,7 @@ class Supervisor:
             slot.child = None
         text, signame = describe_exit(child.exitcode)
         lived = time.monotonic() - child.started_at
-        if child.retiring and child.exitcode == 0:
+        if child.retiring and (child.exitcode == 0 or self._code_lost(child)):
             logger.info("child_exited: slot %d pid %d (%s) after draining", child.slot,
                         child.pid, text, extra={"event": "child_exited", "slot": child.slot})
             return
@@ -297,6 +299,13 @@ class Supervisor:
         if slot.child is None and slot.incoming is None:
             slot.restarts += 1
             slot.respawn_at = time.monotonic() + decision.delay
+
+    def _code_lost(self, child: Child) -> bool:
+        """Whether a drained child's exit code was lost: a child forked by a fork server
+        that a reload replaced reports 255 once that server has gone, whatever it exited
+        with. Its last heartbeat holding no run is then the evidence it drained."""
+        return (child.exitcode == LOST_EXIT_CODE and child.server != self.spawner.server
+                and child.beat is not None and not child.beat.held)
 
     async def _recover(self, worker_id: str, held: dict[str, int], evidence: dict[str, Any],
                        user_code: list[str] | None, suspects: list[str]) -> None:
@@ -362,6 +371,10 @@ class Supervisor:
                 if child is not None:
                     child.retiring = True
                     child.terminate()
+        for child in self._leaving:  # an upgrade's old generation, still finishing runs
+            if not child.retiring:
+                child.retiring = True
+                child.terminate()
 
     def _quit(self, signum: signal.Signals) -> None:
         """A second TERM/INT while draining: kill every child now. Their exits are then
