@@ -72,7 +72,7 @@ bench: install
 	PYTHONPATH=src:. $(PY) -m benchmarks.scaling
 
 soak: install
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos tests/fleet
 
 clean:
 	rm -rf $(VENV) $(addprefix .venv-,$(NEWER_PYTHONS)) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

@@ -59,6 +59,17 @@ APP = textwrap.dedent(
     @workflow(name="up_flow")
     async def flow(ctx, params):
         return [await first(params["tag"]), await second(params["tag"])]
+
+
+    @step(name="quick")
+    def quick(i: int) -> int:
+        time.sleep(0.02)
+        return i
+
+
+    @workflow(name="up_load")
+    async def load(ctx, params):
+        return [await quick(params["i"]), await quick(params["i"] + 1)]
     '''
 )
 
@@ -83,6 +94,8 @@ def _run_upgrade(fleets: Fleets, client: SyncWorkflowClient, *, first: str
     old = [client.submit("up_flow", {"tag": f"old{i}"}) for i in range(3)]
     wait_until(lambda: sum(1 for e in fleets.effects() if e[0] == "first") == 3, 20,
                what="the old runs in their first step")
+    # A stream of short runs throughout: some in flight whenever the generations change.
+    load = [client.submit("up_load", {"i": i}) for i in range(40)]
 
     _write(directory, "v2", first)
     upgraded = subprocess.run([*FLEET, "upgrade", "--url", fleet.url], env=child_env(),
@@ -98,8 +111,11 @@ def _run_upgrade(fleets: Fleets, client: SyncWorkflowClient, *, first: str
         (directory / f"gate-old{i}").touch()
         (directory / f"gate-new{i}").touch()
     new = [client.submit("up_flow", {"tag": f"new{i}"}) for i in range(3)]
+    load += [client.submit("up_load", {"i": i}) for i in range(40, 80)]
     for run in old + new:
         client.result(run.run_id, timeout=60)
+    for i, run in enumerate(load):  # the stream completed, none failed for the upgrade
+        assert client.result(run.run_id, timeout=60) == [i, i + 1]
     log = fleet.wait_for_log("fleet_upgraded", 60)
     final = fleet.wait_status(lambda s: "generations" not in s, 30, what="one generation")
     assert {c["generation"] for c in final["children"]} == {2}
