@@ -298,3 +298,31 @@ def test_json_logs_name_the_run_workflow_attempt_and_worker_on_every_line_they_k
     assert inside["step"] == "chatty" and "step" not in body
     assert all(e.get("worker_id") == worker_id for e in events
                if e["event"] in ("worker_started", "shutdown", "worker_stopped"))
+
+
+def _to_a_thread_other_than_main(pid: int, signum: signal.Signals) -> None:
+    """Send ``signum`` to one of ``pid``'s threads other than its main one (tgkill), as the
+    kernel may when it picks the thread itself."""
+    import ctypes
+
+    import psutil
+
+    tid = next(t.id for t in psutil.Process(pid).threads() if t.id != pid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_tgkill = 234  # x86-64
+    assert libc.syscall(sys_tgkill, pid, tid, int(signum)) == 0, ctypes.get_errno()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="tgkill's number is x86-64's")
+def test_signals_taken_by_another_thread_still_drain_and_quit_while_the_loop_is_blocked(
+    workers: Workers, client: SyncWorkflowClient
+) -> None:
+    client.submit("pp_hog", {"tag": "hogthread", "seconds": 20})
+    worker = workers.start("--shutdown-grace", "60")
+    workers.wait_ran("hog", "hogthread", worker.pid)
+    _to_a_thread_other_than_main(worker.pid, signal.SIGTERM)
+    worker.wait_for_log("received SIGTERM: draining", timeout=8)
+    sent = time.monotonic()
+    _to_a_thread_other_than_main(worker.pid, signal.SIGTERM)
+    assert worker.wait(timeout=30) == 143
+    assert time.monotonic() - sent < 8

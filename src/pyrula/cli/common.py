@@ -8,7 +8,6 @@ import importlib
 import json
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
@@ -169,15 +168,15 @@ def worker_options(values: dict[str, Any], **overrides: Any) -> WorkerOptions:
 class _ShutdownSignals:
     """TERM/INT for a serving worker: the first drains it, a second quits at once.
 
-    The handlers are Python's own (``signal.signal``), not the event loop's: a loop blocked
-    by a run (an async step calling ``time.sleep``) runs none of its callbacks until the
-    block ends, while Python runs a handler as soon as the main thread is between two
-    bytecodes again, which a blocking call that releases the GIL is at once (the signal
-    interrupts it; it resumes after the handler). Only a C call that holds the GIL delays
-    the handler until it returns. The handler only records (``SimpleQueue.put`` may be
-    called from a signal handler); a thread of ours acts: it logs the first signal and asks
-    the loop to drain the worker, and on a second it logs and exits, so neither the log
-    line nor the exit waits for the blocked loop.
+    A loop blocked by a run (an async step calling ``time.sleep``) runs none of its
+    callbacks until the block ends, and Python runs a ``signal.signal`` handler only in the
+    main thread, between two bytecodes: if the kernel hands the signal to another thread
+    (the lock renewal's, a step's), a main thread asleep in a blocking call is not even
+    interrupted, and the handler waits for the call to end. So the handler does nothing
+    itself: the C-level handler Python installs with it writes the signal's number to the
+    wakeup fd (``signal.set_wakeup_fd``) at once, whichever thread took the signal, and a
+    thread of ours reads it and acts. It logs the first signal and asks the loop to drain
+    the worker; on a second it logs and exits, so neither waits for the blocked loop.
     """
 
     _DONE = 0  # not a signal number: tells the thread to end
@@ -185,26 +184,43 @@ class _ShutdownSignals:
     def __init__(self, loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
         self._loop = loop
         self._stop = stop
-        self._received: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._previous: dict[int, Any] = {}
+        self._previous_wakeup = -1
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
         self._thread = threading.Thread(target=self._act, name="pyrula-signals", daemon=True)
 
     def install(self) -> None:
         for signum in FORCED_EXIT:
             self._previous[signum] = signal.signal(signum, self._record)
+        self._previous_wakeup = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         self._thread.start()
 
     def restore(self) -> None:
+        signal.set_wakeup_fd(self._previous_wakeup)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-        self._received.put(self._DONE)
+        os.write(self._write, bytes([self._DONE]))
         self._thread.join(1.0)
+        if not self._thread.is_alive():
+            os.close(self._read)
+        os.close(self._write)
 
     def _record(self, signum: int, frame: object) -> None:
-        self._received.put(signum)
+        """Python's handler: the wakeup fd has told our thread already."""
+
+    def _next(self) -> int:
+        """The next TERM/INT (or ``_DONE``) written to the wakeup fd; other signals that
+        have Python handlers write there too and are passed over."""
+        while True:
+            data = os.read(self._read, 1)
+            if not data:
+                return self._DONE
+            if data[0] == self._DONE or data[0] in FORCED_EXIT:
+                return data[0]
 
     def _act(self) -> None:
-        first = self._received.get()
+        first = self._next()
         if first == self._DONE:
             return
         logger.info("received %s: draining (send it again to quit at once)",
@@ -213,7 +229,7 @@ class _ShutdownSignals:
             self._loop.call_soon_threadsafe(self._stop)
         except RuntimeError:  # the loop has closed: the worker stopped meanwhile
             return
-        second = self._received.get()
+        second = self._next()
         if second == self._DONE:
             return
         logger.warning("received %s while draining: quitting now", signal.Signals(second).name,
