@@ -174,7 +174,25 @@ def test_valkey_store_commands_shards_and_kills(tmp_path: Path, valkey_url: str,
 # --- usage errors -------------------------------------------------------------------------
 
 
+def test_upgrades_and_kills_under_load_on_an_elastic_fleet_lose_nothing(tmp_path: Path) -> None:
+    # 400 runs at 100/s: the load lasts 4 s, through two upgrades and a kill.
+    proc, figures = bench(tmp_path, "-n", "1", "--min", "1", "--max", "2", "--rate", "100",
+                          "--runs", "400", "--steps", "2", "--upgrade-every", "1.5",
+                          "--kill-every", "2", "--verify")
+    figures = assert_ok(proc, figures, 400)
+    assert (figures["min"], figures["max"]) == (1, 2)
+    assert len(figures["upgrades_at_s"]) >= 2 and figures["kills"]
+    invariants = figures["invariants"]
+    assert invariants["ok"] and invariants["runs"] == 400, invariants
+    for count in ("lost", "double_completion", "rerun_after_record", "wrong_result"):
+        assert invariants[count] == 0, invariants
+    assert "upgrades       " in proc.stdout and "elastic        --min 1 --max 2" in proc.stdout
+
+
 @pytest.mark.parametrize(("args", "message"), [
+    (["--min", "1"], "--min and --max go together"),
+    (["-n", "3", "--min", "1", "--max", "2"], "-n (3) must be within --min 1 .. --max 2"),
+    (["--upgrade-every", "0"], "--upgrade-every must be > 0"),
     (["--rate", "10", "--concurrency", "3"], "--rate and --concurrency exclude each other"),
     (["--rate", "0"], "--rate must be"),
     (["--runs", "-1"], "--runs must be >= 1"),

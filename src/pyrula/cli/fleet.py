@@ -296,6 +296,12 @@ usage error. See docs/deployment.md, "Load-testing a fleet with pyrula-fleet ben
               help="load the running fleet whose health port is URL (e.g. "
               "http://127.0.0.1:8081) instead of starting one; it must serve "
               "pyrula.examples.bench on the same store")
+@click.option("--min", "min_children", default=None, type=int, metavar="N",
+              help="start the bench's fleet elastic from --min N (-n is its start size)")
+@click.option("--max", "max_children", default=None, type=int, metavar="M",
+              help="... up to --max M children")
+@click.option("--upgrade-every", default=None, type=float, metavar="SECONDS",
+              help="SIGUSR2 the fleet this often: upgrades under the load")
 @click.option("--kill-every", default=None, type=float, metavar="SECONDS",
               help="SIGKILL a random ready child every SECONDS while the load runs (with "
               "--attach: the fleet must run on this host)")
@@ -314,7 +320,8 @@ usage error. See docs/deployment.md, "Load-testing a fleet with pyrula-fleet ben
 @click.pass_context
 def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str | None,
           namespace: str | None, step_kind: str, payload_bytes: int, rate: float | None,
-          concurrency: int | None, attach: str | None, kill_every: float | None,
+          concurrency: int | None, attach: str | None, min_children: int | None,
+          max_children: int | None, upgrade_every: float | None, kill_every: float | None,
           lost_after: float, verify: bool, ledger: str | None,
           json_path: str | None) -> None:
     """Load a fleet with RUNS runs of STEPS steps and measure it.
@@ -329,7 +336,8 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
             children=children, runs=runs, steps=steps, store_url=store, namespace=namespace,
             step_kind=step_kind, payload_bytes=payload_bytes, rate=rate,
             concurrency=concurrency, attach=attach, kill_every=kill_every,
-            lost_after=lost_after, verify=verify, ledger=ledger,
+            min_children=min_children, max_children=max_children,
+            upgrade_every=upgrade_every, lost_after=lost_after, verify=verify, ledger=ledger,
         )
     except BenchError as exc:
         raise click.UsageError(str(exc)) from None

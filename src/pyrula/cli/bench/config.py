@@ -37,6 +37,11 @@ class BenchConfig:
     #: The health URL of a running fleet to load instead of starting one.
     attach: str | None = None
     kill_every: float | None = None
+    #: Start the bench's own fleet elastic between these (``-n`` its start size).
+    min_children: int | None = None
+    max_children: int | None = None
+    #: SIGUSR2 the fleet this often: an upgrade to a new generation under the load.
+    upgrade_every: float | None = None
     #: Runs still not ended when no run has ended for this long are reported lost.
     lost_after: float = 30.0
     #: Check the invariants over journals and the side-effect ledger after the load.
@@ -61,6 +66,16 @@ class BenchConfig:
              "--rate and --concurrency exclude each other: pick one"),
             (self.kill_every is None or 0 < self.kill_every < math.inf,
              f"--kill-every must be > 0 seconds, got {self.kill_every}"),
+            (self.upgrade_every is None or 0 < self.upgrade_every < math.inf,
+             f"--upgrade-every must be > 0 seconds, got {self.upgrade_every}"),
+            ((self.min_children is None) == (self.max_children is None),
+             "--min and --max go together"),
+            (self.min_children is None or 1 <= self.min_children <= self.children
+             <= (self.max_children or 0),
+             f"-n ({self.children}) must be within --min {self.min_children} .. "
+             f"--max {self.max_children}, and --min >= 1"),
+            (self.min_children is None or self.attach is None,
+             "--min/--max size the bench's own fleet: not with --attach"),
             (0 < self.lost_after < math.inf,
              f"--lost-after must be > 0 seconds, got {self.lost_after}"),
             (self.ledger is None or self.verify, "--ledger is only used with --verify"),

@@ -123,8 +123,9 @@ class OwnFleet(Fleet):
     output in ``log_path``, its health port picked by the fleet (port 0)."""
 
     def __init__(self, children: int, store_url: str, namespace: str | None,
-                 log_path: Path) -> None:
+                 log_path: Path, bounds: tuple[int, int] | None = None) -> None:
         self.children = children
+        self.bounds = bounds
         self.store_url = store_url
         self.namespace = namespace
         self.log_path = log_path
@@ -136,11 +137,13 @@ class OwnFleet(Fleet):
             env.pop(name, None)
         if self.namespace:
             env["PYRULA_VALKEY_NAMESPACE"] = self.namespace
+        elastic = [] if self.bounds is None else ["--min", str(self.bounds[0]),
+                                                  "--max", str(self.bounds[1])]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", "from pyrula.cli.fleet import main; main()", "start",
-                 "-n", str(self.children), "--workflow", f"{APP}:bench", "--health-port", "0",
-                 "--health-host", "127.0.0.1", "--log-level", "WARNING"],
+                 "-n", str(self.children), *elastic, "--workflow", f"{APP}:bench",
+                 "--health-port", "0", "--health-host", "127.0.0.1", "--log-level", "WARNING"],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
         self.supervisor_pid = self.proc.pid
@@ -266,3 +269,34 @@ class Killer:
                 "in_flight": victim.get("in_flight")}
         self.kills.append(kill)
         return kill
+
+
+class Upgrader:
+    """Every ``every`` seconds, SIGUSR2 the fleet's supervisor: a new generation of children
+    under the load (``pyrula-fleet upgrade``); one still retiring makes the fleet ignore
+    the signal, which it logs."""
+
+    def __init__(self, fleet: Fleet, every: float, started: float) -> None:
+        self.fleet = fleet
+        self.every = every
+        self.started = started
+        self.sent: list[float] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), self.every)
+                return
+            except TimeoutError:
+                pass
+            pid = self.fleet.supervisor_pid
+            if pid is None:
+                raise BenchError("--upgrade-every needs the fleet's pid (a fleet of this host)",
+                                 code=2)
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                return
+            except PermissionError as exc:
+                raise BenchError(f"cannot signal the fleet ({pid}): {exc}", code=2) from None
+            self.sent.append(round(time.perf_counter() - self.started, 3))

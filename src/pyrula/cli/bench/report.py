@@ -51,6 +51,11 @@ def render(f: dict[str, Any]) -> str:
                      "(INFO commandstats of the whole server: other clients count too)")
     else:
         lines.append(f"  store          commands per run not measured ({f['store_commands_note']})")
+    if f.get("upgrade_every") is not None:
+        lines.append(f"  upgrades       {len(f['upgrades_at_s'])} SIGUSR2s, one every "
+                     f"{f['upgrade_every']:g} s")
+    if f.get("min") is not None:
+        lines.append(f"  elastic        --min {f['min']} --max {f['max']}")
     if f["kill_every"] is not None:
         pids = ", ".join(str(k["pid"]) for k in f["kills"][:10])
         more = ", ..." if len(f["kills"]) > 10 else ""

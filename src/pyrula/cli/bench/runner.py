@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pyrula.cli.bench.config import WORKFLOW, BenchConfig, BenchError
-from pyrula.cli.bench.control import AttachedFleet, Fleet, Killer, OwnFleet
+from pyrula.cli.bench.control import AttachedFleet, Fleet, Killer, OwnFleet, Upgrader
 from pyrula.cli.bench.load import Load
 from pyrula.cli.bench.measure import (
     COMMANDS_NOTE,
@@ -111,11 +111,15 @@ class _Bench:
         fleet: Fleet
         if config.attach:
             fleet = AttachedFleet(config.attach)
-            status = await fleet.check(want_kills=config.kill_every is not None)
+            status = await fleet.check(want_kills=config.kill_every is not None
+                                       or config.upgrade_every is not None)
             _check_serves(status, config.attach)
             children = len(status["children"])
         else:
-            fleet = OwnFleet(config.children, self.url, self.namespace, self.tmp / "fleet.log")
+            bounds = (None if config.min_children is None or config.max_children is None
+                      else (config.min_children, config.max_children))
+            fleet = OwnFleet(config.children, self.url, self.namespace, self.tmp / "fleet.log",
+                             bounds)
             children = config.children
         load = Load(client, config, self.waiters)
         load.ledger = self.ledger
@@ -124,6 +128,7 @@ class _Bench:
         stop = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
         killer: Killer | None = None
+        upgrader: Upgrader | None = None
         final_status: dict[str, Any] | None = None
         started = time.perf_counter()
 
@@ -137,7 +142,7 @@ class _Bench:
             tasks.append(asyncio.create_task(guarded()))
 
         def begin() -> float:
-            nonlocal killer
+            nonlocal killer, upgrader
             now = time.perf_counter()
             load.progress_from = now
             check = fleet.check_alive if isinstance(fleet, OwnFleet) else _nothing
@@ -145,6 +150,9 @@ class _Bench:
             if config.kill_every is not None:
                 killer = Killer(fleet, config.kill_every, now)
                 background(_kill(fleet, killer, stop))
+            if config.upgrade_every is not None:
+                upgrader = Upgrader(fleet, config.upgrade_every, now)
+                background(_upgrade(fleet, upgrader, stop))
             progress.extra = _kills(killer)
             return now
 
@@ -201,7 +209,8 @@ class _Bench:
                 await fleet.stop()
 
         figures = self._figures(load, children, started, ended, submit_seconds,
-                                commands_before, commands_after, final_status, counts, killer)
+                                commands_before, commands_after, final_status, counts, killer,
+                                upgrader)
         if config.verify:
             log = fleet.log_text() if isinstance(fleet, OwnFleet) else None
             report = await invariants(load, log)
@@ -221,7 +230,8 @@ class _Bench:
     def _figures(self, load: Load, children: int, started: float, ended: float,
                  submit_seconds: float, commands_before: int | None,
                  commands_after: int | None, status: dict[str, Any] | None,
-                 counts: dict[str, int], killer: Killer | None) -> dict[str, Any]:
+                 counts: dict[str, int], killer: Killer | None,
+                 upgrader: Upgrader | None = None) -> dict[str, Any]:
         config = self.config
         runs, steps = config.runs, config.steps
         seconds = max(ended - started, 1e-9)
@@ -231,6 +241,7 @@ class _Bench:
         latencies = [v for r in load.records if (v := r.latency_ms) is not None]
         duration = percentiles(durations)
         kills = killer.kills if killer else []
+        upgrades = upgrader.sent if upgrader else []
         live = {str(c.get("worker_id")) for c in (status or {}).get("children", [])}
         known = {str(c.get("worker_id")): c["pid"] for c in (status or {}).get("children", [])
                  if isinstance(c.get("pid"), int)}
@@ -273,6 +284,10 @@ class _Bench:
                                     self.commands_error or "measured on Valkey/Redis stores only"),
             "kill_every": config.kill_every,
             "kills": kills,
+            "min": config.min_children,
+            "max": config.max_children,
+            "upgrade_every": config.upgrade_every,
+            "upgrades_at_s": upgrades,
             "runs_retried": sum(1 for i in infos if i.attempt > 1),
             "verification": verification.as_dict(),
             "problems": verification.problems(),
@@ -289,6 +304,12 @@ def _kills(killer: Killer | None) -> Any:
     if killer is None:
         return None
     return lambda: f"kills {len(killer.kills)}"
+
+
+async def _upgrade(fleet: Fleet, upgrader: Upgrader, stop: asyncio.Event) -> None:
+    if isinstance(fleet, OwnFleet):
+        await fleet.wait_url()
+    await upgrader.run(stop)
 
 
 async def _kill(fleet: Fleet, killer: Killer, stop: asyncio.Event) -> None:
