@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -232,18 +233,15 @@ class Killer:
         self._rng = rng or random.Random()
 
     async def run(self, stop: asyncio.Event) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(stop.wait(), self.every)
-                return
-            except TimeoutError:
-                pass
+        async def tick() -> None:
             try:
                 await self.kill_one()
             except BenchError as exc:
                 if exc.code == 2:  # not allowed to signal it: stop the bench
                     raise
                 self.skipped += 1  # the fleet did not answer this time; try at the next tick
+
+        await every(self.every, stop, tick)
 
     async def kill_one(self) -> dict[str, Any] | None:
         status = await self.fleet.status()
@@ -283,20 +281,29 @@ class Upgrader:
         self.sent: list[float] = []
 
     async def run(self, stop: asyncio.Event) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(stop.wait(), self.every)
-                return
-            except TimeoutError:
-                pass
-            pid = self.fleet.supervisor_pid
-            if pid is None:
-                raise BenchError("--upgrade-every needs the fleet's pid (a fleet of this host)",
-                                 code=2)
-            try:
-                os.kill(pid, signal.SIGUSR2)
-            except ProcessLookupError:
-                return
-            except PermissionError as exc:
-                raise BenchError(f"cannot signal the fleet ({pid}): {exc}", code=2) from None
-            self.sent.append(round(time.perf_counter() - self.started, 3))
+        await every(self.every, stop, self.upgrade_once)
+
+    async def upgrade_once(self) -> None:
+        pid = self.fleet.supervisor_pid
+        if pid is None:
+            raise BenchError("--upgrade-every needs the fleet's pid (a fleet of this host)",
+                             code=2)
+        try:
+            os.kill(pid, signal.SIGUSR2)
+        except ProcessLookupError:
+            return  # the fleet is gone: the load notices
+        except PermissionError as exc:
+            raise BenchError(f"cannot signal the fleet ({pid}): {exc}", code=2) from None
+        self.sent.append(round(time.perf_counter() - self.started, 3))
+
+
+async def every(seconds: float, stop: asyncio.Event, action: Callable[[], Awaitable[None]]
+                ) -> None:
+    """Run ``action`` every ``seconds`` until ``stop`` is set."""
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), seconds)
+            return
+        except TimeoutError:
+            pass
+        await action()
