@@ -35,7 +35,11 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 def dashboard_installed() -> bool:
     """Whether Starlette and uvicorn (``pyrula[http]``) can be imported here."""
-    return all(importlib.util.find_spec(name) is not None for name in ("starlette", "uvicorn"))
+    try:
+        return all(importlib.util.find_spec(name) is not None
+                   for name in ("starlette", "uvicorn"))
+    except (ImportError, ValueError):  # an import hook that refuses them
+        return False
 
 
 def listen(host: str, port: int) -> socket.socket:
