@@ -33,14 +33,20 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-# The chaos suite's clock-jump scenarios run a fleet under libfaketime (they skip without
-# it): installed with apt where it is missing and this user may.
+# The chaos suite's clock-jump scenarios run a fleet under libfaketime, and the dashboard's
+# browser tests drive Debian's chromium (each skips without it): installed with apt where
+# it is missing and this user may.
 system-deps:
 	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 	       && { apt-get install -y -qq faketime >/dev/null 2>&1 \
 	            || { apt-get update -qq && apt-get install -y -qq faketime; } >/dev/null 2>&1; }; } \
 	  || echo "faketime is not installed: the clock-jump scenarios will be skipped" >&2
+	@command -v chromium >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	       && { apt-get install -y -qq chromium >/dev/null 2>&1 \
+	            || { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1; }; } \
+	  || echo "chromium is not installed: the dashboard's browser tests will be skipped" >&2
 
 test: install system-deps lint typecheck
 	$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider

@@ -36,8 +36,11 @@ def bind_failure(host: str, port: int, exc: OSError) -> str:
 
 
 class ProbeServer:
-    def __init__(self, routes: dict[str, Handler], host: str, port: int) -> None:
+    def __init__(self, routes: dict[str, Handler], host: str, port: int,
+                 index: Handler | None = None) -> None:
         self.routes = routes
+        #: What ``/`` answers, if anything (not listed among the routes of a 404).
+        self.index = index
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
@@ -66,7 +69,9 @@ class ProbeServer:
             elif parts[0] not in ("GET", "HEAD"):
                 status, body = 405, {"status": "method_not_allowed"}
             else:
-                handler = self.routes.get(parts[1].split("?", 1)[0])
+                path = parts[1].split("?", 1)[0]
+                handler = self.index if path == "/" else None
+                handler = handler or self.routes.get(path)
                 if handler is None:
                     status, body = 404, {"status": "not_found", "routes": ",".join(self.routes)}
                 else:

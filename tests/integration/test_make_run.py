@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ def test_the_example_app_runs_through_the_fleet_and_drains(tmp_path: Path) -> No
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
+    assert re.match(r"dashboard: http://127\.0\.0\.1:\d+/ ", out), out[:500]  # first line
     assert "pyrula-fleet -n 2" in out
     completed = [line for line in out.splitlines() if "order-" in line and "completed" in line]
     assert len(completed) == 5, out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,27 @@ async def test_a_killed_workers_shards_are_leased_again_after_the_ttl(
                 assert await worker.client.result(run.run_id, timeout=10) == "after"
     finally:
         child.reap()
+
+
+async def test_the_shard_map_lists_every_live_worker_and_the_shards_it_leases(
+    valkey_url: str, valkey_namespace: str
+) -> None:
+    # What the dashboard's shard map shows: read through a third store object, as the
+    # fleet's supervisor reads it, not through the ones the workers lease with.
+    stores = [ValkeyStore(url=valkey_url, namespace=valkey_namespace) for _ in range(3)]
+    async with opened(*stores):
+        first = make_worker(stores[0], [noop], **LEASE)
+        second = make_worker(stores[1], [noop], **LEASE)
+        async with serving(first), serving(second):
+            await await_until(lambda: _holds(first, 32) and _holds(second, 32),
+                              what="32 shards each")
+            found = await stores[2].shard_map(now=time.time())
+            assert {w["worker_id"] for w in found["workers"]} == {first.worker_id,
+                                                                 second.worker_id}
+            assert all(NAME in w["names"] for w in found["workers"])
+            held = found["names"][NAME]["held"]
+            assert {w: len(s) for w, s in held.items()} == {first.worker_id: 32,
+                                                             second.worker_id: 32}
+            assert sorted(held[first.worker_id] + held[second.worker_id]) == list(range(64))
+            assert found["names"][NAME]["shards"] == 64
+            assert found["names"][NAME]["unleased"] == 0

@@ -108,6 +108,10 @@ def cli() -> None:
               help="the fleet's probe port (default $PORT, else 8081; 0 picks a free one)")
 @click.option("--health-host", default=DEFAULTS.health_host, envvar="PYRULA_HEALTH_HOST",
               show_default=True)
+@click.option("--dashboard-actions/--no-dashboard-actions", default=False,
+              envvar="PYRULA_DASHBOARD_ACTIONS", show_default=True,
+              help="let the dashboard on the health port retry, cancel and signal runs "
+              "(read-only without it)")
 @click.option("--max-runs-per-child", default=None, envvar="PYRULA_MAX_RUNS_PER_CHILD",
               help="recycle a child after this many runs (with jitter)")
 @click.option("--max-memory-per-child", default=None, envvar="PYRULA_MAX_MEMORY_PER_CHILD",
@@ -142,7 +146,7 @@ def cli() -> None:
 def start(children: Any, min_children: Any, max_children: Any, scale_up_after: Any,
           scale_down_after: Any, apps: tuple[str, ...], workflows: tuple[str, ...],
           store: str | None, namespace: str | None, cluster: bool | None,
-          health_port: Any, health_host: str, max_runs_per_child: Any,
+          health_port: Any, health_host: str, dashboard_actions: bool, max_runs_per_child: Any,
           max_memory_per_child: Any, memory_hard_limit: Any, child_timeout: Any,
           stall_timeout: Any, max_boot_failures: Any, drain_deadline: Any,
           shutdown_grace: Any, cancel_timeout: Any, log_format: str, log_level: str,
@@ -169,6 +173,7 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
             cluster=cluster,
             health_port=resolve_health_port(health_port),
             health_host=health_host,
+            dashboard_actions=dashboard_actions,
             max_runs_per_child=(None if max_runs_per_child in (None, "") else
                                 parse_int("--max-runs-per-child", max_runs_per_child, minimum=1)),
             max_memory_per_child=memory.soft,
@@ -225,8 +230,8 @@ def run_fleet(options: FleetOptions) -> int:
 
 async def _serve(options: FleetOptions, spawner: Any) -> int:
     from pyrula.health_http import bind_failure
-    from pyrula.supervisor.health import probe_server
     from pyrula.supervisor.supervisor import Supervisor
+    from pyrula.supervisor.web import HealthPort
     from pyrula.workflows.stores import store_from_url
 
     store_options: dict[str, Any] = {}
@@ -236,7 +241,7 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
         store_options["cluster"] = options.cluster
     store = store_from_url(options.store_url, **store_options)
     supervisor = Supervisor(options, spawner, store)
-    probes = probe_server(supervisor, options.health_host, options.health_port)
+    probes = HealthPort(supervisor, options.health_host, options.health_port)
     try:
         host, port = await probes.start()
     except OSError as exc:
@@ -248,9 +253,13 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
         ) from None
     size = (f"{options.children} children (elastic {options.min_children}.."
             f"{options.max_children})" if options.elastic else f"{options.children} children")
+    shown = f"[{host}]" if ":" in host else host
+    dashboard = (f"dashboard on http://{shown}:{port}/"
+                 + ("" if options.dashboard_actions else " (read-only)")
+                 if probes.dashboard else "no dashboard (pip install 'pyrula[http]')")
     logs.announce(f"pyrula-fleet: {size} on "
                   f"{redact_url(options.store_url)}; health on http://{host}:{port} "
-                  "(/livez /readyz /status /metrics)", "fleet_banner",
+                  f"(/livez /readyz /status /metrics); {dashboard}", "fleet_banner",
                   store=redact_url(options.store_url), health=f"http://{host}:{port}")
     try:
         return await supervisor.run()

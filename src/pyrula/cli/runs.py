@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
 from dataclasses import asdict
 from typing import Any
 
@@ -25,13 +24,6 @@ from pyrula.config.fleet import resolve_store_url
 logger = logging.getLogger(__name__)
 
 JSON = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
-#: The prefix of the idempotency key a retry is submitted with: ``retry:<original id>``,
-#: so retrying the same run twice returns the same new run, and the new run names the
-#: one it retries.
-RETRY_KEY_PREFIX = "retry:"
-#: The error codes of runs ``stuck`` lists, and why each is stuck.
-STUCK_CODES = {"stranded": "failed: no live worker served its workflow in time",
-               "max_retries": "quarantined: crashed more often than its poison policy allows"}
 
 
 class RunRefusal(click.ClickException):
@@ -211,11 +203,12 @@ def list_command(workflow: str | None, status: str | None, owner: str | None, li
 @NAMESPACE
 def show_command(run_id: str, as_json: bool, store: str | None, namespace: str | None) -> None:
     """A run: status, attempt, owner, times, error, result, and its step timeline."""
+    from pyrula.workflows.triage import retries_of
+
     runs_client = client(store, namespace)
     info = get_run(runs_client, run_id)
     steps = timeline(runs_client.events(run_id))
-    key = info.idempotency_key or ""
-    retries = key[len(RETRY_KEY_PREFIX):] if key.startswith(RETRY_KEY_PREFIX) else None
+    retries = retries_of(info)
     if as_json:
         print_json({**info_dict(info), "retries": retries, "timeline": steps})
         return
@@ -290,16 +283,15 @@ def cancel_command(run_id: str, as_json: bool, store: str | None, namespace: str
 @NAMESPACE
 def retry_command(run_id: str, as_json: bool, store: str | None, namespace: str | None) -> None:
     """Submit a failed (or quarantined) run again from its params, workflow and owner."""
-    from pyrula.workflows import RunStatus
+    from pyrula.workflows import WorkflowClient
+    from pyrula.workflows.triage import NotRetryable, retry_run
 
     runs_client = client(store, namespace)
-    info = get_run(runs_client, run_id)
-    if info.status is not RunStatus.FAILED:
-        why = ("has not ended" if not info.status.terminal
-               else f"is {info.status.value}, not failed")
-        raise RunRefusal(f"run {run_id} {why}; only a failed run can be retried")
-    handle = runs_client.submit(info.name, info.params, owner=info.owner,
-                                idempotency_key=f"{RETRY_KEY_PREFIX}{run_id}")
+    get_run(runs_client, run_id)
+    try:
+        handle = _call(runs_client.store, retry_run(WorkflowClient(runs_client.store), run_id))
+    except NotRetryable as exc:
+        raise RunRefusal(str(exc)) from None
     if as_json:
         print_json({"run_id": handle.run_id, "workflow": handle.name, "retries": run_id})
     else:
@@ -352,15 +344,10 @@ def submit_command(workflow: str, params: str, owner: str | None, idempotency_ke
 def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str | None) -> None:
     """Runs that will not finish by themselves: queued for a workflow no live worker
     serves, failed as stranded, or quarantined."""
-    from pyrula.workflows import RunStatus
+    from pyrula.workflows.triage import stuck_runs
 
     runs_client = client(store, namespace)
-    found: list[dict[str, Any]] = []
-    for name in sorted(_call(runs_client.store, runs_client.store.stranded(now=time.time()))):
-        for info in runs_client.list_runs(name=name, status=RunStatus.QUEUED, limit=limit):
-            found.append(_stuck(info, f"queued: no live worker serves {name!r}"))
-    found.extend(_call(runs_client.store, _failed_stuck(runs_client.store, limit)))
-    found.extend(_call(runs_client.store, _build_stuck(runs_client.store, limit)))
+    found = _call(runs_client.store, stuck_runs(runs_client.store, limit, time.time()))
     if as_json:
         print_json(found)
         return
@@ -370,55 +357,3 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
     for row in found:
         click.echo(f"{row['run_id']:<32}  {row['workflow']:<24} {row['status']:<9} "
                    f"{iso(row['updated_at'])}  {row['why']}")
-
-
-async def _failed_stuck(store: Any, limit: int) -> list[dict[str, Any]]:
-    """The failed runs ``stuck`` lists, newest first, up to ``limit`` of each code: the
-    scan of the failed runs stops once both kinds are full."""
-    from pyrula.workflows import RunStatus, WorkflowClient
-
-    seen = dict.fromkeys(STUCK_CODES, 0)
-    found: list[dict[str, Any]] = []
-    failed = WorkflowClient(store).list_runs(status=RunStatus.FAILED)
-    try:
-        async for info in failed:
-            code = (info.error or {}).get("code")
-            if code in STUCK_CODES and seen[code] < limit:
-                seen[code] += 1
-                found.append(_stuck(info, STUCK_CODES[code]))
-            if all(count >= limit for count in seen.values()):
-                break
-    finally:
-        if isinstance(failed, AsyncGenerator):  # left early: end the page reader now
-            await failed.aclose()
-    return found
-
-
-async def _build_stuck(store: Any, limit: int) -> list[dict[str, Any]]:
-    """Runs parked because no live worker's code can replay them (an upgrade changed their
-    workflow incompatibly and the old code is gone): waiting for ``pyrula.build``."""
-    from pyrula.workflows import RunStatus, WorkflowClient
-    from pyrula.workflows.events import BUILD_SIGNAL
-
-    runs = WorkflowClient(store)
-    found: list[dict[str, Any]] = []
-    waiting = runs.list_runs(status=RunStatus.WAITING)
-    try:
-        async for info in waiting:
-            if BUILD_SIGNAL not in info.waiting_for:
-                continue
-            events = await runs.events(info.run_id)
-            last = next((e for e in reversed(events) if e.get("signal") == BUILD_SIGNAL), {})
-            found.append(_stuck(info, f"waiting for build {last.get('build')}: the code "
-                                      f"served now cannot replay it ({last.get('message')})"))
-            if len(found) >= limit:
-                break
-    finally:
-        if isinstance(waiting, AsyncGenerator):
-            await waiting.aclose()
-    return found
-
-
-def _stuck(info: Any, why: str) -> dict[str, Any]:
-    return {"run_id": info.run_id, "workflow": info.name, "status": info.status.value,
-            "owner": info.owner, "updated_at": info.updated_at, "why": why}

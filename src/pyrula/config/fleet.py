@@ -48,6 +48,9 @@ class FleetOptions:
     max_children: int | None = None
     scale_up_after: float = 2.0
     scale_down_after: float = 60.0
+    #: Whether the dashboard's actions (retry, cancel, signal) are served; read-only
+    #: otherwise (``--dashboard-actions``).
+    dashboard_actions: bool = False
     # The children drain with these (``child_worker_options``): the worker's own defaults.
     shutdown_grace: float = WorkerOptions.shutdown_grace
     cancel_timeout: float = WorkerOptions.cancel_timeout

@@ -4,7 +4,8 @@ Runs the example app on the embedded SQLite store: ``pyrula-fleet start -n 2`` s
 and this script submits a stream of example runs and prints each as it completes. A big
 order waits for an ``approved`` signal, which this script sends; a digest sleeps and
 continues as new. Ctrl+C drains the fleet and exits. ``--runs N`` stops after N orders;
-``--embedded`` runs one worker in this process instead of the fleet.
+``--embedded`` runs one worker in this process instead of the fleet. The first line
+printed is the URL of the fleet's dashboard (with ``pyrula[http]`` installed).
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ async def main(path: str, runs: int | None, embedded: bool) -> None:
     else:
         port = _free_port()
         fleet = _start_fleet(path, port)
+        # First, so that it is on screen before the stream of runs scrolls it away.
+        print(f"dashboard: http://127.0.0.1:{port}/ (the runs below appear there as they "
+              "stream)", flush=True)
         print(f"pyrula example app on {path}: pyrula-fleet -n 2 (pid {fleet.pid}); "
               f"status: pyrula-fleet status --url http://127.0.0.1:{port}")
     print("submitting example runs (Ctrl+C to stop)", flush=True)

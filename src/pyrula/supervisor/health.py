@@ -6,7 +6,7 @@ import os
 from enum import StrEnum
 from typing import Any
 
-from pyrula.health_http import ProbeServer
+from pyrula.health_http import Handler, ProbeServer
 from pyrula.metrics import render
 from pyrula.supervisor.supervisor import Supervisor
 
@@ -20,7 +20,9 @@ class Readiness(StrEnum):
     DRAINING = "draining"
 
 
-def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
+def probe_routes(supervisor: Supervisor) -> dict[str, Handler]:
+    """The probe routes, path -> handler: what both servers of the port answer with."""
+
     async def livez() -> tuple[int, Any]:
         # Answered by the supervisor's own loop: if it stops turning, the probe times out.
         return 200, {"status": "ok", "pid": os.getpid()}
@@ -43,10 +45,19 @@ def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
     async def metrics() -> tuple[int, Any]:
         return 200, render_metrics(supervisor.status(), supervisor, await supervisor.metrics())
 
-    return ProbeServer(
-        {"/livez": livez, "/readyz": readyz, "/status": status, "/metrics": metrics},
-        host, port,
-    )
+    return {"/livez": livez, "/readyz": readyz, "/status": status, "/metrics": metrics}
+
+
+async def no_dashboard() -> tuple[int, Any]:
+    """``/`` without Starlette and uvicorn: where the dashboard would be, how to get it."""
+    return 200, ("pyrula-fleet: the dashboard needs Starlette and uvicorn: "
+                 "pip install 'pyrula[http]' and restart the fleet. The probes are served "
+                 "here: /livez /readyz /status /metrics\n")
+
+
+def probe_server(supervisor: Supervisor, host: str, port: int) -> ProbeServer:
+    """The dependency-free server of the port, for a fleet without ``pyrula[http]``."""
+    return ProbeServer(probe_routes(supervisor), host, port, index=no_dashboard)
 
 
 def render_metrics(status: dict[str, Any], supervisor: Supervisor,

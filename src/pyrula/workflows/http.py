@@ -27,8 +27,8 @@ try:
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
+    from starlette.responses import RedirectResponse, Response
+    from starlette.routing import BaseRoute, Mount, Route
     from starlette.types import Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -312,12 +312,15 @@ Handler = Callable[[Request], Awaitable[Response]]
 class RunRouter:
     """An ASGI app serving the runs of ``store``: submit, list, inspect, signal, cancel."""
 
-    def __init__(self, store: Store, *, max_payload_bytes: int | None = None) -> None:
+    def __init__(self, store: Store, *, max_payload_bytes: int | None = None,
+                 dashboard: bool = False, dashboard_actions: bool = False) -> None:
+        """``dashboard``: also serve the HTML dashboard of ``store`` at ``/dashboard/``
+        (read-only unless ``dashboard_actions``)."""
         self.client = WorkflowClient(store, max_payload_bytes=max_payload_bytes)
         #: The largest request body read: the payload limit plus room for the JSON around
         #: it. A payload under the limit may still be refused by the client's own check.
         self.body_cap = 2 * self.client.max_payload_bytes + BODY_OVERHEAD_BYTES
-        routes = [
+        routes: list[BaseRoute] = [
             Route("/", self._guard(self.submit), methods=["POST"]),
             Route("/", self._guard(self.list_runs), methods=["GET"]),
             Route("/openapi.json", self._guard(self.openapi), methods=["GET"]),
@@ -328,6 +331,11 @@ class RunRouter:
             Route("/{run_id}/resume", self._guard(self.resume), methods=["POST"]),
             Route("/{run_id}/cancel", self._guard(self.cancel), methods=["POST"]),
         ]
+        if dashboard:  # before /{run_id}, which would take "dashboard" for a run id
+            from pyrula.dashboard.app import Dashboard
+
+            routes[:0] = [Route("/dashboard", _to_dashboard, methods=["GET"]),
+                          Mount("/dashboard", Dashboard(store, actions=dashboard_actions))]
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -445,6 +453,11 @@ class RunRouter:
         run_id = request.path_params["run_id"]
         await self.client.get(run_id)
         return _json({"run_id": run_id, "cancelled": await self.client.cancel(run_id)})
+
+
+async def _to_dashboard(request: Request) -> Response:
+    """``/dashboard`` without its slash: the page's relative routes need the slash."""
+    return RedirectResponse(request.url.path + "/")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

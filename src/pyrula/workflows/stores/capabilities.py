@@ -125,6 +125,18 @@ class QueueStats(Protocol):
         ...
 
 
+@runtime_checkable
+class ShardMap(Protocol):
+    """A sharded store that can tell which live worker leases which shard of each name,
+    across every host that shares it (the dashboard's shard map)."""
+
+    async def shard_map(self, *, now: float) -> dict[str, Any]:
+        """``{"workers": [{"worker_id", "names", "expires"}], "names": {name: {"shards":
+        count, "held": {worker_id: [shard, ...]}, "unleased": count}}}``: the live workers
+        as the store's membership records them and each name's current leases."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """The optional abilities of one store, resolved once (None: the store lacks it)."""
@@ -138,6 +150,7 @@ class Capabilities:
     archive_source: ArchiveSource | None = None
     finished_reader: FinishedReader | None = None
     queue_stats: QueueStats | None = None
+    shard_map: ShardMap | None = None
 
 
 @runtime_checkable
@@ -161,4 +174,5 @@ def capabilities_of(store: object) -> Capabilities:
         archive_source=store if isinstance(store, ArchiveSource) else None,
         finished_reader=store if isinstance(store, FinishedReader) else None,
         queue_stats=store if isinstance(store, QueueStats) else None,
+        shard_map=store if isinstance(store, ShardMap) else None,
     )

@@ -99,6 +99,31 @@ class Leases:
                 found.append(name)
         return found
 
+    async def shard_map(self, *, now: float) -> dict[str, Any]:
+        """The live workers of the namespace and each registered name's shard leases, as
+        stored (every host's workers, not only those of this store object)."""
+        conn = self.connection
+        key = f"{conn.keys.ns}:workers"
+        workers = []
+        for worker_id, raw in sorted(as_hash(await conn.read(key, "HGETALL", key)).items()):
+            entry = orjson.loads(raw)
+            if float(entry["expires"]) > now:
+                workers.append({"worker_id": worker_id, "names": list(entry["names"]),
+                                "expires": float(entry["expires"])})
+        names: dict[str, Any] = {}
+        for name in sorted(await self.registry.names()):
+            leases = conn.keys.leases(name) + ":leases"
+            held: dict[str, list[int]] = {}
+            for shard, value in as_hash(await conn.read(leases, "HGETALL", leases)).items():
+                worker, _, expires = str(value).rpartition("|")
+                if worker and float(expires or 0) > now:
+                    held.setdefault(worker, []).append(int(shard))
+            count = sum(len(s) for s in held.values())
+            names[name] = {"shards": conn.shard_count,
+                           "held": {w: sorted(s) for w, s in sorted(held.items())},
+                           "unleased": max(0, conn.shard_count - count)}
+        return {"workers": workers, "names": names}
+
     async def fail_stranded(
         self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
     ) -> list[str]:

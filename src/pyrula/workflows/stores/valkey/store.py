@@ -284,6 +284,9 @@ class ValkeyStore(SyncAdmin):
     async def stranded(self, *, now: float) -> list[str]:
         return await self.leases.stranded(now=now)
 
+    async def shard_map(self, *, now: float) -> dict[str, Any]:
+        return await self.leases.shard_map(now=now)
+
     async def fail_stranded(
         self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
     ) -> list[str]:

@@ -1,0 +1,264 @@
+"""The dashboard as an ASGI app: its page, its two assets and its JSON routes.
+
+Mounted by the fleet (``pyrula.supervisor.web``: the page at ``/``, this app under
+``/dashboard``) and by ``RunRouter(store, dashboard=True)`` (under ``<mount>/dashboard``).
+The page is one HTML file and a small hand-written script and stylesheet shipped in the
+package: no build step, nothing fetched from elsewhere at run time. The script finds
+the JSON routes from the page's ``data-base``, the path this app is mounted at.
+
+Read-only unless built with ``actions=True`` (the fleet's ``--dashboard-actions``): the
+action routes then retry (``pyrula runs retry``'s run, same idempotency key), cancel and
+signal runs; without it they answer 403 naming the flag.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from pyrula.dashboard.data import DashboardData, run_row
+from pyrula.dashboard.series import Series
+from pyrula.workflows.errors import PayloadTooLarge, RunNotActive, WorkflowNotFound
+from pyrula.workflows.events import dumps
+from pyrula.workflows.http import decode_cursor, encode_cursor
+from pyrula.workflows.records import RunStatus
+from pyrula.workflows.triage import NotRetryable, retry_run
+
+logger = logging.getLogger(__name__)
+
+ACTIONS_FLAG = "--dashboard-actions"
+ACTIONS_ENV = "PYRULA_DASHBOARD_ACTIONS"
+DEFAULT_PAGE = 25
+MAX_PAGE = 200
+ASSETS = {"dashboard.js": "text/javascript; charset=utf-8",
+          "dashboard.css": "text/css; charset=utf-8"}
+
+
+def _asset(name: str) -> str:
+    return resources.files("pyrula.dashboard").joinpath("static", name).read_text("utf-8")
+
+
+class Refused(Exception):
+    """An answer of the JSON routes other than 200: ``{"error": {"code", "message"}}``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(dumps(value), status_code=status, media_type="application/json")
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    return _json({"error": {"code": code, "message": message}}, status)
+
+
+def read_only_message(flag: str = ACTIONS_FLAG) -> str:
+    return (f"the dashboard is read-only: start the fleet with {flag} (or "
+            f"{ACTIONS_ENV}=1) to retry, cancel or signal runs from it")
+
+
+def page(base: str, actions: bool, fleet: bool) -> str:
+    """The page, pointed at the JSON routes under ``base`` (ends with ``/``)."""
+    return (_asset("index.html")
+            .replace("{{BASE}}", html.escape(base, quote=True))
+            .replace("{{ACTIONS}}", "true" if actions else "false")
+            .replace("{{FLEET}}", "true" if fleet else "false")
+            .replace("{{MODE_CLASS}}", "actions" if actions else "read-only")
+            .replace("{{MODE_TEXT}}", "actions enabled" if actions else "read-only")
+            .replace("{{MODE_TITLE}}", html.escape(
+                "retry, cancel and signal are enabled (--dashboard-actions)" if actions
+                else read_only_message(), quote=True)))
+
+
+def page_response(base: str, actions: bool, fleet: bool) -> HTMLResponse:
+    return HTMLResponse(page(base, actions, fleet), headers={"Cache-Control": "no-store"})
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Dashboard:
+    """The dashboard of ``store``; ``status`` (the fleet's /status body), ``series`` (its
+    throughput and latency) and ``names`` (the workflows it serves) come from a fleet,
+    and are None without one."""
+
+    def __init__(self, store: Any, *, actions: bool = False,
+                 status: Callable[[], dict[str, Any]] | None = None,
+                 series: Series | None = None,
+                 names: Callable[[], list[str]] | None = None) -> None:
+        self.data = DashboardData(store)
+        self.actions = actions
+        self.status = status
+        self.series = series
+        self.names = names
+        get, post = ["GET"], ["POST"]
+        routes = [
+            Route("/", self.index, methods=get),
+            Route("/static/{name}", self.static, methods=get),
+            Route("/api/overview", self._guard(self.overview), methods=get),
+            Route("/api/series", self._guard(self.chart), methods=get),
+            Route("/api/queues", self._guard(self.queues), methods=get),
+            Route("/api/shards", self._guard(self.shards), methods=get),
+            Route("/api/stuck", self._guard(self.stuck), methods=get),
+            Route("/api/runs", self._guard(self.runs), methods=get),
+            Route("/api/runs/{run_id}", self._guard(self.run), methods=get),
+            Route("/api/runs/{run_id}/retry", self._guard(self.retry), methods=post),
+            Route("/api/runs/{run_id}/cancel", self._guard(self.cancel), methods=post),
+            Route("/api/runs/{run_id}/signal", self._guard(self.signal), methods=post),
+        ]
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _guard(handler: Handler) -> Handler:
+        """``handler`` with refusals as JSON errors and anything unforeseen logged and
+        answered as a 500 (the page then shows its banner)."""
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Refused as exc:
+                return _error(exc.status, exc.code, exc.message)
+            except WorkflowNotFound as exc:
+                return _error(404, "run_not_found", str(exc))
+            except TimeoutError:
+                return _error(504, "store_timeout", "the store did not answer in time")
+            except Exception:
+                logger.exception("dashboard request failed: %s", request.url.path)
+                return _error(500, "internal", "the dashboard failed; see the server's log")
+
+        return guarded
+
+    # --- the page -----------------------------------------------------------------
+
+    async def index(self, request: Request) -> Response:
+        base = request.scope.get("root_path", "").rstrip("/") + "/"
+        return page_response(base, self.actions, self.status is not None)
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ASSETS:
+            return _error(404, "not_found", f"no asset {name!r}")
+        return Response(_asset(name), media_type=ASSETS[name],
+                        headers={"Cache-Control": "no-cache"})
+
+    # --- reads ----------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        return _json({"actions": self.actions,
+                      "read_only": None if self.actions else read_only_message(),
+                      "fleet": None if self.status is None else self.status()})
+
+    async def chart(self, request: Request) -> Response:
+        if self.series is None:
+            return _json({"available": False, "points": [],
+                          "why": "no fleet here: throughput is sampled by a fleet"})
+        return _json({"available": True, **self.series.body()})
+
+    async def queues(self, request: Request) -> Response:
+        names = self.names() if self.names is not None else await self.data.recent_names()
+        return _json(await self.data.queues(names))
+
+    async def shards(self, request: Request) -> Response:
+        return _json(await self.data.shards())
+
+    async def stuck(self, request: Request) -> Response:
+        return _json({"runs": await self.data.stuck()})
+
+    async def runs(self, request: Request) -> Response:
+        query = request.query_params
+        limit = _integer(query.get("limit"), "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        status = None
+        if query.get("status"):
+            try:
+                status = RunStatus(query["status"])
+            except ValueError:
+                valid = ", ".join(s.value for s in RunStatus)
+                raise Refused(422, "invalid_input",
+                              f"status: {query['status']!r} is not one of {valid}") from None
+        cursor = query.get("cursor") or None
+        try:
+            before = None if cursor is None else decode_cursor(cursor)
+        except Exception:
+            raise Refused(422, "invalid_input", "cursor: not a cursor this API returned") \
+                from None
+        page = await self.data.runs(workflow=query.get("workflow") or None, status=status,
+                                    owner=query.get("owner") or None, limit=limit,
+                                    before=before)
+        after = encode_cursor(page[-1]) if len(page) == limit else None
+        return _json({"runs": [run_row(info) for info in page], "cursor": after})
+
+    async def run(self, request: Request) -> Response:
+        return _json(await self.data.run(request.path_params["run_id"]))
+
+    # --- actions --------------------------------------------------------------------
+
+    def _allowed(self) -> None:
+        if not self.actions:
+            raise Refused(403, "read_only", read_only_message())
+
+    async def retry(self, request: Request) -> Response:
+        self._allowed()
+        run_id = request.path_params["run_id"]
+        try:
+            handle = await retry_run(self.data.client, run_id)
+        except NotRetryable as exc:
+            raise Refused(409, "not_failed", str(exc)) from None
+        return _json({"run_id": handle.run_id, "workflow": handle.name, "retries": run_id})
+
+    async def cancel(self, request: Request) -> Response:
+        self._allowed()
+        run_id = request.path_params["run_id"]
+        await self.data.client.get(run_id)
+        return _json({"run_id": run_id, "cancelled": await self.data.client.cancel(run_id)})
+
+    async def signal(self, request: Request) -> Response:
+        self._allowed()
+        run_id = request.path_params["run_id"]
+        try:
+            body = await request.json()
+        except ValueError:
+            raise Refused(422, "invalid_input", "body: not valid JSON") from None
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            raise Refused(422, "invalid_input", "name: required, a non-empty string")
+        try:
+            await self.data.client.signal(run_id, name, body.get("payload"))
+        except (PayloadTooLarge, RunNotActive) as exc:
+            raise Refused(409, "refused", str(exc)) from None
+        return _json({"run_id": run_id, "signal": name})
+
+
+def _integer(text: str | None, field: str, default: int, low: int, high: int) -> int:
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise Refused(422, "invalid_input", f"{field}: {text!r} is not an integer") from None
+    if not math.isfinite(value) or value != int(value) or not low <= value <= high:
+        raise Refused(422, "invalid_input", f"{field}: must be {low}..{high}, got {text!r}")
+    return int(value)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+    return JSONResponse({"error": {"code": code, "message":
+                                   f"{request.method} {request.url.path}: not served"}},
+                        status_code=status)
