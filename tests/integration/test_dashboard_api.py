@@ -1,4 +1,4 @@
-"""The dashboard's JSON routes and page served by ``RunRouter(store, dashboard=True)``,
+"""The dashboard's JSON routes and page served by a mounted ``RunRouter(store)``,
 in process over ASGI (no fleet: no children, no charts, the store's runs)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pyrula.workflows.http import RunRouter
 
 
 def _http(store: MemoryStore, actions: bool = False) -> httpx.AsyncClient:
-    router = RunRouter(store, dashboard=True, dashboard_actions=actions)
+    router = RunRouter(store, dashboard_actions=actions)
     app = Starlette(routes=[Mount("/runs", router)])
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
 
@@ -84,3 +84,11 @@ async def test_a_run_page_has_its_timeline_and_a_retry_uses_the_retry_key() -> N
         assert refused.status_code == 409  # queued, not failed
         missing = await http.get("/runs/dashboard/api/runs/nope")
         assert missing.status_code == 404
+
+
+async def test_an_api_only_router_serves_no_dashboard() -> None:
+    app = Starlette(routes=[Mount("/runs", RunRouter(MemoryStore(), dashboard=False))])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as http:
+        assert (await http.get("/runs/dashboard/", follow_redirects=True)).status_code == 404
+        assert (await http.get("/runs/")).status_code == 200  # the API itself

@@ -1,7 +1,7 @@
 """The dashboard as an ASGI app: its page, its two assets and its JSON routes.
 
 Mounted by the fleet (``pyrula.supervisor.web``: the page at ``/``, this app under
-``/dashboard``) and by ``RunRouter(store, dashboard=True)`` (under ``<mount>/dashboard``).
+``/dashboard``) and by ``RunRouter(store)`` (under ``<mount>/dashboard``).
 The page is one HTML file and a small hand-written script and stylesheet shipped in the
 package: no build step, nothing fetched from elsewhere at run time. The script finds
 the JSON routes from the page's ``data-base``, the path this app is mounted at.

@@ -313,9 +313,9 @@ class RunRouter:
     """An ASGI app serving the runs of ``store``: submit, list, inspect, signal, cancel."""
 
     def __init__(self, store: Store, *, max_payload_bytes: int | None = None,
-                 dashboard: bool = False, dashboard_actions: bool = False) -> None:
-        """``dashboard``: also serve the HTML dashboard of ``store`` at ``/dashboard/``
-        (read-only unless ``dashboard_actions``)."""
+                 dashboard: bool = True, dashboard_actions: bool = False) -> None:
+        """The router also serves the HTML dashboard of ``store`` at ``/dashboard/``,
+        read-only unless ``dashboard_actions`` (``dashboard=False``: the API alone)."""
         self.client = WorkflowClient(store, max_payload_bytes=max_payload_bytes)
         #: The largest request body read: the payload limit plus room for the JSON around
         #: it. A payload under the limit may still be refused by the client's own check.
