@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -215,6 +215,12 @@ async def record_queues(metrics: Metrics, source: Any, names: Sequence[str], now
     except Exception as exc:  # any store trouble: the rest of the scrape is still served
         logger.debug("queue figures not read for /metrics: %s", exc)
         return
+    set_queue_gauges(metrics, stats, now)
+
+
+def set_queue_gauges(metrics: Metrics, stats: Mapping[str, Any], now: float) -> None:
+    """The queue gauges from ``stats`` (workflow -> ``QueueStat``) as of ``now``; the
+    workflows not in it stop being reported."""
     for name, stat in stats.items():
         metrics.set(QUEUE_DEPTH, float(stat.depth), workflow=name)
         age = 0.0 if stat.oldest_at is None else max(0.0, now - stat.oldest_at)

@@ -149,7 +149,7 @@ class Autoscaler:
         names = sorted({name for c in serving for name in c.workflows})
         queued: int | None = None
         oldest: float | None = None
-        stats = await sup.fleet_metrics.queue_figures(sup.store, names)
+        stats = await sup.fleet_metrics.queue_figures(names)
         if stats is not None:
             now_store, by_name = stats
             queued = sum(stat.depth for stat in by_name.values())

@@ -81,7 +81,7 @@ class Supervisor:
                                  worker_options.poison_retry_ttl_s)
         self.policy = RestartPolicy(options.max_boot_failures)
         self.boots = BootReport()
-        self.fleet_metrics = FleetMetrics()
+        self.fleet_metrics = FleetMetrics(store)
         self.desired = options.children
         self.slots: dict[int, Slot] = {}
         self.draining = False
@@ -526,7 +526,7 @@ class Supervisor:
     async def metrics(self) -> dict[str, Any]:
         """The fleet's metrics families (``FleetMetrics.families``), with the queues of the
         workflows its children serve read from the store once, not once per child."""
-        await self.fleet_metrics.read_queues(self.store, self.served_workflows())
+        await self.fleet_metrics.read_queues(self.served_workflows())
         return self.families()
 
     def families(self) -> dict[str, Any]:
