@@ -18,7 +18,7 @@ from pyrula.health_http import ProbeServer, bind_failure
 from pyrula.metrics import Metrics, record_queues
 from pyrula.wire import WorkerState
 from pyrula.workflows.stores.base import Store
-from pyrula.workflows.stores.capabilities import capabilities_of
+from pyrula.workflows.stores.capabilities import QueueStats
 from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S
 from pyrula.workflows.worker.runtime import Runtime
 
@@ -63,9 +63,11 @@ class Probed(Protocol):
 
 
 class Probes:
-    def __init__(self, worker: Probed, runtime: Runtime) -> None:
+    def __init__(self, worker: Probed, runtime: Runtime,
+                 queue_stats: QueueStats | None = None) -> None:
         self._w = worker
         self._rt = runtime
+        self._queue_stats = queue_stats
 
     async def start(self, host: str, port: int) -> tuple[ProbeServer, tuple[str, int]]:
         """Serve the probes on ``host``:``port``; the server and the address it listens on."""
@@ -131,7 +133,7 @@ class Probes:
     async def metrics(self) -> tuple[int, Any]:
         metrics = self._w.metrics
         metrics.set("pyrula.workflows.runs.in_flight", float(self._w.in_flight))
-        queues = capabilities_of(self._w.store).queue_stats
-        if queues is not None:
-            await record_queues(metrics, queues, self._w.workflow_names, self._w.now())
+        if self._queue_stats is not None:
+            await record_queues(metrics, self._queue_stats, self._w.workflow_names,
+                                self._w.now())
         return 200, metrics.prometheus()

@@ -163,7 +163,7 @@ class WorkflowWorker:
         self._orphans = OrphanLoop(serving, self._poison, self._rt, self.metrics)
         self._schedules = ScheduleLoop(self.store, self.workflow_names, self.metrics, self._log,
                                        interval=o.schedule_interval, runtime=self._rt)
-        self._probes = Probes(self, self._rt)
+        self._probes = Probes(self, self._rt, self._caps.queue_stats)
         self._traces: TraceExports | None = None
         if span_exporter is not None:  # needs pyrula[otel]; says so at construction
             from pyrula.workflows.tracing import require_otel
