@@ -14,11 +14,8 @@ from tests.fleet.fleetprocs import STORE_FILE, Fleets
 @pytest.fixture
 def fleets(tmp_path: Path) -> Iterator[Fleets]:
     """Fleet processes in ``tmp_path``; every process group is killed at teardown."""
-    started = Fleets(tmp_path)
-    try:
+    with Fleets(tmp_path) as started:
         yield started
-    finally:
-        started.reap()
 
 
 @pytest.fixture

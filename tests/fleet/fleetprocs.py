@@ -343,6 +343,12 @@ class Fleets:
         for fleet in self.started:
             fleet.reap()
 
+    def __enter__(self) -> Fleets:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.reap()
+
 
 class StatusRecorder:
     """Polls a fleet's /status on a thread of its own and keeps every answer, so a test can

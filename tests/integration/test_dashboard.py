@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from pyrula.workflows import SQLiteStore, SyncWorkflowClient
+from pyrula.workflows import SyncWorkflowClient
 from tests.conftest import wait_until
-from tests.fleet.fleetprocs import QUICK, STORE_FILE, Fleets, child_env, write_app
+from tests.fleet.fleetprocs import QUICK, Fleets, child_env, write_app
 from tests.integration.dashboard_browser import browser_page, skip_without_browser
 
 pytestmark = pytest.mark.slow
@@ -70,30 +70,17 @@ NO_HTTP_EXTRA = textwrap.dedent(
 
 @pytest.fixture
 def plain_fleets(tmp_path: Path) -> Iterator[Fleets]:
-    started = Fleets(tmp_path)
-    try:
+    with Fleets(tmp_path) as started:
         yield started
-    finally:
-        started.reap()
 
 
 @pytest.fixture
 def fleets(tmp_path: Path) -> Iterator[Fleets]:
+    """Fleets as tests/fleet has them, for the browser tests (skipped without chromium);
+    ``client`` is the integration suite's, on the same SQLite file."""
     skip_without_browser()
-    started = Fleets(tmp_path)
-    try:
+    with Fleets(tmp_path) as started:
         yield started
-    finally:
-        started.reap()
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[SyncWorkflowClient]:
-    store = SQLiteStore(tmp_path / STORE_FILE)
-    try:
-        yield SyncWorkflowClient(store)
-    finally:
-        store.close()
 
 
 def test_without_the_http_extra_the_probes_answer_and_slash_says_what_to_install(
