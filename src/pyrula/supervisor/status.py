@@ -31,6 +31,22 @@ class SlotView:
     restarts: int
 
 
+def child_entry(child: Child, slot: int, restarts: int) -> dict[str, Any]:
+    """One child as ``/status`` lists it."""
+    beat = child.beat
+    return {
+        "slot": slot,
+        "pid": child.pid,
+        "worker_id": beat.worker_id if beat else None,
+        "state": child.state,
+        "shards": dict(beat.shards) if beat else {},
+        "in_flight": beat.in_flight if beat else 0,
+        "runs_done": beat.runs_done if beat else 0,
+        "restarts": restarts,
+        "rss_bytes": child.rss_bytes,
+    }
+
+
 def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool,
                  bounds: tuple[Any, Any] | None = None) -> dict[str, Any]:
     """The ``/status`` body: ok once ``desired`` children are ready and reach their store;
@@ -54,17 +70,7 @@ def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool,
             cut_off += not beat.store_ok
         for name, count in (beat.shards if beat else {}).items():
             shards[name] = shards.get(name, 0) + count
-        children.append({
-            "slot": slot.index,
-            "pid": child.pid,
-            "worker_id": beat.worker_id if beat else None,
-            "state": state,
-            "shards": dict(beat.shards) if beat else {},
-            "in_flight": beat.in_flight if beat else 0,
-            "runs_done": beat.runs_done if beat else 0,
-            "restarts": slot.restarts,
-            "rss_bytes": child.rss_bytes,
-        })
+        children.append(child_entry(child, slot.index, slot.restarts))
     if draining:
         overall = FleetStatus.DRAINING
     elif ready >= desired and not cut_off:

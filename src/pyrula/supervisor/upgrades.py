@@ -9,7 +9,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pyrula.logs import FLEET_LOGGER
-from pyrula.supervisor.children import Child
+from pyrula.supervisor.children import Child, ChildState
+from pyrula.supervisor.status import child_entry
 from pyrula.supervisor.upgrade import Upgrade
 
 if TYPE_CHECKING:
@@ -101,15 +102,9 @@ def status(sup: Supervisor, body: dict[str, Any]) -> dict[str, Any]:
     if upgrade is None:
         return body
     for retired in upgrade.retired.values():
-        child, beat = retired.child, retired.child.beat
-        body["children"].append({
-            "slot": child.slot, "pid": child.pid,
-            "worker_id": beat.worker_id if beat else None, "state": "draining",
-            "shards": dict(beat.shards) if beat else {},
-            "in_flight": beat.in_flight if beat else 0,
-            "runs_done": beat.runs_done if beat else 0, "restarts": 0,
-            "rss_bytes": child.rss_bytes, "generation": upgrade.old,
-        })
+        entry = child_entry(retired.child, retired.child.slot, 0)
+        body["children"].append({**entry, "state": ChildState.DRAINING,
+                                 "generation": upgrade.old})
     serving = [s.child for s in sup.slots.values()
                if s.child is not None and s.child.generation == upgrade.new]
     new_build = next((c.beat.build for c in serving if c.beat is not None), None)
