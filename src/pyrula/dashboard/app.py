@@ -23,15 +23,21 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from pyrula.dashboard.data import DashboardData, run_row
 from pyrula.dashboard.series import Series
 from pyrula.workflows.errors import PayloadTooLarge, RunNotActive, WorkflowNotFound
-from pyrula.workflows.events import dumps
-from pyrula.workflows.http import decode_cursor, encode_cursor
+from pyrula.workflows.http import (
+    ApiError,
+    decode_cursor,
+    encode_cursor,
+    error_response,
+    http_error_response,
+    json_response,
+)
 from pyrula.workflows.records import RunStatus
 from pyrula.workflows.triage import NotRetryable, retry_run
 
@@ -47,22 +53,6 @@ ASSETS = {"dashboard.js": "text/javascript; charset=utf-8",
 
 def _asset(name: str) -> str:
     return resources.files("pyrula.dashboard").joinpath("static", name).read_text("utf-8")
-
-
-class Refused(Exception):
-    """An answer of the JSON routes other than 200: ``{"error": {"code", "message"}}``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-def _json(value: Any, status: int = 200) -> Response:
-    return Response(dumps(value), status_code=status, media_type="application/json")
-
-
-def _error(status: int, code: str, message: str) -> Response:
-    return _json({"error": {"code": code, "message": message}}, status)
 
 
 def read_only_message(flag: str = ACTIONS_FLAG) -> str:
@@ -119,7 +109,7 @@ class Dashboard:
             Route("/api/runs/{run_id}/cancel", self._guard(self.cancel), methods=post),
             Route("/api/runs/{run_id}/signal", self._guard(self.signal), methods=post),
         ]
-        self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: http_error_response})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
@@ -132,15 +122,15 @@ class Dashboard:
         async def guarded(request: Request) -> Response:
             try:
                 return await handler(request)
-            except Refused as exc:
-                return _error(exc.status, exc.code, exc.message)
+            except ApiError as exc:
+                return error_response(exc.status, exc.code, exc.message)
             except WorkflowNotFound as exc:
-                return _error(404, "run_not_found", str(exc))
+                return error_response(404, "run_not_found", str(exc))
             except TimeoutError:
-                return _error(504, "store_timeout", "the store did not answer in time")
+                return error_response(504, "store_timeout", "the store did not answer in time")
             except Exception:
                 logger.exception("dashboard request failed: %s", request.url.path)
-                return _error(500, "internal", "the dashboard failed; see the server's log")
+                return error_response(500, "internal", "the dashboard failed; see the server's log")
 
         return guarded
 
@@ -153,32 +143,32 @@ class Dashboard:
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in ASSETS:
-            return _error(404, "not_found", f"no asset {name!r}")
+            return error_response(404, "not_found", f"no asset {name!r}")
         return Response(_asset(name), media_type=ASSETS[name],
                         headers={"Cache-Control": "no-cache"})
 
     # --- reads ----------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
-        return _json({"actions": self.actions,
+        return json_response({"actions": self.actions,
                       "read_only": None if self.actions else read_only_message(),
                       "fleet": None if self.status is None else self.status()})
 
     async def chart(self, request: Request) -> Response:
         if self.series is None:
-            return _json({"available": False, "points": [],
+            return json_response({"available": False, "points": [],
                           "why": "no fleet here: throughput is sampled by a fleet"})
-        return _json({"available": True, **self.series.body()})
+        return json_response({"available": True, **self.series.body()})
 
     async def queues(self, request: Request) -> Response:
         names = self.names() if self.names is not None else await self.data.recent_names()
-        return _json(await self.data.queues(names))
+        return json_response(await self.data.queues(names))
 
     async def shards(self, request: Request) -> Response:
-        return _json(await self.data.shards())
+        return json_response(await self.data.shards())
 
     async def stuck(self, request: Request) -> Response:
-        return _json({"runs": await self.data.stuck()})
+        return json_response({"runs": await self.data.stuck()})
 
     async def runs(self, request: Request) -> Response:
         query = request.query_params
@@ -189,28 +179,28 @@ class Dashboard:
                 status = RunStatus(query["status"])
             except ValueError:
                 valid = ", ".join(s.value for s in RunStatus)
-                raise Refused(422, "invalid_input",
+                raise ApiError(422, "invalid_input",
                               f"status: {query['status']!r} is not one of {valid}") from None
         cursor = query.get("cursor") or None
         try:
             before = None if cursor is None else decode_cursor(cursor)
         except Exception:
-            raise Refused(422, "invalid_input", "cursor: not a cursor this API returned") \
+            raise ApiError(422, "invalid_input", "cursor: not a cursor this API returned") \
                 from None
         page = await self.data.runs(workflow=query.get("workflow") or None, status=status,
                                     owner=query.get("owner") or None, limit=limit,
                                     before=before)
         after = encode_cursor(page[-1]) if len(page) == limit else None
-        return _json({"runs": [run_row(info) for info in page], "cursor": after})
+        return json_response({"runs": [run_row(info) for info in page], "cursor": after})
 
     async def run(self, request: Request) -> Response:
-        return _json(await self.data.run(request.path_params["run_id"]))
+        return json_response(await self.data.run(request.path_params["run_id"]))
 
     # --- actions --------------------------------------------------------------------
 
     def _allowed(self) -> None:
         if not self.actions:
-            raise Refused(403, "read_only", read_only_message())
+            raise ApiError(403, "read_only", read_only_message())
 
     async def retry(self, request: Request) -> Response:
         self._allowed()
@@ -218,14 +208,14 @@ class Dashboard:
         try:
             handle = await retry_run(self.data.client, run_id)
         except NotRetryable as exc:
-            raise Refused(409, "not_failed", str(exc)) from None
-        return _json({"run_id": handle.run_id, "workflow": handle.name, "retries": run_id})
+            raise ApiError(409, "not_failed", str(exc)) from None
+        return json_response({"run_id": handle.run_id, "workflow": handle.name, "retries": run_id})
 
     async def cancel(self, request: Request) -> Response:
         self._allowed()
         run_id = request.path_params["run_id"]
         await self.data.client.get(run_id)
-        return _json({"run_id": run_id, "cancelled": await self.data.client.cancel(run_id)})
+        return json_response({"run_id": run_id, "cancelled": await self.data.client.cancel(run_id)})
 
     async def signal(self, request: Request) -> Response:
         self._allowed()
@@ -233,15 +223,15 @@ class Dashboard:
         try:
             body = await request.json()
         except ValueError:
-            raise Refused(422, "invalid_input", "body: not valid JSON") from None
+            raise ApiError(422, "invalid_input", "body: not valid JSON") from None
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not name:
-            raise Refused(422, "invalid_input", "name: required, a non-empty string")
+            raise ApiError(422, "invalid_input", "name: required, a non-empty string")
         try:
             await self.data.client.signal(run_id, name, body.get("payload"))
         except (PayloadTooLarge, RunNotActive) as exc:
-            raise Refused(409, "refused", str(exc)) from None
-        return _json({"run_id": run_id, "signal": name})
+            raise ApiError(409, "refused", str(exc)) from None
+        return json_response({"run_id": run_id, "signal": name})
 
 
 def _integer(text: str | None, field: str, default: int, low: int, high: int) -> int:
@@ -250,15 +240,7 @@ def _integer(text: str | None, field: str, default: int, low: int, high: int) ->
     try:
         value = float(text)
     except ValueError:
-        raise Refused(422, "invalid_input", f"{field}: {text!r} is not an integer") from None
+        raise ApiError(422, "invalid_input", f"{field}: {text!r} is not an integer") from None
     if not math.isfinite(value) or value != int(value) or not low <= value <= high:
-        raise Refused(422, "invalid_input", f"{field}: must be {low}..{high}, got {text!r}")
+        raise ApiError(422, "invalid_input", f"{field}: must be {low}..{high}, got {text!r}")
     return int(value)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-    return JSONResponse({"error": {"code": code, "message":
-                                   f"{request.method} {request.url.path}: not served"}},
-                        status_code=status)

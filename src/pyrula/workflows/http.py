@@ -72,12 +72,13 @@ def _bad(field: str, message: str) -> ApiError:
     return ApiError(422, "invalid_input", f"{field}: {message}")
 
 
-def _json(value: Any, status: int = 200) -> Response:
+def json_response(value: Any, status: int = 200) -> Response:
     return Response(dumps(value), status_code=status, media_type="application/json")
 
 
-def _error(status: int, code: str, message: str) -> Response:
-    return _json({"error": {"code": code, "message": message}}, status)
+def error_response(status: int, code: str, message: str) -> Response:
+    """The API's error shape, ``{"error": {"code", "message"}}``, with ``status``."""
+    return json_response({"error": {"code": code, "message": message}}, status)
 
 
 def info_json(info: RunInfo) -> dict[str, Any]:
@@ -336,7 +337,7 @@ class RunRouter:
 
             routes[:0] = [Route("/dashboard", _to_dashboard, methods=["GET"]),
                           Mount("/dashboard", Dashboard(store, actions=dashboard_actions))]
-        self.app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: http_error_response})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
@@ -350,21 +351,21 @@ class RunRouter:
             try:
                 return await handler(request)
             except ApiError as exc:
-                return _error(exc.status, exc.code, exc.message)
+                return error_response(exc.status, exc.code, exc.message)
             except WorkflowNotFound as exc:
-                return _error(404, "run_not_found", str(exc))
+                return error_response(404, "run_not_found", str(exc))
             except PayloadTooLarge as exc:
-                return _error(413, "payload_too_large", str(exc))
+                return error_response(413, "payload_too_large", str(exc))
             except RunNotActive as exc:
-                return _error(409, "run_not_active", str(exc))
+                return error_response(409, "run_not_active", str(exc))
             except Exception:
                 logger.exception("http.request_failed path=%s", request.url.path)
-                return _error(500, "internal", "the server failed; see its log")
+                return error_response(500, "internal", "the server failed; see its log")
 
         return guarded
 
     async def openapi(self, request: Request) -> Response:
-        return _json(OPENAPI)
+        return json_response(OPENAPI)
 
     async def submit(self, request: Request) -> Response:
         body = await _body(request, self.body_cap)
@@ -381,7 +382,7 @@ class RunRouter:
             raise  # ValueErrors with answers of their own (413, 409)
         except ValueError as exc:
             raise _client_call("params", exc) from None
-        return _json({"run_id": handle.run_id, "workflow": handle.name}, 201)
+        return json_response({"run_id": handle.run_id, "workflow": handle.name}, 201)
 
     async def list_runs(self, request: Request) -> Response:
         limit = _integer(request, "limit", DEFAULT_LIST_LIMIT, 1, MAX_LIST_LIMIT)
@@ -396,10 +397,10 @@ class RunRouter:
             before=before,
         )
         after = encode_cursor(page[-1]) if len(page) == limit else None
-        return _json({"runs": [info_json(info) for info in page], "cursor": after})
+        return json_response({"runs": [info_json(info) for info in page], "cursor": after})
 
     async def show(self, request: Request) -> Response:
-        return _json(info_json(await self.client.get(request.path_params["run_id"])))
+        return json_response(info_json(await self.client.get(request.path_params["run_id"])))
 
     async def result(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -411,17 +412,17 @@ class RunRouter:
                 409, "run_not_ended", f"run {run_id!r} has not ended after {timeout:g}s"
             ) from None
         except RunFailed as exc:
-            return _json({"error": exc.error}, 424)
+            return json_response({"error": exc.error}, 424)
         except RunCancelled:
             error = {"code": "cancelled", "message": f"run {run_id!r} was cancelled"}
-            return _json({"error": error}, 424)
-        return _json({"result": value})
+            return json_response({"error": error}, 424)
+        return json_response({"result": value})
 
     async def events(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
         after = _integer(request, "after_seq", 0, 0, 2**62)
         await self.client.get(run_id)
-        return _json({"events": await self.client.events(run_id, after)})
+        return json_response({"events": await self.client.events(run_id, after)})
 
     async def signal(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -436,7 +437,7 @@ class RunRouter:
         except ValueError as exc:
             field = "payload" if str(exc).startswith("payload") else "name"
             raise _client_call(field, exc) from None
-        return _json({"run_id": run_id, "signal": name})
+        return json_response({"run_id": run_id, "signal": name})
 
     async def resume(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -447,12 +448,12 @@ class RunRouter:
             raise  # ValueErrors with answers of their own (413, 409)
         except ValueError as exc:
             raise _client_call("value", exc) from None
-        return _json({"run_id": run_id, "resumed": True})
+        return json_response({"run_id": run_id, "resumed": True})
 
     async def cancel(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
         await self.client.get(run_id)
-        return _json({"run_id": run_id, "cancelled": await self.client.cancel(run_id)})
+        return json_response({"run_id": run_id, "cancelled": await self.client.cancel(run_id)})
 
 
 async def _to_dashboard(request: Request) -> Response:
@@ -460,9 +461,9 @@ async def _to_dashboard(request: Request) -> Response:
     return RedirectResponse(request.url.path + "/")
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
+async def http_error_response(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (no such route, wrong method) in the API's error shape."""
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
     detail = exc.detail if isinstance(exc, HTTPException) else "the server failed"
-    return _error(status, code, f"{request.method} {request.url.path}: {detail}")
+    return error_response(status, code, f"{request.method} {request.url.path}: {detail}")
