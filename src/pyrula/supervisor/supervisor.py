@@ -250,6 +250,8 @@ class Supervisor:
         text, signame = describe_exit(child.exitcode)
         lived = time.monotonic() - child.started_at
         if child.retiring and (child.exitcode == 0 or self._code_lost(child)):
+            if child.exitcode != 0:
+                text = "its exit code was lost with its replaced fork server"
             logger.info("child_exited: slot %d pid %d (%s) after draining", child.slot,
                         child.pid, text, extra={"event": "child_exited", "slot": child.slot})
             return
