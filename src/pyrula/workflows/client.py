@@ -85,8 +85,6 @@ class WorkflowClient:
         returns the first run's handle. Raises ValueError for params that are not JSON.
         """
         name = workflow_name(workflow)
-        if not name:
-            raise ValueError("workflow name must be a non-empty str")
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise ValueError(f"owner must be a non-empty str or None, got {owner!r}")
         if idempotency_key is not None and (

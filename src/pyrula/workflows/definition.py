@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import unicodedata
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -260,7 +261,7 @@ def workflow(
                 "(ctx, params)); steps may be sync"
             )
         spec = WorkflowSpec(
-            name=name or func.__name__,
+            name=check_workflow_name(func.__name__ if name is None else name),
             fn=func,
             timeout=float(timeout) if timeout is not None else None,
         )
@@ -273,10 +274,31 @@ def workflow(
     return decorate
 
 
+#: The longest workflow name, in characters.
+MAX_NAME_LENGTH = 200
+
+
+def check_workflow_name(name: Any) -> str:
+    """``name`` if it may name a workflow, else ValueError saying why: a str of 1 to
+    MAX_NAME_LENGTH characters, any of them but control characters (a newline, a tab, NUL)
+    and lone surrogates (which no UTF-8 store can hold)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a workflow name must be a non-empty str, got {name!r}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"workflow name {name[:40]!r}... is {len(name)} characters, above "
+                         f"the limit of {MAX_NAME_LENGTH}")
+    for char in name:
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise ValueError(f"workflow name {name!r} holds the character {char!r}: control "
+                             "characters and lone surrogates are not allowed in names")
+    return name
+
+
 def workflow_name(fn_or_name: Any) -> str:
-    """The registered name of a ``@workflow`` function, or the string itself."""
+    """The registered name of a ``@workflow`` function, or the string itself (checked by
+    ``check_workflow_name``)."""
     if isinstance(fn_or_name, str):
-        return fn_or_name
+        return check_workflow_name(fn_or_name)
     spec = getattr(fn_or_name, "__pyrula_workflow__", None)
     if isinstance(spec, WorkflowSpec):
         return spec.name

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from pyrula.errors import ConfigurationError, StoreUnavailable
-from pyrula.workflows.stores.valkey.codec import parse_info, raise_first
+from pyrula.workflows.stores.valkey.codec import parse_info
 from pyrula.workflows.stores.valkey.connection import Connection, EvictionCheck
 from pyrula.workflows.stores.valkey.resp import ReplyError
 
@@ -64,22 +64,14 @@ class Registry:
             )
 
     async def register(self, name: str) -> None:
-        """Record ``name`` with this store's shard count, or check the one recorded."""
+        """Record ``name`` with this store's shard count, or check the one recorded; the
+        namespace's data format is recorded (or checked) in the same atomic call."""
         if name in self._known:
             return
         conn = self.connection
-        field = f"shards:{name}"
-        meta = conn.keys.meta
-        replies = await conn.pipeline([
-            (meta, ("HGET", meta, "format")),
-            (meta, ("HSETNX", meta, field, conn.shard_count)),
-            (meta, ("HGET", meta, field)),
-        ])
-        raise_first(replies)
-        found, _, recorded = replies
-        if found is None:
-            await self._claim_format(name)
-        elif int(found) != DATA_FORMAT:
+        found, recorded = await conn.op(conn.keys.meta, "register", name, conn.shard_count,
+                                        DATA_FORMAT)
+        if int(found) != DATA_FORMAT:
             raise self._wrong_format(int(found))
         if int(recorded) != conn.shard_count:
             raise ConfigurationError(
@@ -88,19 +80,6 @@ class Registry:
                 "same shard_count on every worker (drain a name before changing its count)"
             )
         self._known.add(name)
-
-    async def _claim_format(self, name: str) -> None:
-        """A namespace without a recorded data format is new, or was written by a build
-        older than the format's record: in that case other names are registered already."""
-        conn = self.connection
-        meta = conn.keys.meta
-        fields = await conn.read(meta, "HKEYS", meta)
-        if any(f.startswith("shards:") and f != f"shards:{name}" for f in fields):
-            raise self._wrong_format(1)
-        await conn.call(meta, "HSETNX", meta, "format", DATA_FORMAT)
-        found = await conn.read(meta, "HGET", meta, "format")
-        if int(found) != DATA_FORMAT:
-            raise self._wrong_format(int(found))
 
     def _wrong_format(self, found: int) -> ConfigurationError:
         return ConfigurationError(

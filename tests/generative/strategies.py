@@ -1,0 +1,45 @@
+"""What the generative tests draw: workflow names (anything a name may hold), owners,
+idempotency keys and JSON payloads, and the private registries their workers serve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from pyrula.workflows import WorkflowContext
+from pyrula.workflows.definition import MAX_NAME_LENGTH, Registry, WorkflowSpec
+
+#: Any character a name may hold: all but control characters and lone surrogates.
+NAME_CHARS = st.characters(blacklist_categories=("Cc", "Cs"))
+
+#: Names as users write them (dotted, snake case) and anything else a name may hold.
+names = st.one_of(
+    st.from_regex(r"[a-z][a-z0-9_]{0,12}(\.[a-z][a-z0-9_]{0,12}){0,2}", fullmatch=True),
+    st.text(NAME_CHARS, min_size=1, max_size=12),
+    st.text(NAME_CHARS, min_size=MAX_NAME_LENGTH - 2, max_size=MAX_NAME_LENGTH),
+)
+
+#: Owners and idempotency keys: non-empty strings of the same characters.
+tokens = st.text(NAME_CHARS, min_size=1, max_size=16)
+
+#: JSON values as params and payloads (floats that JSON keeps exactly).
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False, width=32) | st.text(NAME_CHARS, max_size=20),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(NAME_CHARS, max_size=8), inner, max_size=4),
+    max_leaves=8,
+)
+
+
+def echo_registry(workflow_names: list[str]) -> Registry:
+    """A registry of its own (the global one is left alone) where each name is a workflow
+    returning its name and params."""
+    registry = Registry()
+    for name in workflow_names:
+        async def echo(ctx: WorkflowContext, params: Any, _name: str = name) -> Any:
+            return {"name": _name, "params": params}
+
+        registry.add_workflow(WorkflowSpec(name=name, fn=echo))
+    return registry
