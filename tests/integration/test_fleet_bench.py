@@ -381,12 +381,14 @@ def test_user_workflow_mismatched_or_failed_runs_exit_1_naming_them(
     assert len(examples) == 5 and all(e.endswith("($.letters: got 3, want 4)") for e in examples)
     assert "FAILED         0/8 runs verified; 8 with a wrong result: " in proc.stdout
     assert "($.letters: got 3, want 4)" in proc.stdout and "Traceback" not in proc.stderr
+    assert figures["runs_per_s"] == 0 and figures["steps_completed"] == 0  # verified ones only
 
     proc, figures = bench_user(tmp_path, user_fleet, "--workflow", "greet", "--params",
                                '{"word": "hey", "fail": true}', runs=3)
     assert proc.returncode == 1, proc.stderr
     assert figures is not None and figures["verification"]["failed"] == 3
     assert "FAILED         0/3 runs verified; 3 failed: " in proc.stdout
+    assert "(workflow_error ValueError: asked to fail)" in proc.stdout
 
 
 def test_workflow_the_fleet_does_not_serve_exits_2_naming_the_served_ones(

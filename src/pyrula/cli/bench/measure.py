@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pyrula.cli.bench.expect import Check
 from pyrula.cli.bench.load import Load, RunRecord
 from pyrula.supervisor.children import ChildState
-from pyrula.workflows import RunStatus
+from pyrula.workflows import RunInfo, RunStatus
 
 if TYPE_CHECKING:
     from pyrula.invariants import Report
 
 #: Run ids named in a failed verification, per kind of failure.
 EXAMPLES = 5
+#: Longest a failed run's error message is shown beside its id.
+WHY_SHOWN = 80
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float] | None:
@@ -92,13 +94,24 @@ def verify(records: Iterable[RunRecord], check: Check) -> Verification:
         elif info is None:
             lost.append(record.run_id)
         elif info.status is not RunStatus.COMPLETED:
-            why = (info.error or {}).get("code") or info.status.value
-            failed.append(f"{record.run_id} ({why})")
+            failed.append(f"{record.run_id} ({_why(info)})")
         elif (differs := check(record.x, info.result)) is not None:
             wrong.append(f"{record.run_id} ({differs})")
         else:
             completed += 1
     return Verification(runs, completed, lost, failed, wrong, not_submitted)
+
+
+def _why(info: RunInfo) -> str:
+    """Why a run did not complete: its error's code and, cut short, what it says
+    (``workflow_error ValueError: bad x``), else its status (``cancelled``)."""
+    error = info.error or {}
+    code = error.get("code") or info.status.value
+    message = str(error.get("message") or "")
+    said = f"{error['error_type']}: {message}" if error.get("error_type") else message
+    if len(said) > WHY_SHOWN:
+        said = said[:WHY_SHOWN - 3] + "..."
+    return f"{code} {said}" if said else str(code)
 
 
 async def invariants(load: Load, fleet_log: str | None) -> Report:
@@ -121,8 +134,8 @@ async def invariants(load: Load, fleet_log: str | None) -> Report:
 @dataclass(frozen=True, slots=True)
 class Journals:
     """What the journals of the completed runs tell: runs per worker id (the worker of each
-    run's last ``run:started``, the attempt that finished it) and steps completed (each
-    step's ``step:completed``, recorded once whatever the attempts)."""
+    run's last ``run:started``, the attempt that finished it) and the steps of the verified
+    ones (each step's ``step:completed``, recorded once whatever the attempts)."""
 
     workers: dict[str, int]
     steps: int
@@ -132,14 +145,16 @@ async def read_journals(load: Load, batch: int = 200) -> Journals:
     """``Journals`` of the bench's completed runs, ``batch`` runs read at a time."""
     counts: dict[str, int] = {}
     steps = 0
-    done = [r.run_id for r in load.records
+    done = [r for r in load.records
             if r.run_id is not None and r.info is not None
             and r.info.status is RunStatus.COMPLETED]
 
-    async def read(run_id: str) -> tuple[str | None, int]:
-        events = await load.store.read_events(run_id)
+    async def read(record: RunRecord) -> tuple[str | None, int]:
+        assert record.run_id is not None and record.info is not None
+        events = await load.store.read_events(record.run_id)
         started = [e for e in events if e.get("type") == "run:started"]
-        completed = sum(1 for e in events if e.get("type") == "step:completed")
+        right = load.check(record.x, record.info.result) is None
+        completed = sum(1 for e in events if e.get("type") == "step:completed") if right else 0
         return (str(started[-1].get("worker")) if started else None), completed
 
     for start in range(0, len(done), batch):
