@@ -350,6 +350,7 @@ def test_user_workflow_runs_all_verified_completed(tmp_path: Path,
     figures = assert_ok(proc, figures, 12)
     assert figures["workflow"] == "greet" and figures["params"] == {"word": "hey"}
     assert figures["expect_given"] is False and figures["steps"] is None
+    assert figures["step_kind"] is None and figures["payload_bytes"] is None  # built-in's only
     assert figures["steps_completed"] == 24  # two steps a run, read from the journals
     assert figures["runs_per_s"] > 0 and figures["steps_per_s"] > 0
     latency_reported(figures)
