@@ -329,3 +329,14 @@ def test_a_submit_without_params_gives_the_workflow_an_empty_object(served: Cli)
         assert SyncWorkflowClient(store).get(run_id).params == {}
     finally:
         store.close()
+
+
+def test_show_prints_a_failed_runs_traceback_as_text(served: Cli) -> None:
+    run_id = served.submit("rc_fail", {"x": 4})
+    wait_until(lambda: served.status(run_id) == "failed", 30, what="the run failed")
+    out = served.ok("runs", "show", run_id)
+    assert "traceback:" in out, out
+    lines = out[out.index("traceback:"):].splitlines()
+    assert any("rcapp.py" in line and "in explode" in line for line in lines), out
+    assert any(line.strip() == 'raise RuntimeError(f"boom {x}")' for line in lines), out
+    assert lines[-1].strip() == "RuntimeError: boom 4", out

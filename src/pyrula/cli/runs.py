@@ -246,6 +246,11 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
     click.echo("timeline:" if steps else "timeline: (not started)")
     for entry in steps:
         click.echo(f"  {describe(entry)}")
+    trace = ((info.error or {}).get("detail") or {}).get("traceback")
+    if trace:
+        click.echo("traceback:")
+        for line in str(trace).rstrip("\n").splitlines():
+            click.echo(f"  {line}")
 
 
 @runs.command("events")
