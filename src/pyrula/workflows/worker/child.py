@@ -197,6 +197,7 @@ async def _audit(worker: Any, conn: Connection, build: str) -> None:
 
 def _metrics(worker: Any) -> bytes:
     worker.metrics.set("pyrula.workflows.runs.in_flight", float(worker.in_flight))
+    worker.metrics.set("pyrula.workflows.step_threads.busy", float(worker.step_threads_busy))
     return metrics_message(worker.metrics.samples(), worker.workflow_names)
 
 

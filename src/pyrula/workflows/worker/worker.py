@@ -187,6 +187,11 @@ class WorkflowWorker:
     def in_flight(self) -> int:
         return self._runs.in_flight()
 
+    @property
+    def step_threads_busy(self) -> int:
+        """Sync-step threads running a step now."""
+        return self._pool.busy if self._pool is not None else 0
+
     # --- upgrades (``worker.generations``) -------------------------------------------
 
     def retire(self) -> None:
@@ -264,7 +269,8 @@ class WorkflowWorker:
         self._timers.start()
         await self._prepare_store()
         probe = await self._start_probes()
-        self._pool = StepPool(worker_id=self.worker_id)
+        self._pool = StepPool(worker_id=self.worker_id, on_saturated=lambda: self.metrics.inc(
+            "pyrula.workflows.step_threads.saturated"))
         self._runner = self._attempt_runner(self._pool)
         self._renewer = LockRenewer(
             store=self.store, clock=self._clock, loop=loop, runs=self._runs, watch=rt,
