@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from pyrula.timestamps import iso_utc
+
 #: The logger of the fleet's supervisor (``pyrula.supervisor.*``).
 FLEET_LOGGER = "pyrula.fleet"
 #: The logger of the CLI's own messages (``pyrula.cli.common``).
@@ -56,7 +58,7 @@ class ContextFields(logging.Filter):
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
-            "ts": round(record.created, 6),
+            "ts": iso_utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": getattr(record, "event", None) or _event_of(record.getMessage()),

@@ -20,6 +20,7 @@ import click
 from pyrula.cli.common import NAMESPACE, STORE, InputError, json_argument, open_store
 from pyrula.cli.timeline import describe, iso, timeline
 from pyrula.config.fleet import resolve_store_url
+from pyrula.timestamps import iso_utc_or_none, readable_event
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,14 @@ def info_dict(info: Any) -> dict[str, Any]:
     data["status"] = info.status.value
     for key in _TIMES:
         if key in data:
-            data[key] = iso(data[key], precise=True)
+            data[key] = iso_utc_or_none(data[key])
     return data
+
+
+def print_events(events: list[dict[str, Any]]) -> None:
+    """A journal as one JSON array, each event's instants (``ts``, ``wake_at``...) in
+    ISO-8601 UTC; the store keeps them as epoch seconds."""
+    print_json([readable_event(event) for event in events])
 
 
 def run_status(text: str | None) -> Any:
@@ -245,7 +252,7 @@ def events_command(run_id: str, as_json: bool, store: str | None,
     """A run's journal (always JSON: one array of events)."""
     runs_client = client(store, namespace)
     get_run(runs_client, run_id)
-    print_json(runs_client.events(run_id))
+    print_events(runs_client.events(run_id))
 
 
 @runs.command("result")
@@ -349,7 +356,7 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
     runs_client = client(store, namespace)
     found = _call(runs_client.store, stuck_runs(runs_client.store, limit, time.time()))
     if as_json:
-        print_json(found)
+        print_json([{**row, "updated_at": iso_utc_or_none(row["updated_at"])} for row in found])
         return
     if not found:
         click.echo("no stuck runs")

@@ -35,6 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pyrula.workflows.http needs Starlette: pip install 'pyrula[http]'"
     ) from exc
 
+from pyrula.timestamps import EVENT_TIMES, iso_utc_or_none, readable_event
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.errors import (
     PayloadTooLarge,
@@ -81,11 +82,18 @@ def error_response(status: int, code: str, message: str) -> Response:
     return json_response({"error": {"code": code, "message": message}}, status)
 
 
+#: The instants of a RunInfo, answered as ISO-8601 UTC (``2026-12-01T16:40:00.123Z``).
+RUN_TIMES = ("created_at", "updated_at", "started_at", "finished_at", "wake_at")
+
+
 def info_json(info: RunInfo) -> dict[str, Any]:
-    """A RunInfo as JSON: its fields, the status as its string value."""
+    """A RunInfo as JSON: its fields, the status as its string value, its instants as
+    ISO-8601 UTC (the store keeps epoch seconds)."""
     data = asdict(info)
     data["status"] = info.status.value
     data["waiting_for"] = list(info.waiting_for)
+    for key in RUN_TIMES:
+        data[key] = iso_utc_or_none(data[key])
     return data
 
 
@@ -204,6 +212,9 @@ def _body_of(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
+#: An instant as every answer writes it: ISO-8601 UTC, milliseconds, ``Z``.
+_INSTANT: dict[str, Any] = {"type": ["string", "null"], "format": "date-time",
+                            "examples": ["2026-12-01T16:40:00.123Z"]}
 _RUN_ID = _param("run_id", "path", {"type": "string"}, "the run's id")
 _ANY: dict[str, Any] = {"description": "any JSON value"}
 _OPTIONAL_STR: dict[str, Any] = {"type": ["string", "null"], "minLength": 1}
@@ -296,13 +307,19 @@ OPENAPI: dict[str, Any] = {
             "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
         "Submitted": {"type": "object", "required": ["run_id", "workflow"], "properties": {
             "run_id": {"type": "string"}, "workflow": {"type": "string"}}},
-        "Run": {"type": "object", "required": ["run_id", "name", "status"]},
+        "Run": {"type": "object", "required": ["run_id", "name", "status"], "properties": {
+            "run_id": {"type": "string"}, "name": {"type": "string"},
+            "status": {"type": "string", "enum": [s.value for s in RunStatus]},
+            **{key: _INSTANT for key in RUN_TIMES}}},
         "RunPage": {"type": "object", "required": ["runs", "cursor"], "properties": {
             "runs": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}},
             "cursor": {"type": ["string", "null"]}}},
         "Result": {"type": "object", "required": ["result"]},
         "Events": {"type": "object", "required": ["events"], "properties": {
-            "events": {"type": "array", "items": {"type": "object"}}}},
+            "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}}}},
+        "Event": {"type": "object", "required": ["seq", "type", "ts"], "properties": {
+            "seq": {"type": "integer"}, "type": {"type": "string"},
+            **{key: _INSTANT for key in EVENT_TIMES}}},
     }},
 }
 
@@ -422,7 +439,8 @@ class RunRouter:
         run_id = request.path_params["run_id"]
         after = _integer(request, "after_seq", 0, 0, 2**62)
         await self.client.get(run_id)
-        return json_response({"events": await self.client.events(run_id, after)})
+        events = await self.client.events(run_id, after)
+        return json_response({"events": [readable_event(event) for event in events]})
 
     async def signal(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
