@@ -133,4 +133,5 @@ class DashboardData:
         found: dict[str, Any] = await self._bounded(source.shard_map(now=time.time()))
         for worker in found["workers"]:
             worker["pid"] = worker_pid(worker["worker_id"])
+            worker["expires"] = iso_utc(float(worker["expires"]))
         return {"sharded": True, **found}
