@@ -1,9 +1,11 @@
 """RunRouter: the run operations of ``WorkflowClient`` as a JSON HTTP API (an ASGI app).
 
-``app.mount("/runs", RunRouter(store))`` in any Starlette or FastAPI app. Every answer is
-JSON; every refusal is ``{"error": {"code", "message"}}`` with 404 for an unknown run, 422
-for bad input (the message names the field), 413 for a payload over the client's limit and
-409 for a run that has ended (or has not, for ``result``). The optional extra
+``app.mount("/runs", RunRouter(store))`` in any Starlette or FastAPI app, or
+``RunRouter(store).mount("/runs")`` as a route, which answers ``POST /runs`` without its
+slash too. Every answer is JSON; every refusal is ``{"error": {"code", "message"}}`` with
+404 for an unknown run, 422 for bad input (the message names the field), 413 for a payload
+over the client's limit and 409 for a run that has ended (or has not, for ``result``).
+Instants are ISO-8601 UTC strings (``pyrula.timestamps``). The optional extra
 ``pyrula[http]`` installs Starlette; ``import pyrula.workflows`` never imports this module.
 
 The module runs past 400 lines because a third of it is the OpenAPI description, kept
@@ -28,7 +30,7 @@ try:
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import RedirectResponse, Response
-    from starlette.routing import BaseRoute, Mount, Route
+    from starlette.routing import BaseRoute, Match, Mount, Route
     from starlette.types import Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -359,6 +361,16 @@ class RunRouter:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
 
+    def mount(self, path: str) -> Mount:
+        """This router as a route of an enclosing app at ``path`` that answers ``path``
+        itself too: ``Starlette(routes=[RunRouter(store).mount("/runs")])`` (FastAPI:
+        ``app.router.routes.append(...)``) serves ``POST /runs`` as ``POST /runs/``.
+
+        A plain ``Mount("/runs", router)`` matches only ``/runs/...``: the enclosing router
+        answers ``/runs`` with an empty 307 to ``/runs/``, which a client posting a run
+        does not follow by default."""
+        return _SlashlessMount(path, self)
+
     @staticmethod
     def _guard(handler: Handler) -> Handler:
         """``handler`` with the client's refusals turned into JSON errors, and anything
@@ -472,6 +484,27 @@ class RunRouter:
         run_id = request.path_params["run_id"]
         await self.client.get(run_id)
         return json_response({"run_id": run_id, "cancelled": await self.client.cancel(run_id)})
+
+
+class _SlashlessMount(Mount):
+    """A Mount that takes its own path without the slash (``/runs``) as ``/runs/``."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE or scope["type"] not in ("http", "websocket"):
+            return match, child
+        root_path = scope.get("root_path", "")
+        if not self.path or scope["path"] != root_path + self.path:
+            return match, child
+        slashed = {**scope, "path": scope["path"] + "/"}
+        if isinstance(scope.get("raw_path"), bytes):
+            slashed["raw_path"] = scope["raw_path"] + b"/"
+        match, child = super().matches(slashed)
+        if match is not Match.NONE:
+            child = {**child, "path": slashed["path"]}
+            if "raw_path" in slashed:
+                child["raw_path"] = slashed["raw_path"]
+        return match, child
 
 
 async def _to_dashboard(request: Request) -> Response:
