@@ -196,11 +196,26 @@ def list_command(workflow: str | None, status: str | None, owner: str | None, li
     if as_json:
         print_json([info_dict(info) for info in rows])
         return
-    click.echo(f"{'RUN ID':<32}  {'WORKFLOW':<24} {'STATUS':<9} {'ATTEMPT':>7}  "
-               f"{'OWNER':<16} CREATED")
+    for line in runs_table(rows):
+        click.echo(line)
+
+
+def id_width(ids: list[str]) -> int:
+    """The width of a table's run id column: the longest id shown (SQLite's are 32
+    characters, Valkey's 40), at least the header's."""
+    return max([len("RUN ID"), *map(len, ids)])
+
+
+def runs_table(rows: list[Any]) -> list[str]:
+    """``pyrula runs list`` as lines: a header, then one run a line, the columns aligned
+    whatever the length of the store's run ids."""
+    width = id_width([info.run_id for info in rows])
+    lines = [f"{'RUN ID':<{width}}  {'WORKFLOW':<24} {'STATUS':<9} {'ATTEMPT':>7}  "
+             f"{'OWNER':<16} CREATED"]
     for info in rows:
-        click.echo(f"{info.run_id:<32}  {info.name:<24} {info.status.value:<9} "
-                   f"{info.attempt:>7}  {info.owner or '-':<16} {iso(info.created_at)}")
+        lines.append(f"{info.run_id:<{width}}  {info.name:<24} {info.status.value:<9} "
+                     f"{info.attempt:>7}  {info.owner or '-':<16} {iso(info.created_at)}")
+    return lines
 
 
 @runs.command("show")
@@ -361,6 +376,7 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
     if not found:
         click.echo("no stuck runs")
         return
+    width = id_width([row["run_id"] for row in found])
     for row in found:
-        click.echo(f"{row['run_id']:<32}  {row['workflow']:<24} {row['status']:<9} "
+        click.echo(f"{row['run_id']:<{width}}  {row['workflow']:<24} {row['status']:<9} "
                    f"{iso(row['updated_at'])}  {row['why']}")
