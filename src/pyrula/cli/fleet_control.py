@@ -53,8 +53,10 @@ def status(url: str | None, as_json: bool) -> None:
         return
     sizing = (f"  size {len(body['children'])} desired={body['desired']} "
               f"min={body['min']} max={body['max']}" if "desired" in body else "")
+    unleased = ("  no shards leased yet of: " + ", ".join(body["unleased"])
+                if body.get("unleased") else "")
     click.echo(f"fleet {body['status']}{sizing}  restarts={body['restarts']}  "
-               f"shards={json.dumps(body['shards'])}")
+               f"shards={json.dumps(body['shards'])}{unleased}")
     for gen in body.get("generations") or []:
         held = gen.get("open_runs")
         why = ("" if gen["state"] != "retiring" else
