@@ -132,6 +132,9 @@ def test_the_cli_prints_iso_times_in_every_json_output(tmp_path: Path) -> None:
     _assert_run_times(_cli_json(db, "get", run_id))
     _assert_event_times(_cli_json(db, "runs", "events", run_id, "--json"))
     _assert_event_times(_cli_json(db, "events", run_id))
+    _cli_json(db, "submit", "times.nobody_serves", "{}")
+    stuck = _cli_json(db, "runs", "stuck", "--json")
+    assert stuck and all(_iso(row["updated_at"]) for row in stuck), stuck
     _cli_json(db, "schedules", "create", "times.naps", "--every", "60", "--json")
     (sched,) = _cli_json(db, "schedules", "list", "--json")
     assert _iso(sched["created_at"]) and _iso(sched["next_run_at"]), sched
