@@ -15,6 +15,7 @@ from pyrula.dashboard.series import (
     quantile,
     read,
 )
+from pyrula.timestamps import iso_utc
 
 
 def families(completed: float, run: list[float], bounds: tuple[float, ...] = (0.1, 1.0)
@@ -61,6 +62,6 @@ def test_the_ring_keeps_the_last_window_only() -> None:
     for second in range(20):
         series.add(read(families(second, []), at=float(second)))
     body = series.body()
-    assert [p["at"] for p in body["points"]] == [15.0, 16.0, 17.0, 18.0, 19.0]
+    assert [p["at"] for p in body["points"]] == [iso_utc(float(t)) for t in range(15, 20)]
     assert all(p["completed_per_s"] == 1.0 for p in body["points"])
     assert CLAIM_LATENCY  # the claim histogram is read too (absent here: None figures)

@@ -20,6 +20,7 @@ import click
 from pyrula.cli.common import NAMESPACE, STORE, InputError, json_argument, open_store
 from pyrula.cli.timeline import describe, iso, timeline
 from pyrula.config.fleet import resolve_store_url
+from pyrula.timestamps import iso_utc_or_none, readable_event
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,14 @@ def info_dict(info: Any) -> dict[str, Any]:
     data["status"] = info.status.value
     for key in _TIMES:
         if key in data:
-            data[key] = iso(data[key], precise=True)
+            data[key] = iso_utc_or_none(data[key])
     return data
+
+
+def print_events(events: list[dict[str, Any]]) -> None:
+    """A journal as one JSON array, each event's instants (``ts``, ``wake_at``...) in
+    ISO-8601 UTC; the store keeps them as epoch seconds."""
+    print_json([readable_event(event) for event in events])
 
 
 def run_status(text: str | None) -> Any:
@@ -202,11 +209,26 @@ def list_command(workflow: str | None, status: str | None, owner: str | None, li
     if as_json:
         print_json([info_dict(info) for info in rows])
         return
-    click.echo(f"{'RUN ID':<32}  {'WORKFLOW':<24} {'STATUS':<9} {'ATTEMPT':>7}  "
-               f"{'OWNER':<16} CREATED")
+    for line in runs_table(rows):
+        click.echo(line)
+
+
+def id_width(ids: list[str]) -> int:
+    """The width of a table's run id column: the longest id shown (SQLite's are 32
+    characters, Valkey's 40), at least the header's."""
+    return max([len("RUN ID"), *map(len, ids)])
+
+
+def runs_table(rows: list[Any]) -> list[str]:
+    """``pyrula runs list`` as lines: a header, then one run a line, the columns aligned
+    whatever the length of the store's run ids."""
+    width = id_width([info.run_id for info in rows])
+    lines = [f"{'RUN ID':<{width}}  {'WORKFLOW':<24} {'STATUS':<9} {'ATTEMPT':>7}  "
+             f"{'OWNER':<16} CREATED"]
     for info in rows:
-        click.echo(f"{info.run_id:<32}  {info.name:<24} {info.status.value:<9} "
-                   f"{info.attempt:>7}  {info.owner or '-':<16} {iso(info.created_at)}")
+        lines.append(f"{info.run_id:<{width}}  {info.name:<24} {info.status.value:<9} "
+                     f"{info.attempt:>7}  {info.owner or '-':<16} {iso(info.created_at)}")
+    return lines
 
 
 @runs.command("show")
@@ -263,7 +285,7 @@ def events_command(run_id: str, as_json: bool, store: str | None,
     """A run's journal (always JSON: one array of events)."""
     runs_client = client(store, namespace)
     get_run(runs_client, run_id)
-    print_json(runs_client.events(run_id))
+    print_events(runs_client.events(run_id))
 
 
 @runs.command("result")
@@ -367,11 +389,12 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
     runs_client = client(store, namespace)
     found = _call(runs_client.store, stuck_runs(runs_client.store, limit, time.time()))
     if as_json:
-        print_json(found)
+        print_json([{**row, "updated_at": iso_utc_or_none(row["updated_at"])} for row in found])
         return
     if not found:
         click.echo("no stuck runs")
         return
+    width = id_width([row["run_id"] for row in found])
     for row in found:
-        click.echo(f"{row['run_id']:<32}  {row['workflow']:<24} {row['status']:<9} "
+        click.echo(f"{row['run_id']:<{width}}  {row['workflow']:<24} {row['status']:<9} "
                    f"{iso(row['updated_at'])}  {row['why']}")

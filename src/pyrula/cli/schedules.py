@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -27,6 +27,7 @@ import click
 from pyrula.cli.common import NAMESPACE, STORE, InputError, json_argument, open_store
 from pyrula.cli.runs import warn_if_unknown
 from pyrula.errors import ScheduleNotFound
+from pyrula.timestamps import iso_of_datetime
 from pyrula.workflows.schedules import OVERLAP_POLICIES, CronError, Schedule
 from pyrula.workflows.schedules.cron import CronExpr
 from pyrula.workflows.schedules.schedule import MIN_CATCHUP_WINDOW_S, MIN_INTERVAL_S, zone
@@ -82,10 +83,10 @@ def schedule_document(sched: Schedule) -> dict[str, Any]:
         "catchup_window": (None if sched.catchup_window is None
                            else sched.catchup_window.total_seconds()),
         "paused": sched.paused,
-        "next_run_at": None if sched.paused else _iso(sched.next_run_at),
-        "created_at": _iso(sched.created_at),
+        "next_run_at": None if sched.paused else iso_of_datetime(sched.next_run_at),
+        "created_at": iso_of_datetime(sched.created_at),
         "last_run_id": sched.last_run_id,
-        "last_run_at": None if sched.last_run_at is None else _iso(sched.last_run_at),
+        "last_run_at": None if sched.last_run_at is None else iso_of_datetime(sched.last_run_at),
     }
 
 
@@ -217,7 +218,7 @@ def resume(schedule_id: str, as_json: bool, store: str | None, namespace: str | 
     with _store(store, namespace) as opened:
         _known(schedule_id, lambda: resume_schedule(opened, schedule_id))
         resumed = opened.schedule_get(schedule_id)
-    next_run = None if resumed is None else _iso(resumed.next_run_at)
+    next_run = None if resumed is None else iso_of_datetime(resumed.next_run_at)
     _done(as_json, {"schedule_id": schedule_id, "paused": False, "next_run_at": next_run},
           f"resumed schedule {schedule_id}; next run {next_run}")
 
@@ -287,7 +288,10 @@ def _every_s(sched: Schedule) -> int:
 
 
 def _iso(at: datetime | None) -> str:
-    return "-" if at is None else at.isoformat()
+    """An instant as the table shows it: UTC to the second, ``2026-12-01T16:40:00Z``."""
+    if at is None:
+        return "-"
+    return at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _done(as_json: bool, document: dict[str, Any], line: str) -> None:

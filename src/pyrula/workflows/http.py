@@ -1,9 +1,11 @@
 """RunRouter: the run operations of ``WorkflowClient`` as a JSON HTTP API (an ASGI app).
 
-``app.mount("/runs", RunRouter(store))`` in any Starlette or FastAPI app. Every answer is
-JSON; every refusal is ``{"error": {"code", "message"}}`` with 404 for an unknown run, 422
-for bad input (the message names the field), 413 for a payload over the client's limit and
-409 for a run that has ended (or has not, for ``result``). The optional extra
+``app.mount("/runs", RunRouter(store))`` in any Starlette or FastAPI app, or
+``RunRouter(store).mount("/runs")`` as a route, which answers ``POST /runs`` without its
+slash too. Every answer is JSON; every refusal is ``{"error": {"code", "message"}}`` with
+404 for an unknown run, 422 for bad input (the message names the field), 413 for a payload
+over the client's limit and 409 for a run that has ended (or has not, for ``result``).
+Instants are ISO-8601 UTC strings (``pyrula.timestamps``). The optional extra
 ``pyrula[http]`` installs Starlette; ``import pyrula.workflows`` never imports this module.
 
 The module runs past 400 lines because a third of it is the OpenAPI description, kept
@@ -28,13 +30,14 @@ try:
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import RedirectResponse, Response
-    from starlette.routing import BaseRoute, Mount, Route
+    from starlette.routing import BaseRoute, Match, Mount, Route
     from starlette.types import Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "pyrula.workflows.http needs Starlette: pip install 'pyrula[http]'"
     ) from exc
 
+from pyrula.timestamps import EVENT_TIMES, iso_utc_or_none, readable_event
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.definition import check_workflow_name, unknown_name
 from pyrula.workflows.errors import (
@@ -89,11 +92,18 @@ def error_response(status: int, code: str, message: str,
                          status)
 
 
+#: The instants of a RunInfo, answered as ISO-8601 UTC (``2026-12-01T16:40:00.123Z``).
+RUN_TIMES = ("created_at", "updated_at", "started_at", "finished_at", "wake_at")
+
+
 def info_json(info: RunInfo) -> dict[str, Any]:
-    """A RunInfo as JSON: its fields, the status as its string value."""
+    """A RunInfo as JSON: its fields, the status as its string value, its instants as
+    ISO-8601 UTC (the store keeps epoch seconds)."""
     data = asdict(info)
     data["status"] = info.status.value
     data["waiting_for"] = list(info.waiting_for)
+    for key in RUN_TIMES:
+        data[key] = iso_utc_or_none(data[key])
     return data
 
 
@@ -212,6 +222,9 @@ def _body_of(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
+#: An instant as every answer writes it: ISO-8601 UTC, milliseconds, ``Z``.
+_INSTANT: dict[str, Any] = {"type": ["string", "null"], "format": "date-time",
+                            "examples": ["2026-12-01T16:40:00.123Z"]}
 _RUN_ID = _param("run_id", "path", {"type": "string"}, "the run's id")
 _ANY: dict[str, Any] = {"description": "any JSON value"}
 _OPTIONAL_STR: dict[str, Any] = {"type": ["string", "null"], "minLength": 1}
@@ -308,13 +321,19 @@ OPENAPI: dict[str, Any] = {
                                      "of the store have served"}}}}},
         "Submitted": {"type": "object", "required": ["run_id", "workflow"], "properties": {
             "run_id": {"type": "string"}, "workflow": {"type": "string"}}},
-        "Run": {"type": "object", "required": ["run_id", "name", "status"]},
+        "Run": {"type": "object", "required": ["run_id", "name", "status"], "properties": {
+            "run_id": {"type": "string"}, "name": {"type": "string"},
+            "status": {"type": "string", "enum": [s.value for s in RunStatus]},
+            **{key: _INSTANT for key in RUN_TIMES}}},
         "RunPage": {"type": "object", "required": ["runs", "cursor"], "properties": {
             "runs": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}},
             "cursor": {"type": ["string", "null"]}}},
         "Result": {"type": "object", "required": ["result"]},
         "Events": {"type": "object", "required": ["events"], "properties": {
-            "events": {"type": "array", "items": {"type": "object"}}}},
+            "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}}}},
+        "Event": {"type": "object", "required": ["seq", "type", "ts"], "properties": {
+            "seq": {"type": "integer"}, "type": {"type": "string"},
+            **{key: _INSTANT for key in EVENT_TIMES}}},
     }},
 }
 
@@ -360,6 +379,16 @@ class RunRouter:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+    def mount(self, path: str) -> Mount:
+        """This router as a route of an enclosing app at ``path`` that answers ``path``
+        itself too: ``Starlette(routes=[RunRouter(store).mount("/runs")])`` (FastAPI:
+        ``app.router.routes.append(...)``) serves ``POST /runs`` as ``POST /runs/``.
+
+        A plain ``Mount("/runs", router)`` matches only ``/runs/...``: the enclosing router
+        answers ``/runs`` with an empty 307 to ``/runs/``, which a client posting a run
+        does not follow by default."""
+        return _SlashlessMount(path, self)
 
     @staticmethod
     def _guard(handler: Handler) -> Handler:
@@ -451,7 +480,8 @@ class RunRouter:
         run_id = request.path_params["run_id"]
         after = _integer(request, "after_seq", 0, 0, 2**62)
         await self.client.get(run_id)
-        return json_response({"events": await self.client.events(run_id, after)})
+        events = await self.client.events(run_id, after)
+        return json_response({"events": [readable_event(event) for event in events]})
 
     async def signal(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -483,6 +513,27 @@ class RunRouter:
         run_id = request.path_params["run_id"]
         await self.client.get(run_id)
         return json_response({"run_id": run_id, "cancelled": await self.client.cancel(run_id)})
+
+
+class _SlashlessMount(Mount):
+    """A Mount that takes its own path without the slash (``/runs``) as ``/runs/``."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE or scope["type"] not in ("http", "websocket"):
+            return match, child
+        root_path = scope.get("root_path", "")
+        if not self.path or scope["path"] != root_path + self.path:
+            return match, child
+        slashed = {**scope, "path": scope["path"] + "/"}
+        if isinstance(scope.get("raw_path"), bytes):
+            slashed["raw_path"] = scope["raw_path"] + b"/"
+        match, child = super().matches(slashed)
+        if match is not Match.NONE:
+            child = {**child, "path": slashed["path"]}
+            if "raw_path" in slashed:
+                child["raw_path"] = slashed["raw_path"]
+        return match, child
 
 
 async def _to_dashboard(request: Request) -> Response:

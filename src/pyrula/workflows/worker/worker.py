@@ -381,9 +381,12 @@ class WorkflowWorker:
             self._rt.fail(exc)
 
     def shards(self) -> dict[str, int]:
-        """The shards this worker leases: workflow name -> how many (a sharded store)."""
+        """The shards this worker leases: workflow name -> how many, every name it serves
+        listed (0 before its first lease) on a sharded store; empty on any other."""
         leases = self._caps.shard_leases
-        return dict(leases.shards_held(self.worker_id)) if leases is not None else {}
+        if leases is None:
+            return {}
+        return {**dict.fromkeys(self.workflow_names, 0), **leases.shards_held(self.worker_id)}
 
     # --- shutdown -------------------------------------------------------------------
 
