@@ -14,16 +14,11 @@ beside the routes it describes so that the two change together.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any
-
-import orjson
 
 try:
     from starlette.applications import Starlette
@@ -37,7 +32,18 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pyrula.workflows.http needs Starlette: pip install 'pyrula[http]'"
     ) from exc
 
-from pyrula.timestamps import EVENT_TIMES, iso_utc_or_none, readable_event
+from pyrula.timestamps import EVENT_TIMES, readable_event
+from pyrula.workflows.answers import (
+    RUN_TIMES,
+    ApiError,
+    bad_input,
+    decode_cursor,
+    encode_cursor,
+    error_response,
+    http_error_response,
+    info_json,
+    json_response,
+)
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.definition import check_workflow_name, unknown_name
 from pyrula.workflows.errors import (
@@ -47,8 +53,7 @@ from pyrula.workflows.errors import (
     RunNotActive,
     WorkflowNotFound,
 )
-from pyrula.workflows.events import dumps
-from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.base import Store
 
 logger = logging.getLogger(__name__)
@@ -60,72 +65,6 @@ MAX_LIST_LIMIT = 1000
 MAX_RESULT_TIMEOUT_S = 300.0
 #: Room for the JSON around a request's payloads (field names, escapes, whitespace).
 BODY_OVERHEAD_BYTES = 64 * 1024
-
-
-class ApiError(Exception):
-    """A refusal the router answers as ``{"error": {"code", "message"}}`` with ``status``."""
-
-    def __init__(self, status: int, code: str, message: str,
-                 extra: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        #: More members of the ``error`` object (``known`` for an unknown workflow).
-        self.extra = extra or {}
-
-
-def _bad(field: str, message: str) -> ApiError:
-    return ApiError(422, "invalid_input", f"{field}: {message}")
-
-
-def json_response(value: Any, status: int = 200) -> Response:
-    return Response(dumps(value), status_code=status, media_type="application/json")
-
-
-def error_response(status: int, code: str, message: str,
-                   extra: dict[str, Any] | None = None) -> Response:
-    """The API's error shape, ``{"error": {"code", "message", ...extra}}``, with ``status``;
-    ``extra``'s members are also given beside ``error``."""
-    extra = extra or {}
-    return json_response({"error": {"code": code, "message": message, **extra}, **extra},
-                         status)
-
-
-#: The instants of a RunInfo, answered as ISO-8601 UTC (``2026-12-01T16:40:00.123Z``).
-RUN_TIMES = ("created_at", "updated_at", "started_at", "finished_at", "wake_at")
-
-
-def info_json(info: RunInfo) -> dict[str, Any]:
-    """A RunInfo as JSON: its fields, the status as its string value, its instants as
-    ISO-8601 UTC (the store keeps epoch seconds)."""
-    data = asdict(info)
-    data["status"] = info.status.value
-    data["waiting_for"] = list(info.waiting_for)
-    for key in RUN_TIMES:
-        data[key] = iso_utc_or_none(data[key])
-    return data
-
-
-def encode_cursor(info: RunInfo) -> str:
-    """The opaque keyset cursor after ``info``: its (created_at, run_id), base64url."""
-    raw = orjson.dumps([info.created_at, info.run_id])
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(text: str) -> tuple[float, str]:
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        created_at, run_id = orjson.loads(raw)
-    except (binascii.Error, ValueError, TypeError):
-        raise _bad("cursor", "not a cursor this API returned") from None
-    if (
-        not isinstance(created_at, int | float)
-        or isinstance(created_at, bool)
-        or not isinstance(run_id, str)
-    ):
-        raise _bad("cursor", "not a cursor this API returned")
-    return float(created_at), run_id
 
 
 async def _body(request: Request, cap: int) -> dict[str, Any]:
@@ -147,9 +86,9 @@ async def _body(request: Request, cap: int) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):
-        raise _bad("body", "not valid JSON") from None
+        raise bad_input("body", "not valid JSON") from None
     if not isinstance(value, dict):
-        raise _bad("body", "must be a JSON object")
+        raise bad_input("body", "must be a JSON object")
     return value
 
 
@@ -162,7 +101,7 @@ def _too_large(size: int, cap: int) -> ApiError:
 def _optional_str(body: dict[str, Any], field: str) -> str | None:
     value = body.get(field)
     if value is not None and (not isinstance(value, str) or not value):
-        raise _bad(field, "must be a non-empty string or null")
+        raise bad_input(field, "must be a non-empty string or null")
     return value
 
 
@@ -173,9 +112,9 @@ def _number(request: Request, field: str, default: float, low: float, high: floa
     try:
         value = float(text)
     except ValueError:
-        raise _bad(field, f"{text!r} is not a number") from None
+        raise bad_input(field, f"{text!r} is not a number") from None
     if not math.isfinite(value) or not low <= value <= high:
-        raise _bad(field, f"must be between {low:g} and {high:g}, got {text!r}")
+        raise bad_input(field, f"must be between {low:g} and {high:g}, got {text!r}")
     return value
 
 
@@ -186,9 +125,9 @@ def _integer(request: Request, field: str, default: int, low: int, high: int) ->
     try:
         value = int(text)
     except ValueError:
-        raise _bad(field, f"{text!r} is not an integer") from None
+        raise bad_input(field, f"{text!r} is not an integer") from None
     if not low <= value <= high:
-        raise _bad(field, f"must be between {low} and {high}, got {value}")
+        raise bad_input(field, f"must be between {low} and {high}, got {value}")
     return value
 
 
@@ -200,11 +139,11 @@ def _status(request: Request) -> RunStatus | None:
         return RunStatus(text)
     except ValueError:
         valid = ", ".join(s.value for s in RunStatus)
-        raise _bad("status", f"{text!r} is not a run status; use one of: {valid}") from None
+        raise bad_input("status", f"{text!r} is not a run status; use one of: {valid}") from None
 
 
 def _client_call(field: str, exc: ValueError) -> ApiError:
-    return _bad(field, str(exc))
+    return bad_input(field, str(exc))
 
 
 def _param(name: str, where: str, schema: dict[str, Any], about: str) -> dict[str, Any]:
@@ -419,11 +358,11 @@ class RunRouter:
         body = await _body(request, self.body_cap)
         workflow = body.get("workflow")
         if not isinstance(workflow, str) or not workflow:
-            raise _bad("workflow", "required, a non-empty string")
+            raise bad_input("workflow", "required, a non-empty string")
         try:
             check_workflow_name(workflow)
         except ValueError as exc:
-            raise _bad("workflow", str(exc)) from None
+            raise bad_input("workflow", str(exc)) from None
         if self.check_names:
             served = await self.client.served_names()
             mistyped = unknown_name(workflow, served)
@@ -488,7 +427,7 @@ class RunRouter:
         body = await _body(request, self.body_cap)
         name = body.get("name")
         if not isinstance(name, str) or not name:
-            raise _bad("name", "required, a non-empty string")
+            raise bad_input("name", "required, a non-empty string")
         try:
             await self.client.signal(run_id, name, body.get("payload"))
         except (PayloadTooLarge, RunNotActive):
@@ -539,11 +478,3 @@ class _SlashlessMount(Mount):
 async def _to_dashboard(request: Request) -> Response:
     """``/dashboard`` without its slash: the page's relative routes need the slash."""
     return RedirectResponse(request.url.path + "/")
-
-
-async def http_error_response(request: Request, exc: Exception) -> Response:
-    """Starlette's own refusals (no such route, wrong method) in the API's error shape."""
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-    detail = exc.detail if isinstance(exc, HTTPException) else "the server failed"
-    return error_response(status, code, f"{request.method} {request.url.path}: {detail}")
