@@ -44,7 +44,7 @@ def test_a_version_1_file_gains_the_schedules_table(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 3
+        assert _version(path) == SCHEMA_VERSION == 4
         store.schedule_create(Schedule.create("wf", "0 * * * *", schedule_id="s"))
         assert [s.schedule_id for s in store.schedule_list()] == ["s"]
     finally:
