@@ -80,6 +80,10 @@ class ClaimLoop:
         self._suspects: tuple[SuspectsAt, ...] = ()
         #: A suspect is held: claim nothing until its attempt has ended.
         self._alone = False
+        #: Until then (monotonic) suspects are not waited for: the last suspect claim found
+        #: none to take (other workers took them, or flow control holds their owners back),
+        #: and draining again at once would idle this worker for nothing.
+        self._passed_until = 0.0
 
     def _free(self) -> int:
         return self._p.options.max_concurrent_runs - self._p.runs.in_flight()
@@ -109,7 +113,8 @@ class ClaimLoop:
             await self._await_capacity(low_water, o.claim_poll_interval / 4)
             free = self._free()
         claimed = await self._claim(free)
-        self._suspects = claimed.suspects
+        if time.monotonic() >= self._passed_until:
+            self._suspects = claimed.suspects
         if self._suspects:
             return 0.0  # the next pass waits for these runs, then claims a suspect
         # A full batch means there is more: claim again at once.
@@ -138,6 +143,7 @@ class ClaimLoop:
             p.worker_id, at, now=p.clock.now(), lock_ttl=o.lock_ttl, build=p.build,
         ))
         if run is None:
+            self._passed_until = time.monotonic() + max(1.0, o.claim_poll_interval)
             return False
         self._started([run])
         return True
