@@ -287,6 +287,29 @@ async def test_a_suspect_stopped_at_shutdown_goes_back_uncharged_and_still_a_sus
     assert taken == {first.run_id, second.run_id}
 
 
+async def test_a_worker_running_a_suspect_alone_is_not_taken_for_a_stalled_one(
+    store: Any,
+) -> None:
+    # A fleet recycles a child with free slots whose claim loop made no progress for
+    # --stall-timeout: one that waits on purpose, for a long suspect, still stamps it.
+    RELEASE["held"] = False
+    client = WorkflowClient(store)
+    run = await client.submit(holding, {"tag": "long"})
+    await make_suspects(store, [run.run_id])
+    worker = reporting_worker(store, [holding], claim_poll_interval=0.05)
+    reporter = REPORTER[-1]
+    async with serving(worker):
+        await await_until(lambda: reporter.names(run.run_id), what="the suspect in its code")
+        began = time.monotonic()
+        ages = []
+        while time.monotonic() - began < 1.0:
+            ages.append(worker.claim_tick_age())
+            await asyncio.sleep(0.05)
+        RELEASE["held"] = True
+        assert await worker.client.result(run.run_id, timeout=30) == "long"
+    assert max(ages) < 0.5, ages
+
+
 async def test_a_suspect_cancelled_while_another_runs_ends_without_running(
     store: Any,
 ) -> None:

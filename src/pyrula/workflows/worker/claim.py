@@ -176,10 +176,14 @@ class ClaimLoop:
             p.on_claimed(p.runs.held())
 
     async def _await_idle(self) -> None:
-        """Until the worker holds no run (or stops)."""
+        """Until the worker holds no run (or stops). The wait is deliberate, however long
+        a suspect's attempt lasts: the loop stamps its progress meanwhile, so a fleet's
+        stall watchdog (free slots, no claim) does not take it for a stuck claim loop."""
         while self._p.runs.in_flight() and not self._rt.stopping.is_set():
+            self.progress = time.monotonic()
             self._rt.capacity.clear()
-            await first(self._rt.capacity.wait(), self._rt.stopping.wait())
+            await first(self._rt.capacity.wait(), self._rt.stopping.wait(),
+                        asyncio.sleep(self._p.options.claim_poll_interval))
 
     async def _wait_for_work(self, doorbell: Doorbell) -> None:
         # A store with a doorbell wakes us as soon as work arrives, instead of a poll: each
