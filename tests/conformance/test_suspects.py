@@ -86,6 +86,21 @@ async def test_the_suspect_claim_takes_exactly_one_suspect(store: Store) -> None
     assert await _claim(store, now=T0 + 104) == (set(), ())
 
 
+async def test_the_suspect_with_the_most_crashes_is_claimed_first(store: Store) -> None:
+    require_global_order(store)
+    once, twice = [await submit(store, now=T0 + i) for i in range(2)]
+    await _suspect(store, once, now=T0 + 10)
+    await _suspect(store, twice, now=T0 + 50)
+    await _suspect(store, twice, now=T0 + 90)  # by id: a suspect's second crash
+    _, where = await _claim(store, now=T0 + 130)
+
+    first = await _claim_suspect(store, where, now=T0 + 131)
+    second = await _claim_suspect(store, where, now=T0 + 132)
+
+    assert first is not None and (first.run_id, len(first.crashes)) == (twice, 2)
+    assert second is not None and (second.run_id, len(second.crashes)) == (once, 1)
+
+
 async def test_a_suspect_claim_with_no_suspects_claims_nothing(store: Store) -> None:
     ordinary = await submit(store)
     assert await _claim_suspect(store, (SuspectsAt(WF),), now=T0 + 1) is None

@@ -168,9 +168,11 @@ class WorkQueue(Protocol):
         lock_ttl: float,
         build: str | None = None,
     ) -> ClaimedRun | None:
-        """Claim one put-aside suspect (as ``claim`` claims a run), the longest-waiting of
-        the first place in ``at`` that holds one whose owner flow control lets start; None
-        if there is none. The caller runs it alone. Atomic."""
+        """Claim one put-aside suspect (as ``claim`` claims a run) from the first place in
+        ``at`` that holds one whose owner flow control lets start: the one with the most
+        crashes counted (a poison run is found sooner), then the longest-waiting (a sharded
+        store looks at the first 64 waiting on the shard). None if there is none. The
+        caller runs it alone. Atomic."""
         ...
 
     async def claim_run(

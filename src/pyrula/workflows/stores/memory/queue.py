@@ -97,9 +97,9 @@ class MemoryQueue:
         state = self._state
         with state.lock:
             for place in at:
-                queue = state.suspects.get(place.name)
-                for run_id in list(queue or ()):
-                    run = state.runs[run_id]
+                waiting = [state.runs[r] for r in state.suspects.get(place.name, ())]
+                # The most crashes first, then the longest-waiting (sorted() is stable).
+                for run in sorted(waiting, key=lambda r: -len(r.crashes)):
                     if self._flow.allows(run.owner, now):
                         state.dequeue(run)
                         return self._take(run, worker_id, now, lock_ttl, build)

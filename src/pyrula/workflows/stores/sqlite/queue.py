@@ -121,9 +121,12 @@ class WorkQueue:
                 flow = conn.execute("SELECT 1 FROM flow_control LIMIT 1").fetchone() is not None
                 for place in at:
                     rows = conn.execute(
-                        "SELECT run_id, owner FROM runs WHERE name=? AND status='queued' "
-                        "AND suspect_seq IS NOT NULL ORDER BY suspect_seq", (place.name,))
-                    for run_id, owner in rows.fetchall():
+                        "SELECT run_id, owner, crashes FROM runs WHERE name=? "
+                        "AND status='queued' AND suspect_seq IS NOT NULL ORDER BY suspect_seq",
+                        (place.name,)).fetchall()
+                    # The most crashes first, then the longest-waiting (sorted() is stable).
+                    rows.sort(key=lambda row: -len(from_json(row[2]) or ()))
+                    for run_id, owner, _ in rows:
                         if not flow or flow_allows(conn, owner, now):
                             return _take(conn, run_id, worker_id, now, lock_ttl, build)
             return None

@@ -146,8 +146,9 @@ ops.claim = function(k, a)
   return {out, left, suspects}
 end
 
--- claim_suspect: the longest-waiting suspect put aside on this shard whose owner flow
--- control lets start, for `worker`, which runs it alone.
+-- claim_suspect: of the first 64 suspects put aside on this shard whose owners flow
+-- control lets start, the one with the most crashes (a poison run is found sooner), then
+-- the longest-waiting, for `worker`, which runs it alone.
 -- KEYS: base [, the name's doorbell (one server only), as claim]
 -- ARGV: op, worker, now, lock_expires, build ('' for none), [owner, cap]... (as claim)
 -- returns the run as claim returns each, or nil
@@ -156,10 +157,13 @@ ops.claim_suspect = function(k, a)
   local caps = {}
   for i = 6, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
   local list = base .. ':suspects'
-  local chosen = nil
+  local chosen, most = nil, -1
   for _, id in ipairs(redis.call('LRANGE', list, 0, 63)) do
-    local owner = redis.call('HGET', runk(base, id), 'owner')
-    if caps[owner] == nil or caps[owner] > 0 then chosen = id; break end
+    local f = redis.call('HMGET', runk(base, id), 'owner', 'crashes')
+    if caps[f[1]] == nil or caps[f[1]] > 0 then
+      local crashes = #cjson.decode(f[2] or '[]')
+      if crashes > most then chosen, most = id, crashes end
+    end
   end
   if not chosen then return nil end
   redis.call('LREM', list, 1, chosen)
