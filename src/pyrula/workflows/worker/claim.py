@@ -128,7 +128,7 @@ class ClaimLoop:
 
     async def _claim(self, free: int) -> Claimed:
         p, o = self._p, self._p.options
-        claimed = await self._guarded(p.store.claim(
+        claimed = await self._guarded(lambda: p.store.claim(
             p.worker_id, p.names, limit=free, now=p.clock.now(), lock_ttl=o.lock_ttl,
             build=p.build,
         ))
@@ -139,7 +139,7 @@ class ClaimLoop:
         """Claim one of the suspects the last claim saw, and start it (alone)."""
         p, o = self._p, self._p.options
         at, self._suspects = self._suspects, ()
-        run = await self._guarded(p.store.claim_suspect(
+        run = await self._guarded(lambda: p.store.claim_suspect(
             p.worker_id, at, now=p.clock.now(), lock_ttl=o.lock_ttl, build=p.build,
         ))
         if run is None:
@@ -148,12 +148,12 @@ class ClaimLoop:
         self._started([run])
         return True
 
-    async def _guarded(self, call: Awaitable[T]) -> T:
+    async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
         """A claim call, after the runs of an earlier claim whose reply was lost are back."""
         if self._lost:
             await self.requeue_lost_claims()
         try:
-            result = await call
+            result = await call()
         except (StoreUnavailable, asyncio.CancelledError):
             # The claim may have run with its reply lost (the connection went, or the call
             # was cancelled, after the request was sent): its runs are locked by this
