@@ -14,8 +14,8 @@ from tests.fleet.fleetprocs import FLEET, QUICK, Fleets, child_env, ready
 from tests.servers import free_port
 
 STATUS_KEYS = {"status", "children", "shards", "restarts"}
-CHILD_KEYS = {"slot", "pid", "worker_id", "state", "shards", "in_flight", "runs_done",
-              "restarts", "rss_bytes", "generation"}
+CHILD_KEYS = {"slot", "pid", "worker_id", "state", "shards", "workflows", "in_flight",
+              "runs_done", "restarts", "rss_bytes", "generation"}
 SAMPLE = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (-?[0-9.e+]+|\+Inf)$')
 
 
@@ -43,6 +43,7 @@ def test_probes_status_shape_metrics_and_the_status_table(
         assert set(child) == CHILD_KEYS
         assert child["state"] == "ready" and child["in_flight"] == 0
         assert child["restarts"] == 0 and child["shards"] == {}
+        assert "fa_load" in child["workflows"]  # the names it serves, shards or not
         assert isinstance(child["pid"], int) and child["rss_bytes"] > 0
         assert f"-{child['pid']}-" in child["worker_id"]
 

@@ -210,3 +210,96 @@ def test_sigterm_during_an_upgrade_drains_both_generations(
     assert "past the drain deadline" not in log, log[-4000:]  # the old child drained too
     assert log.count("after draining") == 2, log[-4000:]
     assert client.get(run.run_id).status is RunStatus.QUEUED  # handed back, not lost
+
+
+SUSPENDED_APP = textwrap.dedent(
+    '''
+    """The suspended-runs upgrade test's app; the test rewrites it between versions."""
+
+    from pyrula.workflows import step, workflow
+
+    VERSION = "{version}"
+
+
+    @step(name="{pre}")
+    def pre(tag: str) -> str:
+        return VERSION
+
+
+    @step(name="post")
+    def post(tag: str) -> str:
+        return "{version}"  # in the step's source: each version is another build
+
+
+    @workflow(name="up_wait")
+    async def wait_flow(ctx, params):
+        first = await pre(params["tag"])
+        got = await ctx.wait_for_signal("go")
+        return [first, got, await post(params["tag"])]
+
+
+    @workflow(name="up_sleep")
+    async def sleep_flow(ctx, params):
+        first = await pre(params["tag"])
+        await ctx.sleep(params["seconds"])
+        return [first, await post(params["tag"])]
+    '''
+)
+
+
+def _old_generation(status: dict[str, Any]) -> dict[str, Any] | None:
+    gens = status.get("generations") or []
+    return gens[0] if len(gens) == 2 and gens[1]["state"] == "serving" else None
+
+
+def test_runs_suspended_across_an_incompatible_upgrade_finish_on_the_old_code(
+    fleets: Fleets, client: SyncWorkflowClient
+) -> None:
+    """20 runs wait for a signal and one sleeps when the code changes so that their
+    journals no longer replay: the old generation stays (one child) while they are open,
+    each finishes on v1 when it wakes, runs submitted after the upgrade run on v2, and the
+    old generation exits on its own once the last v1 run has ended."""
+    directory = fleets.directory
+    write_app(directory, SUSPENDED_APP.format(version="v1", pre="pre"), MODULE)
+    fleet = fleets.start("-n", "2", "--timer-poll-interval-s", "0.2", *QUICK, app=MODULE)
+    fleet.wait_ready(2)
+    waiting = [client.submit("up_wait", {"tag": f"old{i}"}) for i in range(20)]
+    sleeping = client.submit("up_sleep", {"tag": "nap", "seconds": 8})
+    wait_until(lambda: all(client.get(r.run_id).status is RunStatus.WAITING for r in waiting)
+               and client.get(sleeping.run_id).status is RunStatus.SLEEPING, 30,
+               what="the v1 runs suspended")
+
+    # v2 renames the first step: a journal that recorded it does not replay on v2.
+    write_app(directory, SUSPENDED_APP.format(version="v2", pre="pre_v2"), MODULE)
+    fleet.send(signal.SIGUSR2)
+    status = fleet.wait_status(lambda s: (_old_generation(s) or {}).get("open_runs") == 21,
+                               30, what="the old generation staying for 21 open runs")
+    old_gen = _old_generation(status)
+    assert old_gen is not None and old_gen["children"] == 1, status
+    assert {c["generation"] for c in ready(status)} == {2}
+    shown = subprocess.run([*FLEET, "status", "--url", fleet.url], env=child_env(),
+                           capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert "generation 1 retiring: 1 children" in shown.stdout, shown.stdout
+    assert "open runs only its code can replay: 21" in shown.stdout, shown.stdout
+
+    fresh = [client.submit("up_wait", {"tag": f"new{i}"}) for i in range(10)]
+    wait_until(lambda: all(client.get(r.run_id).status is RunStatus.WAITING for r in fresh),
+               30, what="the v2 runs waiting")
+    for i, run in enumerate(waiting + fresh):
+        client.signal(run.run_id, "go", i)
+    for i, run in enumerate(waiting):
+        assert client.result(run.run_id, timeout=60) == ["v1", i, "v1"]
+    for i, run in enumerate(fresh, start=len(waiting)):
+        assert client.result(run.run_id, timeout=60) == ["v2", i, "v2"]
+    assert client.result(sleeping.run_id, timeout=60) == ["v1", "v1"]
+
+    log = fleet.wait_for_log("fleet_upgraded", 60)
+    assert "child_kept" in log
+    final = fleet.wait_status(lambda s: "generations" not in s, 30, what="one generation")
+    assert {c["generation"] for c in final["children"]} == {2}
+    assert "NonDeterminismError" not in log
+    for run in waiting + [sleeping]:  # none parked for want of its build on the way
+        assert not any(e.get("signal") == "pyrula.build" for e in client.events(run.run_id))
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(60) == 0

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from pyrula.cli.bench.config import BenchConfig, BenchError, parse_health_url
+from pyrula.cli.bench.expect import Expected, difference, expect_check, sum_check
 from pyrula.cli.bench.load import RunRecord
 from pyrula.cli.bench.measure import Progress, percentiles, shard_balance, verify
 from pyrula.workflows import RunInfo, RunStatus, SQLiteStore, SyncWorkflowClient
@@ -289,6 +290,168 @@ def test_attach_to_a_fleet_getting_runs_wrong_exits_1_naming_them(tmp_path: Path
     assert all(len(verification["examples"][k]) == 2 for k in ("lost", "failed", "wrong"))
 
 
+# --- a workflow of the user's (--workflow) --------------------------------------------------
+
+USER_APP = textwrap.dedent(
+    '''
+    """A user's own app: one workflow of two steps, an async one and a sync one."""
+
+    from pyrula.workflows import step, workflow
+
+
+    @step
+    async def shout(word):
+        return word.upper()
+
+
+    @step
+    def count(word):
+        return len(word)
+
+
+    @workflow(name="greet")
+    async def greet(ctx, params):
+        word = params.get("word", "hi")
+        loud = await shout(word)
+        letters = await count(word)
+        if params.get("fail"):
+            raise ValueError("asked to fail")
+        return {"greeting": loud, "letters": letters}
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def user_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """One fleet of 2 children serving ``greet`` (``--app userapp``): its health URL and
+    its store's URL, shared by the tests below."""
+    directory = tmp_path_factory.mktemp("user-fleet")
+    (directory / "userapp.py").write_text(USER_APP)
+    started = Fleets(directory)
+    try:
+        fleet = started.start("-n", "2", app="userapp")
+        fleet.wait_ready(2)
+        yield fleet.url, f"sqlite:///{directory / 'store.db'}"
+    finally:
+        started.reap()
+
+
+def bench_user(tmp_path: Path, user_fleet: tuple[str, str], *args: str,
+               runs: int = 12) -> tuple[Proc, dict[str, Any] | None]:
+    url, store = user_fleet
+    return bench(tmp_path, "--attach", url, "--store", store, "--runs", str(runs),
+                 "--concurrency", "4", "--lost-after", "10", *args)
+
+
+def test_user_workflow_runs_all_verified_completed(tmp_path: Path,
+                                                    user_fleet: tuple[str, str]) -> None:
+    proc, figures = bench_user(tmp_path, user_fleet, "--workflow", "greet",
+                               "--params", '{"word": "hey"}')
+    figures = assert_ok(proc, figures, 12)
+    assert figures["workflow"] == "greet" and figures["params"] == {"word": "hey"}
+    assert figures["expect_given"] is False and figures["steps"] is None
+    assert figures["step_kind"] is None and figures["payload_bytes"] is None  # built-in's only
+    assert figures["steps_completed"] == 24  # two steps a run, read from the journals
+    assert figures["runs_per_s"] > 0 and figures["steps_per_s"] > 0
+    latency_reported(figures)
+    shares_add_up(figures, 12)
+    assert 'pyrula-fleet bench: 12 runs of greet, params {"word": "hey"}' in proc.stdout
+    assert "verified       all 12 runs of greet completed (no --expect" in proc.stdout
+    assert "steps/s" in proc.stdout and "latency        submit -> result  p50" in proc.stdout
+
+
+def test_user_workflow_result_matches_expect(tmp_path: Path,
+                                             user_fleet: tuple[str, str]) -> None:
+    proc, figures = bench_user(tmp_path, user_fleet, "--workflow", "greet", "--params",
+                               '{"word": "hey"}', "--expect", '{"letters": 3, "greeting": "HEY"}')
+    figures = assert_ok(proc, figures, 12)
+    assert figures["expect_given"] and figures["expect"] == {"letters": 3, "greeting": "HEY"}
+    assert ("verified       all 12 runs of greet completed with the expected result "
+            '{"letters": 3, "greeting": "HEY"}') in proc.stdout
+
+
+def test_user_workflow_mismatched_or_failed_runs_exit_1_naming_them(
+        tmp_path: Path, user_fleet: tuple[str, str]) -> None:
+    proc, figures = bench_user(tmp_path, user_fleet, "--workflow", "greet", "--params",
+                               '{"word": "hey"}', "--expect", '{"greeting": "HEY", "letters": 4}',
+                               runs=8)
+    assert proc.returncode == 1, proc.stderr
+    assert figures is not None and figures["verification"]["ok"] is False
+    assert (figures["verification"]["completed"], figures["verification"]["wrong"]) == (0, 8)
+    examples = figures["verification"]["examples"]["wrong"]
+    assert len(examples) == 5 and all(e.endswith("($.letters: got 3, want 4)") for e in examples)
+    assert "FAILED         0/8 runs verified; 8 with a wrong result: " in proc.stdout
+    assert "($.letters: got 3, want 4)" in proc.stdout and "Traceback" not in proc.stderr
+    assert figures["runs_per_s"] == 0 and figures["steps_completed"] == 0  # verified ones only
+
+    proc, figures = bench_user(tmp_path, user_fleet, "--workflow", "greet", "--params",
+                               '{"word": "hey", "fail": true}', runs=3)
+    assert proc.returncode == 1, proc.stderr
+    assert figures is not None and figures["verification"]["failed"] == 3
+    assert "FAILED         0/3 runs verified; 3 failed: " in proc.stdout
+    assert "(workflow_error ValueError: asked to fail)" in proc.stdout
+
+
+def test_workflow_the_fleet_does_not_serve_exits_2_naming_the_served_ones(
+        tmp_path: Path, user_fleet: tuple[str, str]) -> None:
+    proc, figures = bench_user(tmp_path, user_fleet, "--workflow", "grete")
+    assert proc.returncode == 2, proc.stderr
+    assert figures is None and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"pyrula-fleet bench: error: --attach: the fleet at {user_fleet[0]} does not serve "
+        "'grete'; it serves greet: pick one of them with --workflow"]
+    # The built-in workflow is checked the same way.
+    proc, _ = bench_user(tmp_path, user_fleet)
+    assert proc.returncode == 2
+    assert "does not serve 'pyrula.bench'; it serves greet: start it with --app" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--attach", "http://127.0.0.1:9", "--workflow", "greet", "--params", "{word: 1}"],
+     "error: --params is not JSON: Expecting property name enclosed in double quotes"),
+    (["--attach", "http://127.0.0.1:9", "--workflow", "greet", "--expect", "NaN"],
+     "error: --expect is not JSON: "),
+    (["--workflow", "greet"], "error: --workflow needs --attach URL"),
+    (["--params", "{}"], "error: --params and --expect go with --workflow NAME"),
+    (["--attach", "http://127.0.0.1:9", "--workflow", "greet", "--steps", "2"],
+     "error: --steps shapes the built-in workflow's runs: not with --workflow"),
+    (["--attach", "http://127.0.0.1:9", "--workflow", "greet", "--verify"],
+     "error: --verify checks the built-in workflow's ledger: not with --workflow"),
+    (["--min", "1"], "error: --min and --max go together"),
+])
+def test_workflow_usage_errors_are_one_line_exit_2(tmp_path: Path, args: list[str],
+                                                   message: str) -> None:
+    proc, figures = bench(tmp_path, *args, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert figures is None
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("pyrula-fleet bench: " + message), proc.stderr
+
+
+@pytest.mark.parametrize(("got", "want", "differs"), [
+    ({"a": [1, {"b": 2}]}, {"a": [1, {"b": 2}]}, None),
+    ({"a": 1.0}, {"a": 1}, None),  # JSON does not tell 1 from 1.0
+    (None, None, None),
+    ({"a": [1, {"b": 3}]}, {"a": [1, {"b": 2}]}, "$.a[1].b: got 3, want 2"),
+    ({"a": 1}, {"a": 1, "b": 2}, '$: missing key "b"'),
+    ({"a": 1, "c": 2}, {"a": 1}, '$: unexpected key "c"'),
+    ([1, 2, 3], [1, 2], "$: 3 items, want 2"),
+    (1, True, "$: got 1, want true"),  # Python's 1 == True is not JSON's
+    ("x" * 100, None, '$: got "' + "x" * 56 + "..., want null"),
+])
+def test_difference_names_the_first_place_two_json_values_differ(got: Any, want: Any,
+                                                                 differs: str | None) -> None:
+    assert difference(got, want) == differs
+
+
+def test_verify_with_an_expected_value_names_mismatches() -> None:
+    records = [_record(0, RunStatus.COMPLETED, {"ok": True}),
+               _record(1, RunStatus.COMPLETED, {"ok": False})]
+    v = verify(records, expect_check(Expected({"ok": True})))
+    assert v.completed == 1 and v.wrong == ["r1 ($.ok: got false, want true)"]
+    assert verify(records, expect_check(None)).ok  # without --expect any result will do
+
+
 # --- the pure parts -------------------------------------------------------------------------
 
 
@@ -312,13 +475,13 @@ def test_verify_names_wrong_failed_lost_and_unsubmitted_runs() -> None:
         _record(4, None, run_id=None),       # never submitted
         _record(5, RunStatus.CANCELLED),
     ]
-    v = verify(records, steps=3)
+    v = verify(records, sum_check(3))
     assert not v.ok and v.runs == 6 and v.completed == 1
     assert v.wrong == ["r1 (got 5, want 4)"]
     assert v.failed == ["r2 (step_failed)", "r5 (cancelled)"]
     assert v.lost == ["r3"] and v.not_submitted == ["#4"]
     assert v.as_dict()["examples"]["wrong"] == ["r1 (got 5, want 4)"]
-    assert verify([_record(0, RunStatus.COMPLETED, 3)], steps=3).ok
+    assert verify([_record(0, RunStatus.COMPLETED, 3)], sum_check(3)).ok
 
 
 def test_percentiles_are_nearest_rank() -> None:

@@ -68,14 +68,14 @@ def test_child_state(made: Child, state: ChildState) -> None:
 
 def test_fleet_status_ok_once_the_desired_children_are_ready_and_reach_their_store() -> None:
     slots = [SlotView(1, child(slot=1, shards={"a": 2}), 0),
-             SlotView(0, child(slot=0, shards={"a": 1, "b": 4}), 0)]
+             SlotView(0, child(slot=0, shards={"a": 1, "b": 4}, workflows=["b", "a"]), 0)]
     body = fleet_status(slots, desired=2, draining=False)
     assert body["status"] == "ok" and body["status"] is FleetStatus.OK
     assert [c["slot"] for c in body["children"]] == [0, 1]
     assert body["shards"] == {"a": 3, "b": 4} and body["restarts"] == 0
     assert body["children"][0] == {
         "slot": 0, "pid": 100, "worker_id": "w0", "state": "ready", "shards": {"a": 1, "b": 4},
-        "in_flight": 0, "runs_done": 0, "restarts": 0, "rss_bytes": 0,
+        "workflows": ["a", "b"], "in_flight": 0, "runs_done": 0, "restarts": 0, "rss_bytes": 0,
     }
 
 

@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import click
@@ -277,6 +277,13 @@ Prints a live progress line on stderr, then a report: runs/s, submit -> result l
 run duration, each child's share, shard balance, store commands per run (Valkey), kills.
 Every run's result is checked (x + steps): exit 1 on a lost, failed or wrong run, 2 on a
 usage error. See docs/deployment.md, "Load-testing a fleet with pyrula-fleet bench".
+
+\b
+Your own workflow, on the fleet you run it on:
+  pyrula-fleet bench --attach http://127.0.0.1:8081 --workflow orders.place \\
+      --params '{"sku": "A1"}' --expect '{"ok": true}' --concurrency 16
+Each run must complete (and, with --expect, return that JSON value); --steps,
+--step-kind, --payload-bytes and --verify shape the built-in workflow only.
 """
 
 
@@ -304,7 +311,15 @@ usage error. See docs/deployment.md, "Load-testing a fleet with pyrula-fleet ben
 @click.option("--attach", default=None, metavar="URL",
               help="load the running fleet whose health port is URL (e.g. "
               "http://127.0.0.1:8081) instead of starting one; it must serve "
-              "pyrula.examples.bench on the same store")
+              "pyrula.examples.bench (or --workflow) on the same store")
+@click.option("--workflow", default=None, metavar="NAME",
+              help="with --attach: load the fleet with runs of this workflow of yours (one "
+              "it serves) instead of the built-in pyrula.bench")
+@click.option("--params", "params_json", default=None, metavar="JSON",
+              help="with --workflow: each run's params, a JSON document (default {})")
+@click.option("--expect", "expect_json", default=None, metavar="JSON",
+              help="with --workflow: each run's result must equal this JSON value (default: "
+              "any result of a completed run)")
 @click.option("--min", "min_children", default=None, type=int, metavar="N",
               help="start the bench's fleet elastic from --min N (-n is its start size)")
 @click.option("--max", "max_children", default=None, type=int, metavar="M",
@@ -331,17 +346,29 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
           namespace: str | None, step_kind: str, payload_bytes: int, rate: float | None,
           concurrency: int | None, attach: str | None, min_children: int | None,
           max_children: int | None, upgrade_every: float | None, kill_every: float | None,
-          lost_after: float, verify: bool, ledger: str | None,
-          json_path: str | None) -> None:
+          lost_after: float, verify: bool, ledger: str | None, workflow: str | None,
+          params_json: str | None, expect_json: str | None, json_path: str | None) -> None:
     """Load a fleet with RUNS runs of STEPS steps and measure it.
 
     Starts a fleet of N children on the store (or attaches to a running one), submits the
     runs, waits for every result, and reports what a fleet is sized by.
     """
     from pyrula.cli.bench import BenchConfig, BenchError, render, run_bench
+    from pyrula.cli.bench.expect import Expected
 
+    given = [f"--{name.replace('_', '-')}" for name in ("steps", "step_kind")
+             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
+    if workflow is None and (params_json is not None or expect_json is not None):
+        _bench_error("--params and --expect go with --workflow NAME")
+    if workflow is not None and given:
+        _bench_error(f"{given[0]} shapes the built-in workflow's runs: not with --workflow "
+                     "(each run's params are --params)")
     try:
         config = BenchConfig(
+            workflow=workflow,
+            params={} if params_json is None else _json_flag("--params", params_json),
+            expect=None if expect_json is None else Expected(_json_flag("--expect",
+                                                                          expect_json)),
             children=children, runs=runs, steps=steps, store_url=store, namespace=namespace,
             step_kind=step_kind, payload_bytes=payload_bytes, rate=rate,
             concurrency=concurrency, attach=attach, kill_every=kill_every,
@@ -349,7 +376,7 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
             upgrade_every=upgrade_every, lost_after=lost_after, verify=verify, ledger=ledger,
         )
     except BenchError as exc:
-        raise click.UsageError(str(exc)) from None
+        _bench_error(str(exc))
     if json_path not in (None, "-"):
         directory = os.path.dirname(os.path.abspath(json_path))
         if not os.path.isdir(directory) or os.path.isdir(json_path):
@@ -374,6 +401,21 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
             click.echo(f"pyrula-fleet bench: the fleet's last output:\n{figures['fleet_log_tail']}",
                        err=True)
         sys.exit(1)
+
+
+def _bench_error(message: str) -> NoReturn:
+    """A usage error of the bench: one line on stderr, exit 2."""
+    click.echo(f"pyrula-fleet bench: error: {message}", err=True)
+    sys.exit(2)
+
+
+def _json_flag(flag: str, text: str) -> Any:
+    from pyrula.cli.common import InputError, json_argument
+
+    try:
+        return json_argument(flag, text)
+    except InputError as exc:
+        _bench_error(exc.message)
 
 
 cli.add_command(status)

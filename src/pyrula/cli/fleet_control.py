@@ -35,6 +35,13 @@ def status(url: str | None, as_json: bool) -> None:
               f"min={body['min']} max={body['max']}" if "desired" in body else "")
     click.echo(f"fleet {body['status']}{sizing}  restarts={body['restarts']}  "
                f"shards={json.dumps(body['shards'])}")
+    for gen in body.get("generations") or []:
+        held = gen.get("open_runs")
+        why = ("" if gen["state"] != "retiring" else
+               "  open runs only its code can replay: " + ("not counted yet" if held is None
+                                                          else str(held)))
+        click.echo(f"generation {gen['id']} {gen['state']}: {gen['children']} children, "
+                   f"build {gen['build']}{why}")
     click.echo(f"{'SLOT':>4} {'PID':>7} {'STATE':<9} {'IN-FLIGHT':>9} {'DONE':>7} "
                f"{'RESTARTS':>8} {'RSS':>9}  WORKER / SHARDS")
     for child in body["children"]:

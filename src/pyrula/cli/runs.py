@@ -88,6 +88,18 @@ def _call(store: Any, coro: Any) -> Any:
     return drive(coro) if issubclass(kind, SyncAdmin) and kind.sync_driven else run_sync(coro)
 
 
+def warn_if_unknown(store: Any, name: str, then: str = "") -> bool:
+    """Warn on stderr, in one line ending with ``then``, when no worker of ``store`` has
+    ever served ``name`` (a typo, most likely), naming the closest names that were; True
+    if it warned."""
+    from pyrula.workflows.definition import unknown_name
+
+    mistyped = unknown_name(name, _call(store, store.served_names()))
+    if mistyped is not None:
+        click.echo(f"warning: {mistyped}{then}", err=True)
+    return mistyped is not None
+
+
 def _unserved(store: Any, name: str) -> bool:
     """Whether runs of ``name`` are queued that no live worker serves."""
     return name in _call(store, store.stranded(now=time.time()))
@@ -104,7 +116,8 @@ def submit_run(workflow: str, params: str, owner: str | None, idempotency_key: s
     runs = client(store, namespace)
     handle = runs.submit(workflow, value, owner=owner, idempotency_key=idempotency_key)
     print_json({"name": handle.name, "run_id": handle.run_id})
-    if _unserved(runs.store, handle.name):
+    if not warn_if_unknown(runs.store, handle.name, "; the run waits until a worker serves it") \
+            and _unserved(runs.store, handle.name):
         click.echo(f"warning: no live worker serves {handle.name!r} yet; the run waits "
                    "until one does", err=True)
 
@@ -233,6 +246,11 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
     click.echo("timeline:" if steps else "timeline: (not started)")
     for entry in steps:
         click.echo(f"  {describe(entry)}")
+    trace = ((info.error or {}).get("detail") or {}).get("traceback")
+    if trace:
+        click.echo("traceback:")
+        for line in str(trace).rstrip("\n").splitlines():
+            click.echo(f"  {line}")
 
 
 @runs.command("events")
@@ -324,7 +342,7 @@ def resume_command(run_id: str, value: str, store: str | None, namespace: str | 
 
 @runs.command("submit")
 @click.argument("workflow", metavar="NAME")
-@click.argument("params", default="null", metavar="[PARAMS_JSON]")
+@click.argument("params", default="{}", metavar="[PARAMS_JSON]")
 @click.option("--owner", default=None)
 @click.option("--idempotency-key", default=None)
 @STORE

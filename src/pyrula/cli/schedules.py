@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from pyrula.cli.common import NAMESPACE, STORE, InputError, json_argument, open_store
+from pyrula.cli.runs import warn_if_unknown
 from pyrula.errors import ScheduleNotFound
 from pyrula.workflows.schedules import OVERLAP_POLICIES, CronError, Schedule
 from pyrula.workflows.schedules.cron import CronExpr
@@ -138,6 +139,8 @@ def create(name: str, cron: str | None, every: str | None, params: str, timezone
     with _store(store, namespace) as opened:
         replaced = opened.schedule_get(schedule_id) is not None
         stored = opened.schedule_create(sched)
+        warn_if_unknown(opened, sched.name, "; the schedule's runs wait until a worker "
+                        "serves it")
     logger.info("schedule %s %s", schedule_id, "replaced" if replaced else "created",
                 extra={"event": "schedule_created", "schedule_id": schedule_id})
     if as_json:

@@ -40,6 +40,7 @@ def child_entry(child: Child, slot: int, restarts: int) -> dict[str, Any]:
         "worker_id": beat.worker_id if beat else None,
         "state": child.state,
         "shards": dict(beat.shards) if beat else {},
+        "workflows": sorted(child.workflows),
         "in_flight": beat.in_flight if beat else 0,
         "runs_done": beat.runs_done if beat else 0,
         "restarts": restarts,

@@ -220,6 +220,8 @@ class Supervisor:
             child.boot_error = self.boots.failed(child.slot, child.pid, message)
         elif kind == "refused":
             upgrades.refused(self, str(message.get("run_id")), str(message.get("build")))
+        elif kind == "audited":
+            upgrades.audited(self, message)
         elif kind == "metrics":
             child.metrics = dict(message.get("families") or {})
             child.workflows = [str(name) for name in message.get("workflows") or []]
@@ -474,7 +476,7 @@ class Supervisor:
     def _recycle(self, now: float) -> None:
         """One slot at a time: start its replacement, and once that is ready, drain the
         old child. Capacity is kept throughout."""
-        if not self._recycle_queue or self.upgrade is not None:
+        if not self._recycle_queue or (self.upgrade is not None and not self.upgrade.swapped):
             return  # an upgrade replaces every slot's child itself; recycling waits
         index = self._recycle_queue[0]
         slot = self.slots.get(index)

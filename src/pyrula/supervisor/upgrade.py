@@ -10,13 +10,22 @@ build by id, which runs it to its end. So a compatible change moves the runs in 
 the new generation at their next step, and an incompatible one leaves each on the code that
 can replay it: no run fails with ``NonDeterminismError``.
 
-A retired child exits once it holds nothing. Past ``--drain-deadline`` the retired children
-still holding runs are drained (the worker's shutdown: their runs are requeued); the new
-generation, told that no older build is left, parks each run it cannot replay waiting for
-the signal ``pyrula.build``, which ``pyrula runs stuck`` lists with the reason.
+A run that sleeps or waits across the upgrade is still a run of its build. So a new child
+*audits* the old build every few seconds: it counts the open runs (queued, running,
+sleeping, waiting) that last ran on it and that the new code cannot replay. While that
+count is above zero (or not known yet), the old generation keeps one child alive, holding
+nothing, to take each such run when it wakes and is refused by the new code; the other
+retired children exit once they hold nothing. The last one exits when the count reaches
+zero.
+
+Past ``--drain-deadline`` every retired child is drained (the worker's shutdown: the runs
+it holds are requeued); the new generation, told that no older build is left, parks each
+run it cannot replay waiting for the signal ``pyrula.build``, which ``pyrula runs stuck``
+lists with the reason.
 
 The messages this adds to the child's pipe (``pyrula.wire``): to a child ``retire``,
-``take`` (a run id) and ``generations`` (the older builds alive); from a child ``refused``.
+``take`` (a run id), ``generations`` (the older builds alive) and ``audit`` (a build);
+from a child ``refused`` and ``audited`` (the open runs it cannot replay).
 """
 
 from __future__ import annotations
@@ -37,6 +46,10 @@ logger = logging.getLogger(FLEET_LOGGER)
 #: How long a handed-over run may take to show in the retired child's heartbeat before
 #: the child may exit anyway (the run is then claimed again by the new generation).
 TAKE_PENDING_S = 10.0
+#: Seconds between two audits of the old build, and how long an audit may go unanswered
+#: before another child is asked.
+AUDIT_INTERVAL_S = 2.0
+AUDIT_PATIENCE_S = 30.0
 
 
 class GenerationState(StrEnum):
@@ -75,6 +88,15 @@ class Upgrade:
         self.deadline = None if deadline_s is None else now + deadline_s
         self.started_at = now
         self.retired: dict[int, Retired] = {}  # pid -> the retired child
+        #: The open runs of the old build the new code cannot replay, by the last audit
+        #: (None: no audit has answered yet), and a few of their ids.
+        self.open_runs: int | None = None
+        self.open_ids: list[str] = []
+        self._audit_due = now
+        self._audit_sent: float | None = None
+        self._kept_logged = False
+        #: Every slot's child is of the new generation (the old one may still linger).
+        self.swapped = False
 
     def older_builds(self) -> list[str]:
         return sorted({r.child.beat.build for r in self.retired.values()
@@ -107,22 +129,77 @@ class Upgrade:
         chosen.takes[run_id] = time.monotonic()
         return send(chosen.child, {"type": "take", "run_id": run_id})
 
+    def old_build(self) -> str | None:
+        """The build of the retiring generation, as its children report it."""
+        return next((r.child.beat.build for r in self.retired.values()
+                     if r.child.beat is not None and r.child.beat.build), None)
+
+    def audit(self, now: float, new_children: Iterable[Child]) -> None:
+        """Ask one ready child of the new generation to audit the old build, when due."""
+        build = self.old_build()
+        if build is None or now < self._audit_due:
+            return
+        if self._audit_sent is not None and now - self._audit_sent < AUDIT_PATIENCE_S:
+            return
+        for child in new_children:
+            if child.ready_seen and child.beat is not None and child.beat.build != build \
+                    and send(child, {"type": "audit", "build": build}):
+                self._audit_sent = now
+                return
+            if child.beat is not None and child.beat.build == build:
+                self.audited(build, 0, [], now)  # the same code: it replays every run
+                return
+
+    def audited(self, build: str, count: int, run_ids: list[str], now: float) -> None:
+        """An audit's answer: ``count`` open runs of ``build`` the new code cannot replay."""
+        if build != self.old_build():
+            return
+        self.open_runs, self.open_ids = count, run_ids
+        self._audit_sent = None
+        self._audit_due = now + AUDIT_INTERVAL_S
+
+    def _needed(self, late: bool) -> bool:
+        """Whether the old generation must keep a child: some open run of its build cannot
+        be replayed by the new code (or no audit has said otherwise yet)."""
+        return not late and (self.open_runs is None or self.open_runs > 0)
+
     def tick(self, now: float, drain: Callable[[Child, str], None]) -> None:
-        """Let each retired child that holds nothing exit; past the deadline, drain the
-        rest (``drain(child, why)``)."""
+        """Let each retired child that holds nothing exit, but the last one while the old
+        build has open runs the new code cannot replay; past the deadline, drain the rest
+        (``drain(child, why)``)."""
         late = self.deadline is not None and now >= self.deadline
-        for retired in list(self.retired.values()):
-            if retired.draining:
-                continue
+        alive = [r for r in self.retired.values() if not r.draining]
+        # Those holding runs last: if one is to stay, it is one already busy.
+        alive.sort(key=lambda r: len(r.child.beat.held) if r.child.beat is not None else 0)
+        staying = len(alive)
+        for retired in alive:
             beat = retired.child.beat
             held = beat.held if beat is not None else {}
             for run_id, since in list(retired.takes.items()):
                 if run_id in held or now - since > TAKE_PENDING_S:
                     del retired.takes[run_id]
-            if late or (not held and not retired.takes):
-                retired.draining = True
-                drain(retired.child, "past --drain-deadline" if late and held
-                      else "holds no run")
+            idle = not held and not retired.takes
+            if not late and not idle:
+                continue
+            if idle and staying == 1 and self._needed(late):
+                self._log_kept(retired.child)
+                continue
+            retired.draining = True
+            staying -= 1
+            drain(retired.child, "past --drain-deadline" if late and held else
+                  "holds no run" if self.open_runs is None or staying else
+                  "no open run of its build needs it any more")
+
+    def _log_kept(self, child: Child) -> None:
+        if self._kept_logged:
+            return
+        self._kept_logged = True
+        count = "an unknown number of" if self.open_runs is None else str(self.open_runs)
+        logger.info("child_kept: slot %d pid %d (generation %d) stays for %s open runs of "
+                    "its build that the new code cannot replay", child.slot, child.pid,
+                    self.old, count,
+                    extra={"event": "child_kept", "slot": child.slot, "pid": child.pid,
+                           "open_runs": self.open_runs})
 
     def exited(self, child: Child) -> bool:
         """A child exited; True if it was a retired one."""
@@ -137,7 +214,7 @@ class Upgrade:
         """``/status`` ``generations`` during the upgrade."""
         return [
             {"id": self.old, "build": old_build, "children": len(self.retired),
-             "state": GenerationState.RETIRING},
+             "state": GenerationState.RETIRING, "open_runs": self.open_runs},
             {"id": self.new, "build": new_build, "children": len(serving),
              "state": GenerationState.SERVING if new_ready else GenerationState.STARTING},
         ]

@@ -52,7 +52,8 @@ def tick(sup: Supervisor, now: float) -> None:
         return
     for slot in sup.slots.values():
         incoming = slot.incoming
-        if incoming is None or incoming.generation != upgrade.new or not incoming.ready_seen:
+        if upgrade.swapped or incoming is None or incoming.generation != upgrade.new \
+                or not incoming.ready_seen:
             continue
         old, slot.child, slot.incoming = slot.child, incoming, None
         if old is not None:
@@ -67,8 +68,20 @@ def tick(sup: Supervisor, now: float) -> None:
         child.terminate()
         upgrade.tell(_new_children(sup))
 
-    if all(slot.incoming is None for slot in sup.slots.values()):
+    if upgrade.swapped or all(slot.incoming is None for slot in sup.slots.values()):
+        # Every slot serves the new code: from here on a slot's incoming child is a
+        # recycling's, which runs as it does outside an upgrade.
+        upgrade.swapped = True
+        upgrade.audit(now, _new_children(sup))
         upgrade.tick(now, drain)
+
+
+def audited(sup: Supervisor, message: dict[str, Any]) -> None:
+    """A new child's audit of the old build: how many of its open runs it cannot replay."""
+    if sup.upgrade is None:
+        return
+    sup.upgrade.audited(str(message.get("build")), int(message.get("open") or 0),
+                        [str(r) for r in message.get("runs") or []], time.monotonic())
 
 
 def refused(sup: Supervisor, run_id: str, build: str) -> None:

@@ -36,6 +36,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from pyrula.workflows.client import WorkflowClient
+from pyrula.workflows.definition import check_workflow_name, unknown_name
 from pyrula.workflows.errors import (
     PayloadTooLarge,
     RunCancelled,
@@ -61,11 +62,14 @@ BODY_OVERHEAD_BYTES = 64 * 1024
 class ApiError(Exception):
     """A refusal the router answers as ``{"error": {"code", "message"}}`` with ``status``."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        #: More members of the ``error`` object (``known`` for an unknown workflow).
+        self.extra = extra or {}
 
 
 def _bad(field: str, message: str) -> ApiError:
@@ -76,9 +80,13 @@ def json_response(value: Any, status: int = 200) -> Response:
     return Response(dumps(value), status_code=status, media_type="application/json")
 
 
-def error_response(status: int, code: str, message: str) -> Response:
-    """The API's error shape, ``{"error": {"code", "message"}}``, with ``status``."""
-    return json_response({"error": {"code": code, "message": message}}, status)
+def error_response(status: int, code: str, message: str,
+                   extra: dict[str, Any] | None = None) -> Response:
+    """The API's error shape, ``{"error": {"code", "message", ...extra}}``, with ``status``;
+    ``extra``'s members are also given beside ``error``."""
+    extra = extra or {}
+    return json_response({"error": {"code": code, "message": message, **extra}, **extra},
+                         status)
 
 
 def info_json(info: RunInfo) -> dict[str, Any]:
@@ -209,7 +217,8 @@ _ANY: dict[str, Any] = {"description": "any JSON value"}
 _OPTIONAL_STR: dict[str, Any] = {"type": ["string", "null"], "minLength": 1}
 _REFUSALS = {
     "404": _answer("no run with this id", "Error"),
-    "422": _answer("bad input; the message names the field", "Error"),
+    "422": _answer("bad input; the message names the field (unknown_workflow: a workflow "
+                   "no worker of the store has served, with the known ones)", "Error"),
 }
 _PAYLOAD_REFUSALS = {**_REFUSALS, "413": _answer("payload over the limit", "Error"),
                      "409": _answer("the run has ended", "Error")}
@@ -293,7 +302,10 @@ OPENAPI: dict[str, Any] = {
         "Object": {"type": "object"},
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"},
+                           "known": {"type": "array", "items": {"type": "string"},
+                                     "description": "unknown_workflow: the names workers "
+                                     "of the store have served"}}}}},
         "Submitted": {"type": "object", "required": ["run_id", "workflow"], "properties": {
             "run_id": {"type": "string"}, "workflow": {"type": "string"}}},
         "Run": {"type": "object", "required": ["run_id", "name", "status"]},
@@ -314,10 +326,17 @@ class RunRouter:
     """An ASGI app serving the runs of ``store``: submit, list, inspect, signal, cancel."""
 
     def __init__(self, store: Store, *, max_payload_bytes: int | None = None,
-                 dashboard: bool = True, dashboard_actions: bool = False) -> None:
+                 dashboard: bool = True, dashboard_actions: bool = False,
+                 check_names: bool = True) -> None:
         """The router also serves the HTML dashboard of ``store`` at ``/dashboard/``,
-        read-only unless ``dashboard_actions`` (``dashboard=False``: the API alone)."""
+        read-only unless ``dashboard_actions`` (``dashboard=False``: the API alone).
+
+        ``check_names``: a submit of a workflow no worker of the store has ever served
+        (once any has served one) is refused with 422 ``unknown_workflow``, naming the
+        known ones; False accepts it (the run waits for a worker that serves it), for an
+        API deployed ahead of the workers that bring a new workflow."""
         self.client = WorkflowClient(store, max_payload_bytes=max_payload_bytes)
+        self.check_names = check_names
         #: The largest request body read: the payload limit plus room for the JSON around
         #: it. A payload under the limit may still be refused by the client's own check.
         self.body_cap = 2 * self.client.max_payload_bytes + BODY_OVERHEAD_BYTES
@@ -351,7 +370,7 @@ class RunRouter:
             try:
                 return await handler(request)
             except ApiError as exc:
-                return error_response(exc.status, exc.code, exc.message)
+                return error_response(exc.status, exc.code, exc.message, exc.extra)
             except WorkflowNotFound as exc:
                 return error_response(404, "run_not_found", str(exc))
             except PayloadTooLarge as exc:
@@ -372,6 +391,16 @@ class RunRouter:
         workflow = body.get("workflow")
         if not isinstance(workflow, str) or not workflow:
             raise _bad("workflow", "required, a non-empty string")
+        try:
+            check_workflow_name(workflow)
+        except ValueError as exc:
+            raise _bad("workflow", str(exc)) from None
+        if self.check_names:
+            served = await self.client.served_names()
+            mistyped = unknown_name(workflow, served)
+            if mistyped is not None:
+                raise ApiError(422, "unknown_workflow", f"workflow: {mistyped}",
+                               {"known": served})
         owner = _optional_str(body, "owner")
         key = _optional_str(body, "idempotency_key")
         try:

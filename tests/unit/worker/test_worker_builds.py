@@ -77,3 +77,33 @@ async def test_a_run_no_live_code_can_replay_is_parked_not_failed(store: Any) ->
 async def _parked_on(worker: WorkflowWorker, run_id: str, signal: str) -> bool:
     status, waiting_for = await _status(worker, run_id)
     return status is RunStatus.WAITING and signal in waiting_for
+
+
+async def test_an_audit_counts_the_open_runs_of_a_build_the_code_cannot_replay(
+    store: Any,
+) -> None:
+    v1 = WorkflowWorker(store=store, registry=_registry(flow_v1), build="b-one",
+                        options=fast_options())
+    async with serving(v1):
+        waiting = [await v1.client.submit("wbuild.flow", {}) for _ in range(3)]
+        ended = await v1.client.submit("wbuild.flow", {})
+        for run in [*waiting, ended]:
+            await await_until(lambda r=run: _parked_on(v1, r.run_id, "go"),
+                              what="the run waiting for its signal")
+        await v1.client.signal(ended.run_id, "go", 1)
+        await await_until(lambda: _ended(v1, ended.run_id), what="one run ended")
+    queued = await v1.client.submit("wbuild.flow", {})  # never ran: no build to need
+
+    v2 = WorkflowWorker(store=store, registry=_registry(flow_v2), build="b-two",
+                        options=fast_options())
+    same = WorkflowWorker(store=store, registry=_registry(flow_v1), build="b-one-again",
+                          options=fast_options())
+    found = await v2.open_runs_of("b-one")
+    assert sorted(found) == sorted(r.run_id for r in waiting)
+    assert queued.run_id not in found
+    assert await v2.open_runs_of("b-other") == []  # no run last ran on it
+    assert await same.open_runs_of("b-one") == []  # this code replays them all
+
+
+async def _ended(worker: WorkflowWorker, run_id: str) -> bool:
+    return (await worker.client.get(run_id)).status is RunStatus.COMPLETED

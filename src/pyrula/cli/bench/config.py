@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
+
+from pyrula.cli.bench.expect import Check, Expected, expect_check, sum_check
 
 #: The workflow of ``pyrula.examples.bench`` that every bench run is a run of.
 WORKFLOW = "pyrula.bench"
@@ -49,6 +52,11 @@ class BenchConfig:
     #: Where the steps write the ledger (with ``verify``); None: the bench's temporary
     #: directory. An attached fleet's processes must be able to write there.
     ledger: str | None = None
+    #: A workflow of the attached fleet's to load it with instead of the built-in one,
+    #: each run with ``params``; with ``expect``, each run's result must equal its value.
+    workflow: str | None = None
+    params: Any = field(default_factory=dict)
+    expect: Expected | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -79,12 +87,32 @@ class BenchConfig:
             (0 < self.lost_after < math.inf,
              f"--lost-after must be > 0 seconds, got {self.lost_after}"),
             (self.ledger is None or self.verify, "--ledger is only used with --verify"),
+            (self.workflow is None or self.attach is not None,
+             "--workflow needs --attach URL: the bench's own fleet serves only "
+             f"{WORKFLOW}; start yours (pyrula-fleet start --app ...) and attach to it"),
+            (self.workflow is None or not self.verify,
+             "--verify checks the built-in workflow's ledger: not with --workflow"),
+            (self.workflow is None or self.payload_bytes == 0,
+             "--payload-bytes shapes the built-in workflow's params: with --workflow, "
+             "--params are each run's params"),
+            (self.workflow is not None or (self.params == {} and self.expect is None),
+             "--params and --expect go with --workflow NAME"),
         ]
         for ok, message in checks:
             if not ok:
                 raise BenchError(message, code=2)
         if self.attach is not None:
             object.__setattr__(self, "attach", parse_health_url(self.attach))
+
+    @property
+    def workflow_name(self) -> str:
+        """The workflow every run is a run of."""
+        return self.workflow or WORKFLOW
+
+    @property
+    def check(self) -> Check:
+        """Whether a run's result is right (see ``pyrula.cli.bench.expect``)."""
+        return sum_check(self.steps) if self.workflow is None else expect_check(self.expect)
 
     @property
     def mode(self) -> str:

@@ -12,8 +12,9 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from pyrula.cli.bench.config import WORKFLOW, BenchConfig, BenchError
+from pyrula.cli.bench.config import BenchConfig, BenchError
 from pyrula.workflows import (
     MemoryStore,
     PayloadTooLarge,
@@ -33,7 +34,8 @@ SUBMIT_BATCH = 500
 
 @dataclass(slots=True)
 class RunRecord:
-    """One run of the bench: ``x`` is its input, so its result must be ``x + steps``."""
+    """One run of the bench: ``x`` is its index, the built-in workflow's input (its result
+    must be ``x + steps``)."""
 
     x: int
     run_id: str | None = None
@@ -57,6 +59,8 @@ class Load:
         self.client = client
         self.store = client.store
         self.config = config
+        self.workflow = config.workflow_name
+        self.check = config.check
         self.records = [RunRecord(x=i) for i in range(config.runs)]
         self.waiters = waiters
         self.submitted = 0
@@ -82,7 +86,9 @@ class Load:
     def in_flight(self) -> int:
         return self.submitted - self.open_resolved
 
-    def params(self, record: RunRecord) -> dict[str, object]:
+    def params(self, record: RunRecord) -> Any:
+        if self.config.workflow is not None:
+            return self.config.params
         params: dict[str, object] = {"x": record.x, "steps": self.config.steps,
                                      "kind": self.config.step_kind}
         if self.config.payload_bytes:
@@ -101,7 +107,8 @@ class Load:
         """Submit the biggest params to a throwaway in-memory store: a payload the client
         refuses (above ``max_payload_bytes``) stops the bench before a fleet starts."""
         try:
-            await WorkflowClient(MemoryStore()).submit(WORKFLOW, self.params(self.records[-1]))
+            await WorkflowClient(MemoryStore()).submit(self.workflow,
+                                                       self.params(self.records[-1]))
         except (PayloadTooLarge, ValueError) as exc:
             raise BenchError(f"cannot submit the bench's runs: {exc}", code=2) from None
 
@@ -110,7 +117,7 @@ class Load:
     async def submit(self, record: RunRecord) -> None:
         started = time.perf_counter()
         try:
-            handle = await self.client.submit(WORKFLOW, self.params(record))
+            handle = await self.client.submit(self.workflow, self.params(record))
         except (PayloadTooLarge, ValueError) as exc:
             self.abandon(str(exc), BenchError(f"cannot submit the bench's runs: {exc}", code=2))
             record.submit_error = str(exc)
@@ -159,7 +166,7 @@ class Load:
         if info is not None:
             self.ended += 1
             self.last_end = record.ended_at
-            if info.status is RunStatus.COMPLETED and info.result == record.x + self.config.steps:
+            if info.status is RunStatus.COMPLETED and self.check(record.x, info.result) is None:
                 self.completed += 1
             else:
                 self.errors += 1

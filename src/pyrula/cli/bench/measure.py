@@ -12,15 +12,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pyrula.cli.bench.expect import Check
 from pyrula.cli.bench.load import Load, RunRecord
 from pyrula.supervisor.children import ChildState
-from pyrula.workflows import RunStatus
+from pyrula.workflows import RunInfo, RunStatus
 
 if TYPE_CHECKING:
     from pyrula.invariants import Report
 
 #: Run ids named in a failed verification, per kind of failure.
 EXAMPLES = 5
+#: Longest a failed run's error message is shown beside its id.
+WHY_SHOWN = 80
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float] | None:
@@ -41,8 +44,9 @@ def percentiles(values: Sequence[float]) -> dict[str, float] | None:
 
 @dataclass(frozen=True, slots=True)
 class Verification:
-    """Every run checked: completed with ``x + steps``, or lost, failed, wrong or never
-    submitted (the lists hold run ids, or ``#x`` for a run that has none)."""
+    """Every run checked: completed with the right result (verified), or lost, failed,
+    wrong (its result differs from the one expected) or never submitted (the lists hold
+    run ids, or ``#x`` for a run that has none)."""
 
     runs: int
     completed: int
@@ -75,8 +79,8 @@ class Verification:
                     ("not_submitted", self.not_submitted)) if v}}
 
 
-def verify(records: Iterable[RunRecord], steps: int) -> Verification:
-    """Check each run's end against what the bench workflow must return: ``x + steps``."""
+def verify(records: Iterable[RunRecord], check: Check) -> Verification:
+    """Check each run's end: completed, with a result ``check`` finds right."""
     runs = completed = 0
     lost: list[str] = []
     failed: list[str] = []
@@ -90,13 +94,24 @@ def verify(records: Iterable[RunRecord], steps: int) -> Verification:
         elif info is None:
             lost.append(record.run_id)
         elif info.status is not RunStatus.COMPLETED:
-            why = (info.error or {}).get("code") or info.status.value
-            failed.append(f"{record.run_id} ({why})")
-        elif info.result != record.x + steps:
-            wrong.append(f"{record.run_id} (got {info.result!r}, want {record.x + steps})")
+            failed.append(f"{record.run_id} ({_why(info)})")
+        elif (differs := check(record.x, info.result)) is not None:
+            wrong.append(f"{record.run_id} ({differs})")
         else:
             completed += 1
     return Verification(runs, completed, lost, failed, wrong, not_submitted)
+
+
+def _why(info: RunInfo) -> str:
+    """Why a run did not complete: its error's code and, cut short, what it says
+    (``workflow_error ValueError: bad x``), else its status (``cancelled``)."""
+    error = info.error or {}
+    code = error.get("code") or info.status.value
+    message = str(error.get("message") or "")
+    said = f"{error['error_type']}: {message}" if error.get("error_type") else message
+    if len(said) > WHY_SHOWN:
+        said = said[:WHY_SHOWN - 3] + "..."
+    return f"{code} {said}" if said else str(code)
 
 
 async def invariants(load: Load, fleet_log: str | None) -> Report:
@@ -116,24 +131,39 @@ async def invariants(load: Load, fleet_log: str | None) -> Report:
 # --- who ran what ---------------------------------------------------------------------------
 
 
-async def workers_of(load: Load, batch: int = 200) -> dict[str, int]:
-    """Runs per worker id: the worker of each completed run's last ``run:started`` (the
-    attempt that finished it), read from the run's journal."""
+@dataclass(frozen=True, slots=True)
+class Journals:
+    """What the journals of the completed runs tell: runs per worker id (the worker of each
+    run's last ``run:started``, the attempt that finished it) and the steps of the verified
+    ones (each step's ``step:completed``, recorded once whatever the attempts)."""
+
+    workers: dict[str, int]
+    steps: int
+
+
+async def read_journals(load: Load, batch: int = 200) -> Journals:
+    """``Journals`` of the bench's completed runs, ``batch`` runs read at a time."""
     counts: dict[str, int] = {}
-    done = [r.run_id for r in load.records
+    steps = 0
+    done = [r for r in load.records
             if r.run_id is not None and r.info is not None
             and r.info.status is RunStatus.COMPLETED]
 
-    async def worker(run_id: str) -> str | None:
-        events = await load.store.read_events(run_id)
+    async def read(record: RunRecord) -> tuple[str | None, int]:
+        assert record.run_id is not None and record.info is not None
+        events = await load.store.read_events(record.run_id)
         started = [e for e in events if e.get("type") == "run:started"]
-        return str(started[-1].get("worker")) if started else None
+        right = load.check(record.x, record.info.result) is None
+        completed = sum(1 for e in events if e.get("type") == "step:completed") if right else 0
+        return (str(started[-1].get("worker")) if started else None), completed
 
     for start in range(0, len(done), batch):
-        for found in await asyncio.gather(*(worker(r) for r in done[start:start + batch])):
+        for found, completed in await asyncio.gather(*(read(r)
+                                                       for r in done[start:start + batch])):
             key = found or "unknown"
             counts[key] = counts.get(key, 0) + 1
-    return counts
+            steps += completed
+    return Journals(counts, steps)
 
 
 def pid_of(worker_id: str, known: dict[str, int]) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pyrula.cli.bench.measure import ShareState
@@ -14,6 +15,29 @@ def _ms(figures: dict[str, Any] | None) -> str:
             f"max {figures['max']:.1f} ms")
 
 
+def _what(f: dict[str, Any]) -> str:
+    """What each run was: ``3000 runs x 3 async steps, payload 0 B`` of the built-in
+    workflow, ``40 runs of orders.place, params {"x": 1}`` of the user's."""
+    if f["steps"] is not None:
+        return (f"{f['runs']} runs x {f['steps']} {f['step_kind']} steps, payload "
+                f"{f['payload_bytes']} B")
+    return f"{f['runs']} runs of {f['workflow']}, params {_json(f['params'])}"
+
+
+def _right(f: dict[str, Any]) -> str:
+    """What every run was verified to do."""
+    if f["steps"] is not None:
+        return f"completed with x + {f['steps']}"
+    if f["expect_given"]:
+        return f"of {f['workflow']} completed with the expected result {_json(f['expect'])}"
+    return f"of {f['workflow']} completed (no --expect: any result)"
+
+
+def _json(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, separators=(", ", ": "))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def render(f: dict[str, Any]) -> str:
     """A text report of ``run_bench``'s figures."""
     if f["mode"] == "rate":
@@ -23,11 +47,11 @@ def render(f: dict[str, Any]) -> str:
     else:
         mode = "all queued first"
     fleet = f"attached fleet {f['attached']}" if f["attached"] else "own fleet"
+    steps_per_s = "" if f["steps_per_s"] is None else f" ({f['steps_per_s']:,.1f} steps/s)"
     lines = [
-        f"pyrula-fleet bench: {f['runs']} runs x {f['steps']} {f['step_kind']} steps, payload "
-        f"{f['payload_bytes']} B, {mode}; {f['children']} children ({fleet}), "
+        f"pyrula-fleet bench: {_what(f)}, {mode}; {f['children']} children ({fleet}), "
         f"store {f['store']}",
-        f"  throughput     {f['runs_per_s']:,.1f} runs/s ({f['steps_per_s']:,.1f} steps/s) in "
+        f"  throughput     {f['runs_per_s']:,.1f} runs/s{steps_per_s} in "
         f"{f['seconds']:.3f} s; submitting took {f['submit_seconds']:.3f} s"
         + (f" ({f['submit_rate_achieved']:,.1f} runs/s achieved)"
            if f["mode"] == "rate" and f["submit_rate_achieved"] else ""),
@@ -68,9 +92,9 @@ def render(f: dict[str, Any]) -> str:
         lines.append(f"  invariants     {f['invariants_line']}")
     v = f["verification"]
     if v["ok"]:
-        lines.append(f"  verified       all {v['runs']} runs completed with x + {f['steps']}")
+        lines.append(f"  verified       all {v['runs']} runs {_right(f)}")
     else:
-        lines.append(f"  FAILED         {v['completed']}/{v['runs']} runs right; "
+        lines.append(f"  FAILED         {v['completed']}/{v['runs']} runs verified; "
                      + "; ".join(f["problems"])
                      + (f" (gave up: {f['gave_up']})" if f["gave_up"] else ""))
     return "\n".join(lines)

@@ -17,15 +17,16 @@ from pyrula.cli.bench.control import AttachedFleet, Fleet, Killer, OwnFleet, Upg
 from pyrula.cli.bench.load import Load
 from pyrula.cli.bench.measure import (
     COMMANDS_NOTE,
+    Journals,
     Progress,
     child_shares,
     command_calls,
     invariants,
     is_valkey,
     percentiles,
+    read_journals,
     shard_balance,
     verify,
-    workers_of,
 )
 from pyrula.config.fleet import resolve_store_url
 from pyrula.supervisor.children import ChildState
@@ -113,7 +114,7 @@ class _Bench:
             fleet = AttachedFleet(config.attach)
             status = await fleet.check(want_kills=config.kill_every is not None
                                        or config.upgrade_every is not None)
-            _check_serves(status, config.attach)
+            _check_serves(status, config.attach, config.workflow_name)
             children = len(status["children"])
         else:
             bounds = (None if config.min_children is None or config.max_children is None
@@ -197,9 +198,9 @@ class _Bench:
                 except BenchError:
                     final_status = None
             try:
-                counts = await workers_of(load)
+                journals: Journals | None = await read_journals(load)
             except StoreUnavailable:
-                counts = {}  # the report goes on without the shares
+                journals = None  # the report goes on without the shares
         finally:
             stop.set()
             for task in tasks:
@@ -209,8 +210,8 @@ class _Bench:
                 await fleet.stop()
 
         figures = self._figures(load, children, started, ended, submit_seconds,
-                                commands_before, commands_after, final_status, counts, killer,
-                                upgrader)
+                                commands_before, commands_after, final_status, journals,
+                                killer, upgrader)
         if config.verify:
             log = fleet.log_text() if isinstance(fleet, OwnFleet) else None
             report = await invariants(load, log)
@@ -230,7 +231,7 @@ class _Bench:
     def _figures(self, load: Load, children: int, started: float, ended: float,
                  submit_seconds: float, commands_before: int | None,
                  commands_after: int | None, status: dict[str, Any] | None,
-                 counts: dict[str, int], killer: Killer | None,
+                 journals: Journals | None, killer: Killer | None,
                  upgrader: Upgrader | None = None) -> dict[str, Any]:
         config = self.config
         runs, steps = config.runs, config.steps
@@ -247,7 +248,12 @@ class _Bench:
                  if isinstance(c.get("pid"), int)}
         known.update({str(k["worker_id"]): k["pid"] for k in kills if k.get("worker_id")})
         killed = {str(k["worker_id"]) for k in kills}
-        verification = verify(load.records, steps)
+        verification = verify(load.records, config.check)
+        counts = journals.workers if journals else {}
+        if config.workflow is None:
+            steps_done: int | None = verification.completed * steps
+        else:  # the user's workflow: as many steps as its journals recorded
+            steps_done = journals.steps if journals else None
         per_run = None
         if commands_before is not None and commands_after is not None:
             per_run = round((commands_after - commands_before) / runs, 1)
@@ -259,11 +265,16 @@ class _Bench:
             "store": self.url.split("://", 1)[0],
             "children": children,
             "runs": runs,
-            "steps": steps,
+            "workflow": load.workflow,
+            "params": config.params if config.workflow else None,
+            "expect": config.expect.value if config.expect else None,
+            "expect_given": config.expect is not None,
+            "steps": steps if config.workflow is None else None,
+            "steps_completed": steps_done,
             "submit_seconds": round(submit_seconds, 3),
             "seconds": round(seconds, 3),
             "runs_per_s": round(verification.completed / seconds, 1),
-            "steps_per_s": round(verification.completed * steps / seconds, 1),
+            "steps_per_s": None if steps_done is None else round(steps_done / seconds, 1),
             "run_duration_p50_ms": duration["p50"] if duration else None,
             "run_duration_p99_ms": duration["p99"] if duration else None,
             "note": _note(config),
@@ -271,14 +282,14 @@ class _Bench:
             "rate": config.rate,
             "concurrency": config.concurrency,
             "submit_rate_achieved": submit_rate,
-            "step_kind": config.step_kind,
-            "payload_bytes": config.payload_bytes,
+            "step_kind": config.step_kind if config.workflow is None else None,
+            "payload_bytes": config.payload_bytes if config.workflow is None else None,
             "attached": config.attach,
             "namespace": self.namespace if self.valkey else None,
             "latency_ms": percentiles(latencies),
             "run_duration_ms": duration,
             "child_shares": child_shares(counts, known, killed, live),
-            "shards": shard_balance(status, WORKFLOW),
+            "shards": shard_balance(status, load.workflow),
             "store_commands_per_run": per_run,
             "store_commands_note": (COMMANDS_NOTE if per_run is not None else
                                     self.commands_error or "measured on Valkey/Redis stores only"),
@@ -318,15 +329,22 @@ async def _kill(fleet: Fleet, killer: Killer, stop: asyncio.Event) -> None:
     await killer.run(stop)
 
 
-def _check_serves(status: dict[str, Any], url: str) -> None:
-    if not any(c.get("state") == ChildState.READY for c in status["children"]):
+def _check_serves(status: dict[str, Any], url: str, workflow: str) -> None:
+    """A fleet with no ready child, or whose ready children do not serve ``workflow``, is a
+    usage error: its runs would only wait. The names served are each child's
+    ``workflows`` in ``/status``, else (a fleet that does not list them) the shards'."""
+    ready = [c for c in status["children"] if c.get("state") == ChildState.READY]
+    if not ready:
         raise BenchError(f"--attach: the fleet at {url} has no ready child "
                          f"(status {status.get('status')!r})", code=2)
-    shards = status.get("shards") or {}
-    if shards and WORKFLOW not in shards:
+    served = {str(name) for c in ready for name in c.get("workflows") or []}
+    served |= set(status.get("shards") or {})
+    if served and workflow not in served:
+        how = ("start it with --app pyrula.examples.bench" if workflow == WORKFLOW
+               else "pick one of them with --workflow")
         raise BenchError(
-            f"--attach: the fleet at {url} serves {', '.join(sorted(shards))} but not "
-            f"{WORKFLOW}: start it with --app pyrula.examples.bench", code=2,
+            f"--attach: the fleet at {url} does not serve {workflow!r}; it serves "
+            f"{', '.join(sorted(served))}: {how}", code=2,
         )
 
 

@@ -357,9 +357,21 @@
     $("run-params").textContent = JSON.stringify(run.params, null, 2);
     var failed = run.error !== null && run.error !== undefined;
     $("run-outcome-title").textContent = failed ? "Error" : "Result";
-    $("run-outcome").textContent = failed ? JSON.stringify(run.error, null, 2)
+    $("run-outcome").textContent = failed ? errorText(run.error)
       : (run.status === "completed" ? JSON.stringify(run.result, null, 2) : "(not ended)");
     drawTimeline(run);
+  }
+
+  // A run's error as a reader wants it: the one-line cause, its traceback as lines of
+  // text (not one escaped JSON string), then whatever else its detail holds.
+  function errorText(error) {
+    var detail = Object.assign({}, error.detail || {});
+    var trace = typeof detail.traceback === "string" ? detail.traceback : null;
+    delete detail.traceback;
+    var text = error.code + ": " + error.error_type + ": " + error.message;
+    if (Object.keys(detail).length) { text += "\n\n" + JSON.stringify(detail, null, 2); }
+    if (trace) { text += "\n\n" + trace.replace(/\s+$/, ""); }
+    return text;
   }
 
   function drawTimeline(run) {

@@ -300,6 +300,11 @@ class Membership(Protocol):
         """Names with queued runs that no live worker serves."""
         ...
 
+    async def served_names(self) -> list[str]:
+        """Every name a worker of this store has ever served (registered), sorted: what a
+        submit of an unknown name is checked against. Kept while the store lives."""
+        ...
+
     async def fail_stranded(
         self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
     ) -> list[str]:

@@ -23,6 +23,7 @@ from pyrula.workflows.compat import check_replay
 from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
 from pyrula.workflows.events import Event, EventType
+from pyrula.workflows.frames import failing_frame
 from pyrula.workflows.operations import StepObserver
 from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
 from pyrula.workflows.stores.base import Store
@@ -238,8 +239,14 @@ class AttemptRunner:
         elif kind is OutcomeKind.REQUEUED:
             p.metrics.inc("pyrula.workflows.runs.requeued", reason=outcome.reason or "unknown")
         if kind is OutcomeKind.FAILED and outcome.error is not None:
-            logger.info("run %s failed [%s] %s", claimed.run_id, outcome.error.get("code"),
-                        outcome.error.get("message"), extra=run_log)
+            error = outcome.error
+            where = failing_frame((error.get("detail") or {}).get("traceback"))
+            message, error_type = str(error.get("message")), str(error.get("error_type"))
+            logger.warning("run_failed: run %s of %s failed [%s] %s%s", claimed.run_id,
+                           claimed.name, error.get("code"),
+                           message if error_type in message else f"{error_type}: {message}",
+                           f" (at {where})" if where else "",
+                           extra={"event": "run_failed", **run_log})
         elif kind is OutcomeKind.LOST:
             logger.warning("run %s: lock lost to another attempt; stood down", claimed.run_id,
                            extra={"event": "run_lock_lost", **run_log})

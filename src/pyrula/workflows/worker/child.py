@@ -167,12 +167,32 @@ def _on_supervisor(worker: Any, conn: Connection) -> None:
                 task.add_done_callback(_TAKES.discard)
             elif kind == "generations":
                 worker.generation.set_older(message.get("older") or [])
+            elif kind == "audit":
+                task = asyncio.get_running_loop().create_task(
+                    _audit(worker, conn, str(message["build"])))
+                _TAKES.add(task)
+                task.add_done_callback(_TAKES.discard)
     except (EOFError, OSError, ValueError):
         asyncio.get_running_loop().remove_reader(conn.fileno())
 
 
-#: The runs being taken over by id (kept referenced until they are started).
+#: The runs being taken over by id, and audits under way (kept referenced until done).
 _TAKES: set[asyncio.Task[Any]] = set()
+#: Run ids an audit's reply names (its count is whole).
+AUDIT_IDS_SHOWN = 20
+
+
+async def _audit(worker: Any, conn: Connection, build: str) -> None:
+    """Tell the supervisor how many open runs of ``build`` this child's code cannot replay
+    (``worker.generations.open_runs_of``); an audit that fails says nothing, and the
+    supervisor asks again."""
+    try:
+        found = await worker.open_runs_of(build)
+    except Exception as exc:  # the store went away meanwhile: the next audit tries again
+        logger.warning("audit of build %s failed: %s", build, exc)
+        return
+    _send(conn, encode({"type": "audited", "build": build, "open": len(found),
+                        "runs": found[:AUDIT_IDS_SHOWN]}))
 
 
 def _metrics(worker: Any) -> bytes:

@@ -17,15 +17,23 @@ fingerprint of its workflow code, ``pyrula.workflows.build``), recorded in every
   ``pyrula runs stuck`` with the reason, rather than failed.
 * An older worker runs the runs handed to it to their end (they are *pinned*: not handed
   back again).
+* A newer worker *audits* an older build on its supervisor's request (``open_runs_of``):
+  the open runs (queued, running, sleeping, waiting) that last ran on that build and that
+  its own code cannot replay. While there are any, the fleet keeps a child of the older
+  generation alive, so a run of that build that wakes (a timer, a signal) still has code
+  that replays it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from pyrula.workflows.compat import Stop, check_replay
+from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.events import BUILD_SIGNAL, Event, EventType, make_event
+from pyrula.workflows.records import RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -35,19 +43,45 @@ UPGRADE = "upgrade"
 BUILD_MISMATCH = "build_mismatch"
 
 
-def last_build(journal: list[Event]) -> str | None:
+#: The statuses of a run that is not over: it may still need code that replays it.
+OPEN = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SLEEPING, RunStatus.WAITING)
+#: How long the replay check of one run may take during an audit (seconds).
+AUDIT_CHECK_TIMEOUT_S = 1.0
+
+
+def last_build(journal: list[Event], *, current: bool = True) -> str | None:
     """The build the run last ran on: that of its latest ``run:started`` before this
-    attempt's, passing over attempts that refused the run (a ``build_mismatch`` right
-    after their start); None for a run that never ran, or ran on a build that recorded
-    none."""
+    attempt's (``current``: the journal ends with the attempt's own ``run:started``; False
+    for a journal read from outside any attempt), passing over attempts that refused the
+    run (a ``build_mismatch`` right after their start); None for a run that never ran, or
+    ran on a build that recorded none."""
     found: str | None = None
-    for index, event in enumerate(journal[:-1]):
+    upto = journal[:-1] if current else journal
+    for index, event in enumerate(upto):
         if event.get("type") != EventType.RUN_STARTED:
             continue
-        after = journal[index + 1]
+        after = journal[index + 1] if index + 1 < len(journal) else {}
         if after.get("reason") == BUILD_MISMATCH:
             continue
         found = str(event["build"]) if event.get("build") else found
+    return found
+
+
+async def open_runs_of(client: Any, specs: Mapping[str, WorkflowSpec], build: str) -> list[str]:
+    """The open runs of the names in ``specs`` that last ran on ``build`` and that these
+    specs cannot replay (their journal diverges from this code): the runs only a worker of
+    ``build`` can carry on. Reads every open run's journal; runs nothing, writes nothing."""
+    found: list[str] = []
+    for name, spec in specs.items():
+        for status in OPEN:
+            async for info in client.list_runs(name=name, status=status):
+                journal = await client.events(info.run_id)
+                if last_build(journal, current=False) != build:
+                    continue
+                verdict = await check_replay(spec, journal, run_id=info.run_id,
+                                             timeout=AUDIT_CHECK_TIMEOUT_S)
+                if verdict.stop is Stop.DIVERGED:
+                    found.append(info.run_id)
     return found
 
 

@@ -40,7 +40,7 @@ from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.worker.attempts import AttemptParts, AttemptRunner, JournalCacheMismatch
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts, stop_claiming
-from pyrula.workflows.worker.generations import Generation
+from pyrula.workflows.worker.generations import Generation, open_runs_of
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
 from pyrula.workflows.worker.orphans import OrphanLoop, Serving
@@ -202,6 +202,12 @@ class WorkflowWorker:
         if self._runner is None:
             return False
         return await self._runner.take(run_id)
+
+    async def open_runs_of(self, build: str) -> list[str]:
+        """The open runs that last ran on ``build`` and that this worker's code cannot
+        replay: while there are any, an upgrade keeps a worker of ``build`` alive
+        (``worker.generations``)."""
+        return await open_runs_of(self.client, self._specs, build)
 
     def now(self) -> float:
         """The time by the worker's clock: the store's, where it has one."""

@@ -20,12 +20,18 @@ class MemoryMembership:
     def __init__(self, state: MemoryState) -> None:
         self._state = state
         self._workers: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._served: set[str] = set()
 
     async def register_worker(
         self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
     ) -> None:
         with self._state.lock:
             self._workers[worker_id] = (now + ttl, tuple(names))
+            self._served.update(names)
+
+    async def served_names(self) -> list[str]:
+        with self._state.lock:
+            return sorted(self._served)
 
     async def unregister_worker(self, worker_id: str) -> None:
         with self._state.lock:

@@ -117,6 +117,7 @@ class MemoryStore(SyncAdmin):
     # membership
     register_worker = _Via("_membership", MemoryMembership.register_worker)
     unregister_worker = _Via("_membership", MemoryMembership.unregister_worker)
+    served_names = _Via("_membership", MemoryMembership.served_names)
     stranded = _Via("_membership", MemoryMembership.stranded)
     fail_stranded = _Via("_membership", MemoryMembership.fail_stranded)
 

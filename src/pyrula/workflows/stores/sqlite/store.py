@@ -245,6 +245,9 @@ class SQLiteStore(SyncAdmin):
     async def stranded(self, *, now: float) -> list[str]:
         return await self._membership.stranded(now=now)
 
+    async def served_names(self) -> list[str]:
+        return await self._membership.served_names()
+
     async def fail_stranded(
         self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
     ) -> list[str]:

@@ -293,6 +293,9 @@ class ValkeyStore(SyncAdmin):
     async def stranded(self, *, now: float) -> list[str]:
         return await self.leases.stranded(now=now)
 
+    async def served_names(self) -> list[str]:
+        return await self.leases.served_names()
+
     async def shard_map(self, *, now: float) -> dict[str, Any]:
         return await self.leases.shard_map(now=now)
 
