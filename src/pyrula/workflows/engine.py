@@ -191,8 +191,8 @@ class Attempt:
     async def run(self, *, admission: Awaitable[Any] | None = None) -> Outcome:
         """Run the attempt to its next frontier.
 
-        With ``admission``, the workflow's code starts only once it is done (the worker's
-        gate for suspect runs); a cancel, a stand-down or a lost lock meanwhile ends the
+        With ``admission``, the workflow's code starts only once it is done (a caller's
+        gate); a cancel, a stand-down or a lost lock meanwhile ends the
         attempt without running any of the run's code.
         """
         self._loop = asyncio.get_running_loop()

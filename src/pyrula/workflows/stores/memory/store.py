@@ -85,6 +85,7 @@ class MemoryStore(SyncAdmin):
     # the work queue
     submit = _Via("_queue", MemoryQueue.submit)
     claim = _Via("_queue", MemoryQueue.claim)
+    claim_suspect = _Via("_queue", MemoryQueue.claim_suspect)
     claim_run = _Via("_queue", MemoryQueue.claim_run)
     wake_due = _Via("_queue", MemoryQueue.wake_due)
     queue_stats = _Via("_queue", MemoryQueue.queue_stats)

@@ -9,6 +9,7 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:jnl:<id>       list     the journal (event JSON; seq = index + 1)
     <ns>:{<h>.<s>}:q:<owner>      list     FIFO of queued runs of one owner
     <ns>:{<h>.<s>}:active         zset     owners with queued runs -> runs served (DRR)
+    <ns>:{<h>.<s>}:suspects       list     FIFO of queued suspects, apart from the owners'
     <ns>:{<h>.<s>}:timers         zset     parked run -> wake time
     <ns>:{<h>.<s>}:times          zset     running run -> lock expiry; ended run ->
                                            finished_at - ENDED_OFFSET (< 0): reclaims,
