@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from pyrula.workflows import (
     RunStatus,
     WorkflowClient,
@@ -332,3 +334,28 @@ async def test_a_suspect_cancelled_while_another_runs_ends_without_running(
     journal = await client.events(waiting.run_id)
     assert of_type(journal, "step:started") == []
     assert len(of_type(journal, "run:started")) == 1  # the attempt that crashed only
+
+
+async def test_a_worker_busy_with_a_long_run_passes_suspects_over_and_keeps_claiming(
+    store: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Waiting for its runs to end to take a suspect is bounded: a worker holding a long run
+    # must not idle its free slots for it; after SUSPECT_DRAIN_S it claims as usual.
+    from pyrula.workflows.worker import claim as claim_loop
+
+    monkeypatch.setattr(claim_loop, "SUSPECT_DRAIN_S", 0.3)
+    RELEASE["held"] = False
+    client = WorkflowClient(store)
+    long_run = await client.submit(holding, {"tag": "long"})
+    worker = reporting_worker(store, [holding, dwelling], max_concurrent_runs=4)
+    async with serving(worker):
+        await await_until(lambda: worker.in_flight == 1, what="the long run held")
+        suspect = await client.submit(dwelling, {"tag": "s", "suspect": False})
+        await make_suspects(store, [suspect.run_id])
+        later = await client.submit(dwelling, {"tag": "later", "suspect": False})
+        # Claimed beside the long run once the drain gave up, the suspect still waiting.
+        assert await worker.client.result(later.run_id, timeout=20) == "later"
+        assert (await client.get(suspect.run_id)).status is RunStatus.QUEUED
+        RELEASE["held"] = True
+        assert await worker.client.result(long_run.run_id, timeout=20) == "long"
+        assert await worker.client.result(suspect.run_id, timeout=40) == "s"

@@ -41,6 +41,12 @@ T = TypeVar("T")
 
 #: How long a stopping worker lets a claim already sent to the store finish.
 CLAIM_STOP_S = 5.0
+#: How long a worker that saw suspects waiting stops claiming for its held runs to end,
+#: and how long it then passes suspects over if they did not: a worker busy with long runs
+#: must not idle its free slots for them (another worker, or a quieter moment, takes the
+#: suspects).
+SUSPECT_DRAIN_S = 10.0
+SUSPECT_PASS_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,8 @@ class ClaimLoop:
         #: none to take (other workers took them, or flow control holds their owners back),
         #: and draining again at once would idle this worker for nothing.
         self._passed_until = 0.0
+        #: When this worker began waiting for its runs to end to take a suspect.
+        self._draining_since: float | None = None
 
     def _free(self) -> int:
         return self._p.options.max_concurrent_runs - self._p.runs.in_flight()
@@ -94,13 +102,15 @@ class ClaimLoop:
         if self._rt.paused:
             return o.claim_poll_interval
         if self._alone or self._suspects:
-            if p.runs.in_flight():
+            if p.runs.in_flight() and self._may_wait():
                 await self._await_idle()
                 return 0.0
-            self._alone = False
-            if self._suspects and await self._claim_suspect():
-                self._alone = True
-                return 0.0
+            if not p.runs.in_flight():
+                self._alone = False
+                self._draining_since = None
+                if self._suspects and await self._claim_suspect():
+                    self._alone = True
+                    return 0.0
         free = self._free()
         if free <= 0:
             self._rt.capacity.clear()
@@ -125,6 +135,21 @@ class ClaimLoop:
             await self._wait_for_work(p.doorbell)
             return 0.0
         return None
+
+    def _may_wait(self) -> bool:
+        """Whether to keep waiting for the held runs to end: always while a suspect runs
+        alone; for a suspect to take, SUSPECT_DRAIN_S at most, then suspects are passed
+        over for SUSPECT_PASS_S and this worker claims as usual."""
+        if self._alone:
+            return True
+        now = time.monotonic()
+        if self._draining_since is None:
+            self._draining_since = now
+        if now - self._draining_since < SUSPECT_DRAIN_S:
+            return True
+        self._suspects, self._draining_since = (), None
+        self._passed_until = now + SUSPECT_PASS_S
+        return False
 
     async def _claim(self, free: int) -> Claimed:
         p, o = self._p, self._p.options
@@ -176,10 +201,12 @@ class ClaimLoop:
             p.on_claimed(p.runs.held())
 
     async def _await_idle(self) -> None:
-        """Until the worker holds no run (or stops). The wait is deliberate, however long
-        a suspect's attempt lasts: the loop stamps its progress meanwhile, so a fleet's
-        stall watchdog (free slots, no claim) does not take it for a stuck claim loop."""
-        while self._p.runs.in_flight() and not self._rt.stopping.is_set():
+        """Until the worker holds no run, stops, or may wait no more (``_may_wait``). The
+        wait is deliberate, however long a suspect's attempt lasts: the loop stamps its
+        progress meanwhile, so a fleet's stall watchdog (free slots, no claim) does not
+        take it for a stuck claim loop."""
+        while self._p.runs.in_flight() and not self._rt.stopping.is_set() \
+                and self._may_wait():
             self.progress = time.monotonic()
             self._rt.capacity.clear()
             await first(self._rt.capacity.wait(), self._rt.stopping.wait(),
