@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-pythons lint typecheck unit bench soak clean system-deps
+.PHONY: install run test test-pythons lint typecheck unit bench soak fuzz clean system-deps
 
 # The suite runs again on each newer Python, over the subset below: every process, signal,
 # engine, worker and store-contract test (docs/decisions.md, "Tests", says why this subset).
@@ -79,6 +79,23 @@ bench: install
 
 soak: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos tests/fleet
+
+# Randomised fault schedules (tests/chaos/test_fault_schedules.py): FUZZ_RUNS seeds not
+# tried before (from FUZZ_FROM on, drawn here once so both xdist workers collect the same),
+# or exactly SEED, replayed in one process with its output shown: `make fuzz SEED=1234`.
+FUZZ_RUNS ?= 20
+ifndef FUZZ_FROM
+FUZZ_FROM := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+fuzz: install system-deps
+	@if [ -n "$(SEED)" ]; then \
+		PYRULA_FUZZ_SEED="$(SEED)" $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+			tests/chaos/test_fault_schedules.py -k test_a_fault_schedule; \
+	else \
+		echo "fuzz: $(FUZZ_RUNS) seeds from $(FUZZ_FROM)"; \
+		PYRULA_FUZZ_RUNS="$(FUZZ_RUNS)" PYRULA_FUZZ_FROM="$(FUZZ_FROM)" $(VENV)/bin/pytest \
+			-n 2 -q -p no:cacheprovider tests/chaos/test_fault_schedules.py -k test_a_fault_schedule; \
+	fi
 
 clean:
 	rm -rf $(VENV) $(addprefix .venv-,$(NEWER_PYTHONS)) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

@@ -1,0 +1,179 @@
+"""Applies a fault schedule (``tests/chaos/schedule.py``) to a real fleet and store, as the
+nemesis of ``ChaosLoad.wait_all``.
+
+Each planned fault becomes a strike (due at its ``at``, counted from ``begin()``) and, when
+it lasts, an undo due ``lasts`` seconds after the strike landed; they run strictly in the
+schedule's order, one per poll, so a late strike delays the ones after it but never
+reorders them. A child fault waits for its slot's child to be ready (after a crash, for the
+new fleet). Every strike and undo is logged with ``ChaosLoad.fault`` and in ``landed``,
+with the moment it really happened, for the failure message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.harness import ChaosLoad, resume
+from tests.chaos.schedule import (
+    CHILD_FAULTS,
+    CRASH,
+    FAILOVER,
+    KILL,
+    STOP,
+    STORE_KILL,
+    TERM,
+    UNDONE,
+    Planned,
+    Schedule,
+)
+from tests.conftest import wait_until
+from tests.fleet.fleetprocs import Fleet, ready
+from tests.servers import Cluster, Server
+
+#: How long a strike may wait for its target (a ready child in its slot) before the
+#: schedule is declared stuck.
+TARGET_TIMEOUT = 60.0
+
+
+@dataclass
+class ScheduledNemesis:
+    schedule: Schedule
+    load: ChaosLoad
+    #: starts a fleet over the store (at the beginning and after each crash)
+    start_fleet: Callable[[], Fleet]
+    server: Server | None = None
+    cluster: Cluster | None = None
+    fleets: list[Fleet] = field(default_factory=list)
+    #: what happened, when: "t+1.03 s kill -9 slot 1 (pid 4242)"
+    landed: list[str] = field(default_factory=list)
+    _queue: list[tuple[str, Planned]] = field(default_factory=list)
+    _due: float = 0.0
+    _began: float = 0.0
+    _waiting_since: float | None = None
+    _stopped: int = 0
+
+    def __post_init__(self) -> None:
+        self.fleets.append(self.start_fleet())
+
+    @property
+    def fleet(self) -> Fleet:
+        """The fleet now running (the last one started)."""
+        return self.fleets[-1]
+
+    def begin(self) -> None:
+        """The load begins now: the schedule's clock starts."""
+        self._began = time.monotonic()
+        self._queue = [("strike", planned) for planned in self.schedule.faults]
+        self._due = self._queue[0][1].at if self._queue else 0.0
+
+    def strikes(self) -> int:
+        return sum(1 for line in self.landed if " undo " not in line)
+
+    def __call__(self) -> bool:
+        if not self._queue:
+            return False
+        now = time.monotonic() - self._began
+        if now < self._due:
+            return True
+        action, planned = self._queue[0]
+        if action == "strike":
+            what = self._strike(planned)
+            if what is None:
+                self._wait_for_target(planned)
+                return True
+            self._waiting_since = None
+            self._queue.pop(0)
+            if planned.kind in UNDONE:
+                self._queue.insert(0, ("undo", planned))
+                self._due = now + planned.lasts
+            else:
+                self.load.submit(planned.after)
+                self._next()
+        else:
+            what = self._undo(planned)
+            self._queue.pop(0)
+            self.load.submit(planned.after)
+            self._next()
+        self.landed.append(f"t+{now:5.2f} s {what}")
+        return bool(self._queue)
+
+    def _next(self) -> None:
+        if self._queue:  # the next strike: at its time, or now if that is past
+            self._due = self._queue[0][1].at
+
+    def _wait_for_target(self, planned: Planned) -> None:
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
+        elif time.monotonic() - self._waiting_since > TARGET_TIMEOUT:
+            raise AssertionError(f"{planned.line()}: its target was never there "
+                                 f"(landed so far: {self.landed})")
+
+    def _strike(self, planned: Planned) -> str | None:
+        """Inject ``planned``; what it did, or None when its target is not there yet."""
+        if planned.kind in CHILD_FAULTS:
+            child = self._child(planned.target)
+            if child is None:
+                return None
+            signum = {KILL: signal.SIGKILL, STOP: signal.SIGSTOP, TERM: signal.SIGTERM}
+            os.kill(child["pid"], signum[planned.kind])
+            self.load.fault(planned.kind, child["pid"])
+            if planned.kind == STOP:
+                self._stopped = int(child["pid"])
+            return (f"{planned.kind} slot {planned.target} (pid {child['pid']}, "
+                    f"{child['in_flight']} runs in flight)")
+        if planned.kind == CRASH:
+            self.fleet.reap()  # SIGKILL of its process group, waited for
+            self.load.fault(CRASH, self.fleet.pid)
+            return f"{CRASH} (pgid {self.fleet.pid})"
+        if planned.kind == STORE_KILL:
+            assert self.server is not None, "a Valkey fault on a schedule without a server"
+            pid = self.server.pid
+            self.server.kill()
+            self.load.fault(STORE_KILL, pid)
+            return f"{STORE_KILL} (pid {pid})"
+        if planned.kind == FAILOVER:
+            return self._failover(planned.target)
+        raise AssertionError(f"no such fault: {planned.kind}")
+
+    def _undo(self, planned: Planned) -> str:
+        if planned.kind == STOP:
+            resume(self._stopped, self.load)
+            return f"undo {STOP}: SIGCONT pid {self._stopped}"
+        if planned.kind == CRASH:
+            self.fleets.append(self.start_fleet())
+            return f"undo {CRASH}: {self.fleet.name} started"
+        if planned.kind == STORE_KILL:
+            assert self.server is not None
+            self.server.launch(keep_port=True)  # the same port and data directory
+            self.server.wait_ready()
+            self.load.fault("valkey started", self.server.pid)
+            return f"undo {STORE_KILL}: started again (pid {self.server.pid})"
+        raise AssertionError(f"{planned.kind} is not undone")
+
+    def _child(self, slot: int) -> dict[str, Any] | None:
+        """The ready child in ``slot`` of the fleet now running, or None."""
+        status = self.fleet.status()
+        if status is None:
+            return None
+        return next((c for c in ready(status) if c["slot"] == slot), None)
+
+    def _failover(self, target: int) -> str:
+        assert self.cluster is not None, "a failover on a schedule without a cluster"
+        replicas = sorted(self.cluster.replicas(), key=lambda node: node.port)
+        replica = replicas[target % len(replicas)]
+        with replica.client(decode_responses=True) as client:
+            client.execute_command("CLUSTER", "FAILOVER")
+        self.load.fault(FAILOVER, replica.port)
+        wait_until(lambda: _role(replica) == "master", 20, what=f"{replica.url} promoted")
+        self.cluster.wait_healthy()
+        return f"{FAILOVER} on replica {target % len(replicas)} (port {replica.port})"
+
+
+def _role(node: Server) -> str:
+    with node.client(socket_timeout=2, decode_responses=True) as client:
+        return str(client.info("replication")["role"])
