@@ -26,8 +26,9 @@ from tests.fleet.fleetprocs import QUICK, Fleet, Fleets, child_env
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(libfaketime() is None,
-                       reason="needs libfaketime (apt-get install faketime)"),
+    pytest.mark.needs_tool("libfaketime (clock-jump chaos scenarios)",
+                           None if libfaketime() else "no /usr/lib/*/faketime/libfaketime.so.1 "
+                           "(make system-deps installs it as root: apt-get install faketime)"),
 ]
 
 HOUR = 3600.0
