@@ -1,18 +1,22 @@
 """Applies a fault schedule (``tests/chaos/schedule.py``) to a real fleet and store, as the
 nemesis of ``ChaosLoad.wait_all``.
 
-Each planned fault becomes a strike (due at its ``at``, counted from ``begin()``) and, when
-it lasts, an undo due ``lasts`` seconds after the strike landed; they run strictly in the
-schedule's order, one per poll, so a late strike delays the ones after it but never
-reorders them. A child fault waits for its slot's child to be ready (after a crash, for the
-new fleet). Every strike and undo is logged with ``ChaosLoad.fault`` and in ``landed``,
-with the moment it really happened, for the failure message.
+Each planned fault becomes a strike (due at its ``at``, counted from ``begin()``: its runs
+are submitted then, and it strikes from the next poll on) and, when it is undone, an undo
+due ``lasts`` seconds after the strike landed; they run strictly in the schedule's order,
+one per poll, so a late strike delays the ones after it but never reorders them. A child
+fault waits for its slot's child to be ready (after a crash, for the new fleet) and, for a
+while, to hold runs. Every strike and undo is logged with ``ChaosLoad.fault`` and in
+``landed``, with the moment it really happened, for the failure message.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from tests.chaos.schedule import (
     KILL,
     STOP,
     STORE_KILL,
+    STORE_LOCK,
     TERM,
     UNDONE,
     Planned,
@@ -35,6 +40,20 @@ from tests.conftest import wait_until
 from tests.fleet.fleetprocs import Fleet, ready
 from tests.servers import Cluster, Server
 
+#: Holds the write lock of the SQLite file argv[1] until its stdin closes.
+_LOCKER = textwrap.dedent(
+    """
+    import sqlite3, sys
+    conn = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    print("locked", flush=True)
+    sys.stdin.read()
+    conn.execute("ROLLBACK")
+    """
+)
+
+#: How long a child fault waits for its child to hold runs before it strikes it idle.
+BUSY_WAIT = 5.0
 #: How long a strike may wait for its target (a ready child in its slot) before the
 #: schedule is declared stuck.
 TARGET_TIMEOUT = 60.0
@@ -48,6 +67,8 @@ class ScheduledNemesis:
     start_fleet: Callable[[], Fleet]
     server: Server | None = None
     cluster: Cluster | None = None
+    #: the SQLite file, for ``STORE_LOCK``
+    sqlite_path: str | None = None
     fleets: list[Fleet] = field(default_factory=list)
     #: what happened, when: "t+1.03 s kill -9 slot 1 (pid 4242)"
     landed: list[str] = field(default_factory=list)
@@ -56,6 +77,7 @@ class ScheduledNemesis:
     _began: float = 0.0
     _waiting_since: float | None = None
     _stopped: int = 0
+    _locker: subprocess.Popen[str] | None = None
 
     def __post_init__(self) -> None:
         self.fleets.append(self.start_fleet())
@@ -82,6 +104,10 @@ class ScheduledNemesis:
             return True
         action, planned = self._queue[0]
         if action == "strike":
+            if self._waiting_since is None:  # due: its runs first, the strike from the next poll
+                self._waiting_since = time.monotonic()
+                self.load.submit(planned.runs)
+                return True
             what = self._strike(planned)
             if what is None:
                 self._wait_for_target(planned)
@@ -92,12 +118,10 @@ class ScheduledNemesis:
                 self._queue.insert(0, ("undo", planned))
                 self._due = now + planned.lasts
             else:
-                self.load.submit(planned.after)
                 self._next()
         else:
             what = self._undo(planned)
             self._queue.pop(0)
-            self.load.submit(planned.after)
             self._next()
         self.landed.append(f"t+{now:5.2f} s {what}")
         return bool(self._queue)
@@ -106,10 +130,11 @@ class ScheduledNemesis:
         if self._queue:  # the next strike: at its time, or now if that is past
             self._due = self._queue[0][1].at
 
+    def _waited(self) -> float:
+        return 0.0 if self._waiting_since is None else time.monotonic() - self._waiting_since
+
     def _wait_for_target(self, planned: Planned) -> None:
-        if self._waiting_since is None:
-            self._waiting_since = time.monotonic()
-        elif time.monotonic() - self._waiting_since > TARGET_TIMEOUT:
+        if self._waited() > TARGET_TIMEOUT:
             raise AssertionError(f"{planned.line()}: its target was never there "
                                  f"(landed so far: {self.landed})")
 
@@ -138,6 +163,8 @@ class ScheduledNemesis:
             return f"{STORE_KILL} (pid {pid})"
         if planned.kind == FAILOVER:
             return self._failover(planned.target)
+        if planned.kind == STORE_LOCK:
+            return self._lock()
         raise AssertionError(f"no such fault: {planned.kind}")
 
     def _undo(self, planned: Planned) -> str:
@@ -153,14 +180,45 @@ class ScheduledNemesis:
             self.server.wait_ready()
             self.load.fault("valkey started", self.server.pid)
             return f"undo {STORE_KILL}: started again (pid {self.server.pid})"
+        if planned.kind == STORE_LOCK:
+            locker, self._locker = self._locker, None
+            assert locker is not None
+            with locker:  # closes its pipes
+                assert locker.stdin is not None
+                locker.stdin.close()
+                assert locker.wait(30) == 0
+            self.load.fault("sqlite unlocked", locker.pid)
+            return f"undo {STORE_LOCK}: released"
         raise AssertionError(f"{planned.kind} is not undone")
 
+    def close(self) -> None:
+        """End what a failed test left struck: a stopped child, a lock held."""
+        if self._stopped:
+            resume(self._stopped, self.load)
+        if self._locker is not None:
+            with self._locker:
+                self._locker.kill()
+
     def _child(self, slot: int) -> dict[str, Any] | None:
-        """The ready child in ``slot`` of the fleet now running, or None."""
+        """The ready child in ``slot`` of the fleet now running, once it holds runs (or
+        after ``BUSY_WAIT`` without); None until then."""
         status = self.fleet.status()
         if status is None:
             return None
-        return next((c for c in ready(status) if c["slot"] == slot), None)
+        child = next((c for c in ready(status) if c["slot"] == slot), None)
+        if child is None or (child["in_flight"] == 0 and self._waited() < BUSY_WAIT):
+            return None
+        return child
+
+    def _lock(self) -> str:
+        assert self.sqlite_path is not None, "a SQLite fault on a schedule without its file"
+        self._locker = subprocess.Popen([sys.executable, "-c", _LOCKER, self.sqlite_path],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True)
+        assert self._locker.stdout is not None
+        assert self._locker.stdout.readline().strip() == "locked"  # waits for the lock
+        self.load.fault(STORE_LOCK, self._locker.pid)
+        return f"{STORE_LOCK} (pid {self._locker.pid})"
 
     def _failover(self, target: int) -> str:
         assert self.cluster is not None, "a failover on a schedule without a cluster"

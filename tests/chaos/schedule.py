@@ -36,17 +36,21 @@ CRASH = "fleet kill -9"
 STORE_KILL = "valkey kill -9"
 #: ``CLUSTER FAILOVER`` on one replica (the ``target``-th, mod the replicas there are).
 FAILOVER = "CLUSTER FAILOVER"
+#: Another process holds the SQLite file's write lock (``BEGIN IMMEDIATE``, as a backup or
+#: an operator's shell would) for ``lasts`` seconds: every writer waits, past the lock TTL.
+STORE_LOCK = "sqlite locked"
 
 #: The faults a fleet can be dealt on every store, and their weights.
 FLEET_FAULTS = {KILL: 4, STOP: 2, TERM: 2, CRASH: 1}
-#: The faults of each store's own. A SQLite store has no server to lose: the fleet crash
-#: (every writer killed mid-transaction) is its store fault.
-STORE_FAULTS: dict[str, dict[str, int]] = {SQLITE: {}, VALKEY: {STORE_KILL: 2},
+#: The faults of each store's own. A SQLite store has no server to lose: its file locked by
+#: another process is its outage, and the fleet crash (every writer killed mid-transaction)
+#: its restart.
+STORE_FAULTS: dict[str, dict[str, int]] = {SQLITE: {STORE_LOCK: 2}, VALKEY: {STORE_KILL: 2},
                                            CLUSTER: {FAILOVER: 2}}
 #: Faults that hit one child of the fleet: ``target`` is its slot.
 CHILD_FAULTS = frozenset({KILL, STOP, TERM})
 #: Faults undone ``lasts`` seconds after they struck (0: at once).
-UNDONE = frozenset({STOP, CRASH, STORE_KILL})
+UNDONE = frozenset({STOP, CRASH, STORE_KILL, STORE_LOCK})
 
 #: The fleet's timings the durations are drawn around (``tests/chaos/nemesis.py`` starts
 #: its fleets with them).
@@ -66,14 +70,14 @@ class Planned:
     target: int
     #: seconds until it is undone (a stop, a store or fleet down: ``UNDONE``; 0: at once)
     lasts: float
-    #: runs submitted once the fault is over, so the load outlasts the faults
-    after: int
+    #: runs submitted when the fault is due, just before it strikes: it strikes a busy fleet
+    runs: int
 
     def line(self) -> str:
         whom = (f" slot {self.target}" if self.kind in CHILD_FAULTS
                 else f" replica {self.target}" if self.kind == FAILOVER else "")
         lasting = f" for {self.lasts:.2f} s" if self.kind in UNDONE else ""
-        return f"t+{self.at:5.2f} s  {self.kind}{whom}{lasting}, then {self.after} runs"
+        return f"t+{self.at:5.2f} s  {self.runs} runs, then {self.kind}{whom}{lasting}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +96,7 @@ class Schedule:
 
     @property
     def total_runs(self) -> int:
-        return self.runs + sum(f.after for f in self.faults)
+        return self.runs + sum(f.runs for f in self.faults)
 
     def count(self, kind: str) -> int:
         return sum(1 for f in self.faults if f.kind == kind)
@@ -150,4 +154,6 @@ def _lasts(rng: random.Random, fault: str) -> float:
         return 0.0 if rng.random() < 0.5 else round(rng.uniform(0.5, 3.0), 2)
     if fault == CRASH:
         return round(rng.uniform(0.0, 2.0), 2)
+    if fault == STORE_LOCK:
+        return round(rng.uniform(0.5, 2 * LOCK_TTL), 2)
     return 0.0

@@ -1,10 +1,10 @@
 """Randomised fault schedules: from a seed, a store (SQLite, Valkey, a Valkey cluster), a
 load and a sequence of faults at drawn moments (children killed, stopped for a drawn
 while, drained; the whole fleet killed and started again; the Valkey server killed and
-started again; a cluster failover), applied to a real fleet under that load. Once every
-run has ended the invariant checker judges: no run lost or completed twice, no recorded
-step run again, every re-run inside the window and attributed to its fault, every result
-right.
+started again; the SQLite file locked by another process; a cluster failover), applied to
+a real fleet under that load. Once every run has ended the invariant checker judges: no
+run lost or completed twice, no recorded step run again, every re-run inside the window
+and attributed to its fault, every result right.
 
 ``make test`` runs the seeds of ``FIXED_SEEDS`` (one per store); ``make fuzz`` runs
 ``FUZZ_RUNS`` new ones, or exactly ``SEED``. A failing seed prints its schedule and the
@@ -41,7 +41,7 @@ from tests.fleet.fleetprocs import QUICK, STORE_FILE, Fleet, Fleets
 from tests.servers import Cluster, Server, start_cluster, start_server
 
 #: The seeds ``make test`` runs: one schedule on each store, each of a few seconds of faults.
-FIXED_SEEDS = (1, 7, 5)
+FIXED_SEEDS = (4, 7, 5)
 NAMESPACE = "fuzz"
 
 
@@ -111,12 +111,16 @@ def test_a_fault_schedule_keeps_every_invariant(fleets: Fleets, tmp_path: Path,
                 "--poison-max-retries", "50", "--max-concurrent-runs", "20",
                 *namespace, *QUICK, app=APP, store=url)
 
-        nemesis = ScheduledNemesis(schedule, load, start_fleet, server=server, cluster=cluster)
-        nemesis.fleet.wait_ready(schedule.children, timeout=60)
-        load.submit(schedule.runs)
-        nemesis.begin()
-        load.wait_all(timeout=150, during=nemesis)
-        print("landed:", *nemesis.landed, sep="\n  ")
+        nemesis = ScheduledNemesis(schedule, load, start_fleet, server=server, cluster=cluster,
+                                   sqlite_path=str(tmp_path / STORE_FILE))
+        try:
+            nemesis.fleet.wait_ready(schedule.children, timeout=60)
+            load.submit(schedule.runs)
+            nemesis.begin()
+            load.wait_all(timeout=150, during=nemesis)
+        finally:
+            nemesis.close()
+            print("landed:", *nemesis.landed, sep="\n  ")
         assert nemesis.strikes() == len(schedule.faults), nemesis.landed
         assert len(load.expected) == schedule.total_runs
         report = load.verdict(store, [fleet.log() for fleet in nemesis.fleets])
