@@ -72,6 +72,8 @@ class ScheduledNemesis:
     fleets: list[Fleet] = field(default_factory=list)
     #: what happened, when: "t+1.03 s kill -9 slot 1 (pid 4242)"
     landed: list[str] = field(default_factory=list)
+    #: how many of the schedule's faults struck
+    struck: int = 0
     _queue: list[tuple[str, Planned]] = field(default_factory=list)
     _due: float = 0.0
     _began: float = 0.0
@@ -93,9 +95,6 @@ class ScheduledNemesis:
         self._queue = [("strike", planned) for planned in self.schedule.faults]
         self._due = self._queue[0][1].at if self._queue else 0.0
 
-    def strikes(self) -> int:
-        return sum(1 for line in self.landed if " undo " not in line)
-
     def __call__(self) -> bool:
         if not self._queue:
             return False
@@ -113,10 +112,11 @@ class ScheduledNemesis:
                 self._wait_for_target(planned)
                 return True
             self._waiting_since = None
+            self.struck += 1
             self._queue.pop(0)
-            if planned.kind in UNDONE:
+            if planned.kind in UNDONE:  # lasts from the moment it landed
                 self._queue.insert(0, ("undo", planned))
-                self._due = now + planned.lasts
+                self._due = time.monotonic() - self._began + planned.lasts
             else:
                 self._next()
         else:
@@ -169,8 +169,9 @@ class ScheduledNemesis:
 
     def _undo(self, planned: Planned) -> str:
         if planned.kind == STOP:
-            resume(self._stopped, self.load)
-            return f"undo {STOP}: SIGCONT pid {self._stopped}"
+            pid, self._stopped = self._stopped, 0
+            resume(pid, self.load)
+            return f"undo {STOP}: SIGCONT pid {pid}"
         if planned.kind == CRASH:
             self.fleets.append(self.start_fleet())
             return f"undo {CRASH}: {self.fleet.name} started"

@@ -121,7 +121,7 @@ def test_a_fault_schedule_keeps_every_invariant(fleets: Fleets, tmp_path: Path,
         finally:
             nemesis.close()
             print("landed:", *nemesis.landed, sep="\n  ")
-        assert nemesis.strikes() == len(schedule.faults), nemesis.landed
+        assert nemesis.struck == len(schedule.faults), nemesis.landed
         assert len(load.expected) == schedule.total_runs
         report = load.verdict(store, [fleet.log() for fleet in nemesis.fleets])
         load.assert_holds(report)
