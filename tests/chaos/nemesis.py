@@ -12,6 +12,7 @@ while, to hold runs. Every strike and undo is logged with ``ChaosLoad.fault`` an
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,11 +34,13 @@ from tests.chaos.schedule import (
     STORE_LOCK,
     TERM,
     UNDONE,
+    WORKER_KILL,
     Planned,
     Schedule,
 )
 from tests.conftest import wait_until
-from tests.fleet.fleetprocs import Fleet, ready
+from tests.fleet.fleetprocs import Fleet, http_get, ready
+from tests.integration.workerprocs import WorkerProcess
 from tests.servers import Cluster, Server
 
 #: Holds the write lock of the SQLite file argv[1] until its stdin closes.
@@ -69,7 +72,11 @@ class ScheduledNemesis:
     cluster: Cluster | None = None
     #: the SQLite file, for ``STORE_LOCK``
     sqlite_path: str | None = None
+    #: starts the standalone worker, and the port of its health server
+    start_worker: Callable[[], tuple[WorkerProcess, int]] | None = None
     fleets: list[Fleet] = field(default_factory=list)
+    #: every standalone worker started, the one running last
+    workers: list[tuple[WorkerProcess, int]] = field(default_factory=list)
     #: what happened, when: "t+1.03 s kill -9 slot 1 (pid 4242)"
     landed: list[str] = field(default_factory=list)
     #: how many of the schedule's faults struck
@@ -83,6 +90,9 @@ class ScheduledNemesis:
 
     def __post_init__(self) -> None:
         self.fleets.append(self.start_fleet())
+        if self.schedule.workers:
+            assert self.start_worker is not None, "a schedule with a worker, none to start"
+            self.workers.append(self.start_worker())
 
     @property
     def fleet(self) -> Fleet:
@@ -165,6 +175,8 @@ class ScheduledNemesis:
             return self._failover(planned.target)
         if planned.kind == STORE_LOCK:
             return self._lock()
+        if planned.kind == WORKER_KILL:
+            return self._kill_worker()
         raise AssertionError(f"no such fault: {planned.kind}")
 
     def _undo(self, planned: Planned) -> str:
@@ -181,6 +193,10 @@ class ScheduledNemesis:
             self.server.wait_ready()
             self.load.fault("valkey started", self.server.pid)
             return f"undo {STORE_KILL}: started again (pid {self.server.pid})"
+        if planned.kind == WORKER_KILL:
+            assert self.start_worker is not None
+            self.workers.append(self.start_worker())
+            return f"undo {WORKER_KILL}: {self.workers[-1][0].log_path.stem} started"
         if planned.kind == STORE_LOCK:
             locker, self._locker = self._locker, None
             assert locker is not None
@@ -193,7 +209,8 @@ class ScheduledNemesis:
         raise AssertionError(f"{planned.kind} is not undone")
 
     def close(self) -> None:
-        """End what a failed test left struck: a stopped child, a lock held."""
+        """End what a failed test left struck: a stopped child, a lock held (the workers
+        are the test's to reap)."""
         if self._stopped:
             resume(self._stopped, self.load)
         if self._locker is not None:
@@ -210,6 +227,24 @@ class ScheduledNemesis:
         if child is None or (child["in_flight"] == 0 and self._waited() < BUSY_WAIT):
             return None
         return child
+
+    def _kill_worker(self) -> str | None:
+        """SIGKILL the standalone worker once it is ready and holds runs (or is ready after
+        ``BUSY_WAIT``); None until then."""
+        worker, port = self.workers[-1]
+        try:
+            code, body = http_get(f"http://127.0.0.1:{port}/readyz")
+        except OSError:  # not serving yet (a worker started again)
+            return None
+        if code != 200:
+            return None
+        in_flight = int(json.loads(body)["in_flight"])
+        if in_flight == 0 and self._waited() < BUSY_WAIT:
+            return None
+        worker.proc.kill()
+        worker.proc.wait(10)
+        self.load.fault(WORKER_KILL, worker.pid)
+        return f"{WORKER_KILL} (pid {worker.pid}, {in_flight} runs in flight)"
 
     def _lock(self) -> str:
         assert self.sqlite_path is not None, "a SQLite fault on a schedule without its file"

@@ -1,5 +1,6 @@
 """A randomised fault schedule, drawn from a seed: which store the load runs on, how big
-the fleet and its runs are, and which faults strike when, whom, and for how long.
+the fleet and its runs are (and whether a standalone worker runs beside it), and which
+faults strike when, whom, and for how long.
 
 The processes the schedule is applied to are real, so timing is not deterministic, but
 everything the schedule says is: the same seed draws the same schedule (one
@@ -28,6 +29,10 @@ KILL = "kill -9"
 STOP = "SIGSTOP"
 #: SIGTERM of one child: it drains on its own and the supervisor replaces it.
 TERM = "SIGTERM"
+#: SIGKILL of the standalone ``pyrula worker`` beside the fleet (no supervisor recovers
+#: its runs: the others' orphan scans take them once their locks lapse), started again
+#: after ``lasts`` seconds.
+WORKER_KILL = "worker kill -9"
 #: SIGKILL of the fleet's whole process group (a host lost), started again after ``lasts``
 #: seconds: the new fleet reclaims the dead one's runs once their locks lapse.
 CRASH = "fleet kill -9"
@@ -47,10 +52,12 @@ FLEET_FAULTS = {KILL: 4, STOP: 2, TERM: 2, CRASH: 1}
 #: its restart.
 STORE_FAULTS: dict[str, dict[str, int]] = {SQLITE: {STORE_LOCK: 2}, VALKEY: {STORE_KILL: 2},
                                            CLUSTER: {FAILOVER: 2}}
+#: The faults of a schedule with a standalone worker, and their weights.
+WORKER_FAULTS = {WORKER_KILL: 2}
 #: Faults that hit one child of the fleet: ``target`` is its slot.
 CHILD_FAULTS = frozenset({KILL, STOP, TERM})
 #: Faults undone ``lasts`` seconds after they struck (0: at once).
-UNDONE = frozenset({STOP, CRASH, STORE_KILL, STORE_LOCK})
+UNDONE = frozenset({STOP, CRASH, STORE_KILL, STORE_LOCK, WORKER_KILL})
 
 #: The fleet's timings the durations are drawn around (``tests/chaos/nemesis.py`` starts
 #: its fleets with them).
@@ -85,6 +92,8 @@ class Schedule:
     seed: int
     store: str
     children: int
+    #: standalone ``pyrula worker`` processes beside the fleet (0 or 1)
+    workers: int
     #: the bench workflow's load: ``steps`` steps of ``kind`` ("async"/"sync"), each
     #: holding ``hold`` seconds
     steps: int
@@ -106,8 +115,9 @@ class Schedule:
         return f"make fuzz SEED={self.seed}"
 
     def text(self) -> str:
+        beside = f" and {self.workers} worker" if self.workers else ""
         head = (f"fault schedule seed={self.seed}: {self.store} store, {self.children} "
-                f"children, {self.runs} runs of {self.steps} {self.kind} steps holding "
+                f"children{beside}, {self.runs} runs of {self.steps} {self.kind} steps holding "
                 f"{self.hold:.2f} s, {len(self.faults)} faults (replay: {self.replay()})")
         return "\n".join([head, *("  " + f.line() for f in self.faults)])
 
@@ -117,11 +127,12 @@ def draw(seed: int) -> Schedule:
     rng = random.Random(seed)
     store = rng.choice(STORES)
     children = rng.choice((2, 3))
+    workers = rng.choice((0, 1))
     steps = rng.randint(2, 4)
     hold = round(rng.uniform(0.02, 0.15), 3)
     kind = rng.choice(("async", "sync"))
     runs = rng.randrange(100, 301, 10)
-    kinds = {**FLEET_FAULTS, **STORE_FAULTS[store]}
+    kinds = {**FLEET_FAULTS, **STORE_FAULTS[store], **(WORKER_FAULTS if workers else {})}
     names, weights = list(kinds), list(kinds.values())
     faults = []
     at = rng.uniform(0.5, 1.5)
@@ -131,7 +142,7 @@ def draw(seed: int) -> Schedule:
                           _lasts(rng, fault), rng.randrange(20, 101, 10))
         faults.append(planned)
         at += planned.lasts + rng.uniform(0.3, 2.0)
-    return Schedule(seed, store, children, steps, hold, kind, runs, tuple(faults))
+    return Schedule(seed, store, children, workers, steps, hold, kind, runs, tuple(faults))
 
 
 def _target(rng: random.Random, fault: str, children: int) -> int:
@@ -152,7 +163,7 @@ def _lasts(rng: random.Random, fault: str) -> float:
     if fault == STORE_KILL:
         # Started again at once (as the other Valkey scenarios do), or down a while.
         return 0.0 if rng.random() < 0.5 else round(rng.uniform(0.5, 3.0), 2)
-    if fault == CRASH:
+    if fault in (CRASH, WORKER_KILL):
         return round(rng.uniform(0.0, 2.0), 2)
     if fault == STORE_LOCK:
         return round(rng.uniform(0.5, 2 * LOCK_TTL), 2)

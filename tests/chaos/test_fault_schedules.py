@@ -1,10 +1,11 @@
 """Randomised fault schedules: from a seed, a store (SQLite, Valkey, a Valkey cluster), a
 load and a sequence of faults at drawn moments (children killed, stopped for a drawn
-while, drained; the whole fleet killed and started again; the Valkey server killed and
-started again; the SQLite file locked by another process; a cluster failover), applied to
-a real fleet under that load. Once every run has ended the invariant checker judges: no
-run lost or completed twice, no recorded step run again, every re-run inside the window
-and attributed to its fault, every result right.
+while, drained; a standalone worker killed and started again; the whole fleet killed and
+started again; the Valkey server killed and started again; the SQLite file locked by
+another process; a cluster failover), applied to a real fleet under that load. Once every
+run has ended the invariant checker judges: no run lost or completed twice, no recorded
+step run again, every re-run inside the window and attributed to its fault, every result
+right.
 
 ``make test`` runs the seeds of ``FIXED_SEEDS`` (one per store); ``make fuzz`` runs
 ``FUZZ_RUNS`` new ones, or exactly ``SEED``. A failing seed prints its schedule and the
@@ -34,14 +35,17 @@ from tests.chaos.schedule import (
     STORE_FAULTS,
     STORES,
     VALKEY,
+    WORKER_FAULTS,
     Schedule,
     draw,
 )
-from tests.fleet.fleetprocs import QUICK, STORE_FILE, Fleet, Fleets
-from tests.servers import Cluster, Server, start_cluster, start_server
+from tests.fleet.fleetprocs import QUICK, STORE_FILE, Fleets, child_env
+from tests.integration.workerprocs import WorkerProcess
+from tests.servers import Cluster, Server, free_port, start_cluster, start_server
 
-#: The seeds ``make test`` runs: one schedule on each store, each of a few seconds of faults.
-FIXED_SEEDS = (4, 7, 5)
+#: The seeds ``make test`` runs: one schedule on each store, each of a few seconds of
+#: faults, every kind of fault among them.
+FIXED_SEEDS = (70, 148, 389)
 NAMESPACE = "fuzz"
 
 
@@ -68,6 +72,8 @@ def _params() -> list[object]:
 
 def test_the_fixed_seeds_cover_every_store_and_each_seed_draws_one_schedule() -> None:
     assert sorted(draw(seed).store for seed in FIXED_SEEDS) == sorted(STORES)
+    every_kind = set(FLEET_FAULTS).union(WORKER_FAULTS, *STORE_FAULTS.values())
+    assert {f.kind for seed in FIXED_SEEDS for f in draw(seed).faults} == every_kind
     for seed in (*FIXED_SEEDS, 12345):
         assert draw(seed) == draw(seed) and draw(seed).text() == draw(seed).text()
     assert len({draw(seed).text() for seed in range(50)}) == 50
@@ -76,6 +82,7 @@ def test_the_fixed_seeds_cover_every_store_and_each_seed_draws_one_schedule() ->
     assert "replay: make fuzz SEED=1" in schedule.text()
     for drawn in map(draw, range(200)):  # each store is dealt its own faults only
         kinds = set(FLEET_FAULTS) | set(STORE_FAULTS[drawn.store])
+        kinds |= set(WORKER_FAULTS) if drawn.workers else set()
         assert {f.kind for f in drawn.faults} <= kinds, drawn.text()
 
 
@@ -97,22 +104,16 @@ def test_a_fault_schedule_keeps_every_invariant(fleets: Fleets, tmp_path: Path,
                                                  seed: int) -> None:
     schedule = draw(seed)
     print(schedule.text(), flush=True)
-    with replayable(schedule), _store(schedule, tmp_path) as (store, url, server, cluster):
+    with (replayable(schedule), _store(schedule, tmp_path) as (store, url, server, cluster),
+          _Workers(tmp_path, _options(schedule), url) as workers):
         load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=schedule.steps,
                          hold=schedule.hold, kind=schedule.kind, seed=seed)
-
-        def start_fleet() -> Fleet:
-            namespace = () if schedule.store == SQLITE else ("--namespace", NAMESPACE)
-            return fleets.start(
-                "-n", str(schedule.children), "--lock-ttl", str(LOCK_TTL),
-                "--child-timeout", str(CHILD_TIMEOUT), "--orphan-scan-interval", "0.5",
-                # Repeated faults can land on one run many times: this is about loss and
-                # re-runs, not the poison limit. 20 slots keep a child's suspects short.
-                "--poison-max-retries", "50", "--max-concurrent-runs", "20",
-                *namespace, *QUICK, app=APP, store=url)
-
-        nemesis = ScheduledNemesis(schedule, load, start_fleet, server=server, cluster=cluster,
-                                   sqlite_path=str(tmp_path / STORE_FILE))
+        nemesis = ScheduledNemesis(
+            schedule, load, lambda: fleets.start("-n", str(schedule.children), "--child-timeout",
+                                                 str(CHILD_TIMEOUT), *_options(schedule),
+                                                 app=APP, store=url),
+            server=server, cluster=cluster, sqlite_path=str(tmp_path / STORE_FILE),
+            start_worker=workers.start)
         try:
             nemesis.fleet.wait_ready(schedule.children, timeout=60)
             load.submit(schedule.runs)
@@ -123,12 +124,50 @@ def test_a_fault_schedule_keeps_every_invariant(fleets: Fleets, tmp_path: Path,
             print("landed:", *nemesis.landed, sep="\n  ")
         assert nemesis.struck == len(schedule.faults), nemesis.landed
         assert len(load.expected) == schedule.total_runs
-        report = load.verdict(store, [fleet.log() for fleet in nemesis.fleets])
+        report = load.verdict(store, [p.log() for p in (*nemesis.fleets, *workers.started)])
         load.assert_holds(report)
-        fleet = nemesis.fleet
-        fleet.wait_ready(schedule.children, timeout=60)
-        fleet.send(signal.SIGTERM)
-        assert fleet.wait(60) == 0
+        # What runs at the end drains cleanly.
+        nemesis.fleet.wait_ready(schedule.children, timeout=60)
+        for process in (nemesis.fleet, *workers.started[-1:]):
+            process.send(signal.SIGTERM)
+        for process in (nemesis.fleet, *workers.started[-1:]):
+            assert process.wait(60) == 0
+
+
+def _options(schedule: Schedule) -> list[str]:
+    """The options of the schedule's fleets and workers alike."""
+    # On Valkey, a worker that joins (or a fleet started again) takes its share of the
+    # shards within a second, and a killed fleet's shard leases lapse within three.
+    valkey = [] if schedule.store == SQLITE else [
+        "--namespace", NAMESPACE, "--shard-lease-interval", "1", "--shard-lease-ttl", "3"]
+    # Repeated faults can land on one run many times: this is about loss and re-runs, not
+    # the poison limit. 20 slots a process keep its suspects' drain short.
+    return ["--lock-ttl", str(LOCK_TTL), "--orphan-scan-interval", "0.5",
+            "--poison-max-retries", "50", "--max-concurrent-runs", "20", *valkey, *QUICK]
+
+
+class _Workers:
+    """Standalone ``pyrula worker`` processes over the schedule's store, each with a health
+    port; every one is reaped at the end."""
+
+    def __init__(self, directory: Path, options: list[str], url: str) -> None:
+        self.directory = directory
+        self.args = ["worker", "--app", APP, "--store", url, *options]
+        self.started: list[WorkerProcess] = []
+
+    def start(self) -> tuple[WorkerProcess, int]:
+        port = free_port()
+        worker = WorkerProcess(self.directory, f"worker-{len(self.started)}",
+                               [*self.args, "--health-port", str(port)], child_env())
+        self.started.append(worker)
+        return worker, port
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for worker in self.started:
+            worker.reap()
 
 
 @contextmanager
