@@ -6,7 +6,8 @@ are submitted then, and it strikes from the next poll on) and, when it is undone
 due ``lasts`` seconds after the strike landed; they run strictly in the schedule's order,
 one per poll, so a late strike delays the ones after it but never reorders them. A child
 fault waits for its slot's child to be ready (after a crash, for the new fleet) and, for a
-while, to hold runs. Every strike and undo is logged with ``ChaosLoad.fault`` and in
+while, to hold runs; every strike waits for the whole fleet (and the standalone worker) to
+be ready first. Every strike and undo is logged with ``ChaosLoad.fault`` and in
 ``landed``, with the moment it really happened, for the failure message.
 """
 
@@ -25,7 +26,6 @@ from typing import Any
 
 from tests.chaos.harness import ChaosLoad, resume
 from tests.chaos.schedule import (
-    CHILD_FAULTS,
     CRASH,
     FAILOVER,
     KILL,
@@ -85,6 +85,7 @@ class ScheduledNemesis:
     _due: float = 0.0
     _began: float = 0.0
     _waiting_since: float | None = None
+    _whole_since: float | None = None
     _stopped: int = 0
     _locker: subprocess.Popen[str] | None = None
 
@@ -114,6 +115,8 @@ class ScheduledNemesis:
         action, planned = self._queue[0]
         if action == "strike":
             if self._waiting_since is None:  # due: its runs first, the strike from the next poll
+                if not self._whole(planned):
+                    return True
                 self._waiting_since = time.monotonic()
                 self.load.submit(planned.runs)
                 return True
@@ -140,6 +143,33 @@ class ScheduledNemesis:
         if self._queue:  # the next strike: at its time, or now if that is past
             self._due = self._queue[0][1].at
 
+    def _whole(self, planned: Planned) -> bool:
+        """Whether every child of the fleet and the standalone worker are ready: a strike
+        waits for the processes the faults before it replaced (a worker or a fleet started
+        again, a child the supervisor replaced) to have booted, so it meets a whole system
+        and no boot meets a store fault (a process that cannot reach its store at boot
+        exits, by design)."""
+        if self._whole_since is None:
+            self._whole_since = time.monotonic()
+        status = self.fleet.status()
+        whole = (status is not None and len(ready(status)) == self.schedule.children
+                 and (not self.workers or self._worker_ready() is not None))
+        if whole:
+            self._whole_since = None
+        elif time.monotonic() - self._whole_since > TARGET_TIMEOUT:
+            raise AssertionError(f"{planned.line()}: the fleet or the worker never came "
+                                 f"back whole (landed so far: {self.landed})")
+        return whole
+
+    def _worker_ready(self) -> int | None:
+        """The runs the standalone worker holds, or None while it is not ready."""
+        _worker, port = self.workers[-1]
+        try:
+            code, body = http_get(f"http://127.0.0.1:{port}/readyz")
+        except OSError:  # not serving yet (a worker started again)
+            return None
+        return int(json.loads(body)["in_flight"]) if code == 200 else None
+
     def _waited(self) -> float:
         return 0.0 if self._waiting_since is None else time.monotonic() - self._waiting_since
 
@@ -150,63 +180,73 @@ class ScheduledNemesis:
 
     def _strike(self, planned: Planned) -> str | None:
         """Inject ``planned``; what it did, or None when its target is not there yet."""
-        if planned.kind in CHILD_FAULTS:
-            child = self._child(planned.target)
-            if child is None:
-                return None
-            signum = {KILL: signal.SIGKILL, STOP: signal.SIGSTOP, TERM: signal.SIGTERM}
-            os.kill(child["pid"], signum[planned.kind])
-            self.load.fault(planned.kind, child["pid"])
-            if planned.kind == STOP:
-                self._stopped = int(child["pid"])
-            return (f"{planned.kind} slot {planned.target} (pid {child['pid']}, "
-                    f"{child['in_flight']} runs in flight)")
-        if planned.kind == CRASH:
-            self.fleet.reap()  # SIGKILL of its process group, waited for
-            self.load.fault(CRASH, self.fleet.pid)
-            return f"{CRASH} (pgid {self.fleet.pid})"
-        if planned.kind == STORE_KILL:
-            assert self.server is not None, "a Valkey fault on a schedule without a server"
-            pid = self.server.pid
-            self.server.kill()
-            self.load.fault(STORE_KILL, pid)
-            return f"{STORE_KILL} (pid {pid})"
-        if planned.kind == FAILOVER:
-            return self._failover(planned.target)
-        if planned.kind == STORE_LOCK:
-            return self._lock()
-        if planned.kind == WORKER_KILL:
-            return self._kill_worker()
-        raise AssertionError(f"no such fault: {planned.kind}")
+        strikes: dict[str, Callable[[Planned], str | None]] = {
+            KILL: self._signal_child, STOP: self._signal_child, TERM: self._signal_child,
+            CRASH: self._crash, WORKER_KILL: self._kill_worker, STORE_KILL: self._kill_store,
+            STORE_LOCK: self._lock, FAILOVER: self._failover}
+        return strikes[planned.kind](planned)
 
     def _undo(self, planned: Planned) -> str:
+        undos: dict[str, Callable[[], str]] = {
+            STOP: self._continue_child, CRASH: self._restart_fleet,
+            WORKER_KILL: self._restart_worker, STORE_KILL: self._restart_store,
+            STORE_LOCK: self._unlock}
+        return undos[planned.kind]()
+
+    def _signal_child(self, planned: Planned) -> str | None:
+        child = self._child(planned.target)
+        if child is None:
+            return None
+        signum = {KILL: signal.SIGKILL, STOP: signal.SIGSTOP, TERM: signal.SIGTERM}
+        os.kill(child["pid"], signum[planned.kind])
+        self.load.fault(planned.kind, child["pid"])
         if planned.kind == STOP:
-            pid, self._stopped = self._stopped, 0
-            resume(pid, self.load)
-            return f"undo {STOP}: SIGCONT pid {pid}"
-        if planned.kind == CRASH:
-            self.fleets.append(self.start_fleet())
-            return f"undo {CRASH}: {self.fleet.name} started"
-        if planned.kind == STORE_KILL:
-            assert self.server is not None
-            self.server.launch(keep_port=True)  # the same port and data directory
-            self.server.wait_ready()
-            self.load.fault("valkey started", self.server.pid)
-            return f"undo {STORE_KILL}: started again (pid {self.server.pid})"
-        if planned.kind == WORKER_KILL:
-            assert self.start_worker is not None
-            self.workers.append(self.start_worker())
-            return f"undo {WORKER_KILL}: {self.workers[-1][0].log_path.stem} started"
-        if planned.kind == STORE_LOCK:
-            locker, self._locker = self._locker, None
-            assert locker is not None
-            with locker:  # closes its pipes
-                assert locker.stdin is not None
-                locker.stdin.close()
-                assert locker.wait(30) == 0
-            self.load.fault("sqlite unlocked", locker.pid)
-            return f"undo {STORE_LOCK}: released"
-        raise AssertionError(f"{planned.kind} is not undone")
+            self._stopped = int(child["pid"])
+        return (f"{planned.kind} slot {planned.target} (pid {child['pid']}, "
+                f"{child['in_flight']} runs in flight)")
+
+    def _continue_child(self) -> str:
+        pid, self._stopped = self._stopped, 0
+        resume(pid, self.load)
+        return f"undo {STOP}: SIGCONT pid {pid}"
+
+    def _crash(self, planned: Planned) -> str:
+        self.fleet.reap()  # SIGKILL of its process group, waited for
+        self.load.fault(CRASH, self.fleet.pid)
+        return f"{CRASH} (pgid {self.fleet.pid})"
+
+    def _restart_fleet(self) -> str:
+        self.fleets.append(self.start_fleet())
+        return f"undo {CRASH}: {self.fleet.name} started"
+
+    def _kill_store(self, planned: Planned) -> str:
+        assert self.server is not None, "a Valkey fault on a schedule without a server"
+        pid = self.server.pid
+        self.server.kill()
+        self.load.fault(STORE_KILL, pid)
+        return f"{STORE_KILL} (pid {pid})"
+
+    def _restart_store(self) -> str:
+        assert self.server is not None
+        self.server.launch(keep_port=True)  # the same port and data directory
+        self.server.wait_ready()
+        self.load.fault("valkey started", self.server.pid)
+        return f"undo {STORE_KILL}: started again (pid {self.server.pid})"
+
+    def _restart_worker(self) -> str:
+        assert self.start_worker is not None
+        self.workers.append(self.start_worker())
+        return f"undo {WORKER_KILL}: {self.workers[-1][0].log_path.stem} started"
+
+    def _unlock(self) -> str:
+        locker, self._locker = self._locker, None
+        assert locker is not None
+        with locker:  # closes its pipes
+            assert locker.stdin is not None
+            locker.stdin.close()
+            assert locker.wait(30) == 0
+        self.load.fault("sqlite unlocked", locker.pid)
+        return f"undo {STORE_LOCK}: released"
 
     def close(self) -> None:
         """End what a failed test left struck: a stopped child, a lock held (the workers
@@ -228,25 +268,19 @@ class ScheduledNemesis:
             return None
         return child
 
-    def _kill_worker(self) -> str | None:
+    def _kill_worker(self, planned: Planned) -> str | None:
         """SIGKILL the standalone worker once it is ready and holds runs (or is ready after
         ``BUSY_WAIT``); None until then."""
-        worker, port = self.workers[-1]
-        try:
-            code, body = http_get(f"http://127.0.0.1:{port}/readyz")
-        except OSError:  # not serving yet (a worker started again)
-            return None
-        if code != 200:
-            return None
-        in_flight = int(json.loads(body)["in_flight"])
-        if in_flight == 0 and self._waited() < BUSY_WAIT:
+        worker, _port = self.workers[-1]
+        in_flight = self._worker_ready()
+        if in_flight is None or (in_flight == 0 and self._waited() < BUSY_WAIT):
             return None
         worker.proc.kill()
         worker.proc.wait(10)
         self.load.fault(WORKER_KILL, worker.pid)
         return f"{WORKER_KILL} (pid {worker.pid}, {in_flight} runs in flight)"
 
-    def _lock(self) -> str:
+    def _lock(self, planned: Planned) -> str:
         assert self.sqlite_path is not None, "a SQLite fault on a schedule without its file"
         self._locker = subprocess.Popen([sys.executable, "-c", _LOCKER, self.sqlite_path],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -256,16 +290,17 @@ class ScheduledNemesis:
         self.load.fault(STORE_LOCK, self._locker.pid)
         return f"{STORE_LOCK} (pid {self._locker.pid})"
 
-    def _failover(self, target: int) -> str:
+    def _failover(self, planned: Planned) -> str:
         assert self.cluster is not None, "a failover on a schedule without a cluster"
         replicas = sorted(self.cluster.replicas(), key=lambda node: node.port)
-        replica = replicas[target % len(replicas)]
+        target = planned.target % len(replicas)
+        replica = replicas[target]
         with replica.client(decode_responses=True) as client:
             client.execute_command("CLUSTER", "FAILOVER")
         self.load.fault(FAILOVER, replica.port)
         wait_until(lambda: _role(replica) == "master", 20, what=f"{replica.url} promoted")
         self.cluster.wait_healthy()
-        return f"{FAILOVER} on replica {target % len(replicas)} (port {replica.port})"
+        return f"{FAILOVER} on replica {target} (port {replica.port})"
 
 
 def _role(node: Server) -> str:

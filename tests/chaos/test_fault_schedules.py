@@ -39,7 +39,7 @@ from tests.chaos.schedule import (
     Schedule,
     draw,
 )
-from tests.fleet.fleetprocs import QUICK, STORE_FILE, Fleets, child_env
+from tests.fleet.fleetprocs import QUICK, STORE_FILE, Fleet, Fleets, child_env
 from tests.integration.workerprocs import WorkerProcess
 from tests.servers import Cluster, Server, free_port, start_cluster, start_server
 
@@ -124,14 +124,16 @@ def test_a_fault_schedule_keeps_every_invariant(fleets: Fleets, tmp_path: Path,
             print("landed:", *nemesis.landed, sep="\n  ")
         assert nemesis.struck == len(schedule.faults), nemesis.landed
         assert len(load.expected) == schedule.total_runs
-        report = load.verdict(store, [p.log() for p in (*nemesis.fleets, *workers.started)])
+        everyone: list[Fleet | WorkerProcess] = [*nemesis.fleets, *workers.started]
+        report = load.verdict(store, [process.log() for process in everyone])
         load.assert_holds(report)
         # What runs at the end drains cleanly.
         nemesis.fleet.wait_ready(schedule.children, timeout=60)
-        for process in (nemesis.fleet, *workers.started[-1:]):
+        running: list[Fleet | WorkerProcess] = [nemesis.fleet, *workers.started[-1:]]
+        for process in running:
             process.send(signal.SIGTERM)
-        for process in (nemesis.fleet, *workers.started[-1:]):
-            assert process.wait(60) == 0
+        for process in running:
+            assert process.wait(60) == 0, process.log()[-6000:]
 
 
 def _options(schedule: Schedule) -> list[str]:
