@@ -25,9 +25,9 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.leases}:workers     zset     live workers of the name -> heartbeat expiry
     <ns>:{flow.<o>}:running       zset     flow-controlled owner's running runs -> expiry
     <ns>:{flow.<o>}:bucket        hash     its start-rate token bucket
-    <ns>:meta                     hash     shards:<name> -> shard_count; binding.*; flow:<owner>
+    <ns>:meta                     hash     shards:<name> -> shard_count; binding.*; flow:<owner>;
+                                           served:<name> (a worker has served it)
     <ns>:workers                  hash     live worker -> {names, expires} (membership)
-    <ns>:served                   set      every name a worker has served (unknown names)
     <ns>:{schedules}:s:<id>       hash     a schedule: def (JSON), name, paused, next, last_run,
                                            last_run_at
     <ns>:{schedules}:ids          zset     every schedule id (score 0: listed by id)

@@ -71,15 +71,19 @@ class Leases:
         self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
     ) -> None:
         key = f"{self.connection.keys.ns}:workers"
-        served = f"{self.connection.keys.ns}:served"
+        meta = self.connection.keys.meta
         entry = dumps({"names": list(names), "expires": now + ttl})
+        # Each name served is a field of the meta hash (HSET and HKEYS are what a fenced
+        # user may run already: no command to add to its ACL).
+        served = [x for name in names for x in (f"served:{name}", 1)]
         raise_first(await self.connection.pipeline(
             [(key, ("HSET", key, worker_id, entry))]
-            + ([(served, ("SADD", served, *names))] if names else [])))
+            + ([(meta, ("HSET", meta, *served))] if served else [])))
 
     async def served_names(self) -> list[str]:
-        served = f"{self.connection.keys.ns}:served"
-        return sorted(str(n) for n in await self.connection.read(served, "SMEMBERS", served))
+        meta = self.connection.keys.meta
+        fields = await self.connection.read(meta, "HKEYS", meta)
+        return sorted(str(f)[len("served:"):] for f in fields if str(f).startswith("served:"))
 
     async def unregister_worker(self, worker_id: str) -> None:
         key = f"{self.connection.keys.ns}:workers"
