@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -89,6 +90,20 @@ class Endpoint:
         return f"{self.host}:{self.port}"
 
 
+class Durability(StrEnum):
+    """When a write counts as done."""
+
+    #: When the primary has it (replicas get it a moment later: a primary that dies in
+    #: that moment, its replica promoted, takes the write with it).
+    ASYNC = "async"
+    #: When one replica has it too (``WAIT 1`` after the write, on its connection).
+    REPLICATED = "replicated"
+
+
+#: How long a write waits for a replica under ``durability=replicated``, by default.
+REPLICA_TIMEOUT = 2.0
+
+
 @dataclass(frozen=True)
 class LinkOptions:
     """How to open and talk to every server of one store."""
@@ -99,6 +114,9 @@ class LinkOptions:
     tls: ssl.SSLContext | None = None
     check_hostname: bool = True
     timeout: float = 10.0
+    durability: Durability = Durability.ASYNC
+    #: Seconds a write waits for its replica (``replicated``); less than ``timeout``.
+    replica_timeout: float = REPLICA_TIMEOUT
 
     def handshake(self) -> list[Command]:
         """Commands every new connection sends first."""
@@ -113,12 +131,14 @@ class LinkOptions:
 
 #: The query options a store URL may carry.
 URL_OPTIONS = frozenset({"db", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
-                         "ssl_check_hostname"})
+                         "ssl_check_hostname", "durability", "replica_timeout"})
 _CERT_REQS = ("none", "cert_none", "optional", "cert_optional", "required", "cert_required")
 
 
 def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
-    """``redis[s]://[user[:password]@]host[:port][/db][?ssl_cert_reqs=..&ssl_ca_certs=..]``."""
+    """``redis[s]://[user[:password]@]host[:port][/db][?ssl_cert_reqs=..&ssl_ca_certs=..]``,
+    with ``durability=async|replicated`` and ``replica_timeout=<seconds>`` among the
+    options."""
     parts = urlsplit(url)
     tls = parts.scheme in ("rediss", "valkeys")
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
@@ -138,6 +158,8 @@ def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
     if check not in ("true", "false", "1", "0"):
         raise ValueError(f"ssl_check_hostname={check!r} is not true or false")
     context = _tls_context(query) if tls else None
+    durability, replica_timeout = parse_durability(
+        query.get("durability"), query.get("replica_timeout"), timeout)
     password = unquote(parts.password) if parts.password is not None else None
     username = unquote(parts.username) if parts.username else None
     if password is None and username is not None:  # redis://:secret@ reads as a password
@@ -145,9 +167,35 @@ def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
     options = LinkOptions(
         username=username or None, password=password, db=int(db_text), tls=context,
         check_hostname=check in ("true", "1"),
-        timeout=timeout,
+        timeout=timeout, durability=durability, replica_timeout=replica_timeout,
     )
     return Endpoint(parts.hostname, port or 6379), options
+
+
+def parse_durability(durability: object, replica_timeout: object, timeout: float
+                     ) -> tuple[Durability, float]:
+    """The durability and replica timeout a URL or a constructor names (None: the
+    defaults); ValueError naming the option for a bad value. The replica timeout must be
+    shorter than the socket timeout ``timeout``: a write waiting for its replica must
+    not look like a server that stopped answering."""
+    if durability is None:
+        chosen = Durability.ASYNC
+    elif isinstance(durability, str) and durability.lower() in tuple(Durability):
+        chosen = Durability(durability.lower())
+    else:
+        raise ValueError(f"durability={durability!r} is not one of "
+                         f"{', '.join(Durability)}")
+    if replica_timeout is None:
+        seconds = min(REPLICA_TIMEOUT, timeout / 2)
+    else:
+        try:
+            seconds = float(replica_timeout)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if isinstance(replica_timeout, bool) or not 0 < seconds < timeout:
+            raise ValueError(f"replica_timeout={replica_timeout!r} is not a number of "
+                             f"seconds above 0 and below the socket timeout ({timeout} s)")
+    return chosen, seconds
 
 
 def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
