@@ -225,8 +225,12 @@ class Link(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    async def request(self, packed: bytes, count: int, timeout: float | None = None
-                      ) -> list[Any]: ...
+    async def request(self, packed: bytes, count: int, timeout: float | None = None,
+                      wait: Command | None = None) -> list[Any]:
+        """The ``count`` replies of ``packed``; with ``wait`` (``WAIT n ms``), WAIT sent
+        after it on this connection and its reply appended. Requests written together may
+        share one WAIT: it covers every write before it on the connection."""
+        ...
 
     def close(self) -> None: ...
 
@@ -236,10 +240,15 @@ class Link(Protocol):
 
 @dataclass(slots=True)
 class _Pending:
-    future: asyncio.Future[list[Any]]
+    #: None for a WAIT shared by ``waiters`` (nobody awaits it itself).
+    future: asyncio.Future[list[Any]] | None
     count: int
     deadline: float
     replies: list[Any] = field(default_factory=list)
+    #: Its result waits for the WAIT written after it (its replies alone are not enough).
+    held: bool = False
+    #: The requests this WAIT's reply completes.
+    waiters: list[_Pending] = field(default_factory=list)
 
 
 class AsyncLink(asyncio.Protocol):
@@ -256,6 +265,9 @@ class AsyncLink(asyncio.Protocol):
         self._watch: asyncio.TimerHandle | None = None
         # Requests written in one turn of the loop go out in one send (see request).
         self._out: list[bytes] = []
+        # Requests of this turn that asked for a WAIT, and the WAIT they asked for.
+        self._waiters: list[_Pending] = []
+        self._wait: Command | None = None
 
     @classmethod
     async def open(cls, where: Endpoint, options: LinkOptions) -> AsyncLink:
@@ -301,8 +313,10 @@ class AsyncLink(asyncio.Protocol):
                 head.replies.append(reply)
                 if len(head.replies) == head.count:
                     pending.popleft()
-                    if not head.future.done():
-                        head.future.set_result(head.replies)
+                    if not head.held:
+                        _resolve(head, head.replies)
+                    for waiter in head.waiters:  # a WAIT: its reply ends each of them
+                        _resolve(waiter, [*waiter.replies, reply])
         except hiredis.ProtocolError as exc:
             self._fail(LinkLost(f"{self._where} sent what is not RESP: {exc}"))
 
@@ -316,25 +330,38 @@ class AsyncLink(asyncio.Protocol):
     def alive(self) -> bool:
         return self._lost is None and self._transport is not None
 
-    async def request(self, packed: bytes, count: int, timeout: float | None = None
-                      ) -> list[Any]:
+    async def request(self, packed: bytes, count: int, timeout: float | None = None,
+                      wait: Command | None = None) -> list[Any]:
         if self._lost is not None or self._transport is None:
             raise LinkLost(str(self._lost or f"connection to {self._where} is closed"))
         future: asyncio.Future[list[Any]] = self._loop.create_future()
-        wait = self._timeout if timeout is None else timeout
-        self._pending.append(_Pending(future, count, time.monotonic() + wait))
+        seconds = self._timeout if timeout is None else timeout
+        request = _Pending(future, count, time.monotonic() + seconds, held=wait is not None)
+        self._pending.append(request)
         # Corked until the end of this turn of the loop: the requests of every coroutine
         # that runs in it (a worker finishing many runs at once) share one send and one
         # read on the server. Replies still come back in the order of _pending.
         if not self._out:
             self._loop.call_soon(self._flush)
         self._out.append(packed)
+        if wait is not None:
+            # One WAIT after every request of this turn that asked for one: the server
+            # serves a connection's commands in order and a WAIT blocks the ones behind
+            # it, so a WAIT each would cost a replica round trip per request, one after
+            # the other; one WAIT covers them all, for one round trip per send.
+            self._waiters.append(request)
+            self._wait = wait
         if self._watch is None:
             self._arm()
         return await future
 
     def _flush(self) -> None:
         out, self._out = self._out, []
+        if self._waiters and self._wait is not None:
+            waiters, self._waiters = self._waiters, []
+            self._pending.append(_Pending(None, 1, max(w.deadline for w in waiters),
+                                          waiters=waiters))
+            out.append(pack([self._wait]))
         if self._transport is not None and self._lost is None and out:
             self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
@@ -351,9 +378,14 @@ class AsyncLink(asyncio.Protocol):
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        while self._pending:
-            waiter = self._pending.popleft()
-            if not waiter.future.done():
+        # A request whose own replies came is no longer pending, but still waits for
+        # its WAIT: it fails with the WAIT.
+        failed = [*self._waiters, *self._pending]
+        failed += [w for p in self._pending for w in p.waiters]
+        self._pending.clear()
+        self._waiters = []
+        for waiter in failed:
+            if waiter.future is not None and not waiter.future.done():
                 waiter.future.set_exception(LinkLost(str(self._lost)))
         if self._transport is not None and not self._transport.is_closing():
             self._transport.abort()
@@ -371,6 +403,11 @@ class AsyncLink(asyncio.Protocol):
             self._fail(LinkLost(f"{self._where} did not answer within the timeout"))
             return
         self._arm()
+
+
+def _resolve(request: _Pending, replies: list[Any]) -> None:
+    if request.future is not None and not request.future.done():
+        request.future.set_result(replies)
 
 
 async def _handshake(link: Link, options: LinkOptions, where: Endpoint) -> None:
@@ -440,8 +477,10 @@ class SyncLink:
         self.close()
         return False
 
-    async def request(self, packed: bytes, count: int, timeout: float | None = None
-                      ) -> list[Any]:
+    async def request(self, packed: bytes, count: int, timeout: float | None = None,
+                      wait: Command | None = None) -> list[Any]:
+        if wait is not None:  # one caller at a time: its own WAIT, in the same send
+            return self.request_now(packed + pack([wait]), count + 1, timeout)
         return self.request_now(packed, count, timeout)
 
     def request_now(self, packed: bytes, count: int, timeout: float | None = None

@@ -13,10 +13,11 @@ node, sends the groups together, and follows the cluster through a failover or a
 - a connection lost after a write was sent leaves its outcome unknown: a read is sent
   again, a write is reported as the store being unavailable, never sent twice.
 
-Under ``durability=replicated`` every request that may write ends with ``WAIT 1 <ms>``
-on the connection that carried it (one server's, or one node's group): WAIT counts the
-writes of its own connection, so it covers every write of the request. A write it finds no
-replica acknowledged is reported as the store being unavailable, its outcome unknown (see
+Under ``durability=replicated`` every request that may write is followed by ``WAIT 1
+<ms>`` on the connection that carried it (one server's, or one node's group; requests
+sent together share one, see ``resp.AsyncLink.request``): WAIT counts the writes of its
+own connection, so it covers every write before it. A write it finds no replica
+acknowledged is reported as the store being unavailable, its outcome unknown (see
 :func:`_replicated`).
 
 Every failure of the transport reaches the caller as ``StoreUnavailable`` (or, for bad
@@ -205,11 +206,11 @@ class Router:
 
     async def _standalone(self, commands: Sequence[Command], idempotent: bool,
                           wait: Command | None = None) -> list[Any]:
-        packed = pack([*commands, wait] if wait else commands)
+        packed = pack(commands)
         for attempt in (1, 2):
             try:
                 link = await self._link(self._seed)
-                replies = await link.request(packed, len(commands) + bool(wait))
+                replies = await link.request(packed, len(commands), wait=wait)
                 return _replicated(replies, wait, self._seed) if wait else replies
             except ConnectFailed as exc:
                 raise self._unavailable(self._seed, exc) from exc
@@ -305,11 +306,9 @@ class Router:
             if ask:
                 wire.append(("ASKING",))
             wire.append(command)
-        if wait:
-            wire.append(wait)
         try:
             link = await self._link(where)
-            replies = await link.request(pack(wire), len(wire))
+            replies = await link.request(pack(wire), len(wire), wait=wait)
         except (ConnectFailed, LinkLost) as exc:
             return [exc] * len(commands)
         if wait:
