@@ -360,11 +360,15 @@ class Connection:
     def _translate(self, reply: ReplyError, args: Sequence[Any]) -> Exception:
         message = str(reply)
         run_id = str(args[1]) if len(args) > 1 else "?"
-        if message.startswith("STALE"):
-            current = message.split(" ", 1)[1] if " " in message else None
+        # A script's error of one word (``error_reply('NOTFOUND')``) reaches the client
+        # as "ERR NOTFOUND": the server takes a reply without a space for a message
+        # without a code. Read as an outage, a worker would retry it for ever.
+        said = message[4:] if message.startswith("ERR ") else message
+        if said.startswith("STALE"):
+            current = said.split(" ", 1)[1] if " " in said else None
             return StaleToken(run_id, int(args[2]) if len(args) > 2 else -1,
                               int(current) if current and current.isdigit() else None)
-        if message.startswith("NOTFOUND"):
+        if said.startswith("NOTFOUND"):
             return WorkflowNotFound(f"no run with id {run_id!r}")
         if reply.code in ("MOVED", "ASK", "CROSSSLOT") or "CROSSSLOT" in message:
             return self._hidden_cluster(reply)
