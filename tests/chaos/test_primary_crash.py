@@ -241,30 +241,36 @@ def crash_a_primary(tmp_path: Path, durability: str, behind: float = 0.0) -> Cra
                        what="submits going on after the crash")
         finally:
             load.stop()
-        # A crash that lost writes can leave a run that never ends (the checker counts it
-        # as lost): how long to give the runs is the mode's.
-        crash.stuck = len(_wait_ended(client, list(load.expected),
-                                      timeout=60 if durability == "replicated" else 15))
-        journals = asyncio.run(collect_journals(store, list(load.expected)))
-        executions = list(read_ledger(load.ledger))
-        report = check(journals, load.expected, executions)
-        crash.acknowledged, crash.refused = len(load.expected), load.refused
-        crash.lost, crash.rerun_after_record = report.lost, report.rerun_after_record
-        crash.rerun_after_ack, details = _reruns_after_ack(
-            e for e in executions if e.run_id in load.expected)
-        crash.results_lost = len(results_lost)
-        crash.checker = report.line()
-        crash.problems = [*report.problems, *details,
-                          *(f"result lost: run {r}" for r in results_lost[:10])]
-        print(crash.line())
-        for problem in crash.problems[:30]:
-            print("  ", problem)
-        return crash
+        return _verdict(crash, load, store, results_lost)
     finally:
         load.stop()
         fleets.reap()
         store.close()
         cluster.kill()
+
+
+def _verdict(crash: Crash, load: Load, store: ValkeyStore, results_lost: list[str]) -> Crash:
+    """Once every run has ended: the checker over journals and ledger, the ledger's own
+    count of steps re-run after their acknowledgement; printed, and returned in ``crash``."""
+    # A crash that lost writes could leave a run that never ends (the checker counts it
+    # as lost); under replicated there must be none, so give the runs longer there.
+    crash.stuck = len(_wait_ended(load.client, list(load.expected),
+                                  timeout=60 if crash.durability == "replicated" else 15))
+    journals = asyncio.run(collect_journals(store, list(load.expected)))
+    executions = list(read_ledger(load.ledger))
+    report = check(journals, load.expected, executions)
+    crash.acknowledged, crash.refused = len(load.expected), load.refused
+    crash.lost, crash.rerun_after_record = report.lost, report.rerun_after_record
+    crash.rerun_after_ack, details = _reruns_after_ack(
+        e for e in executions if e.run_id in load.expected)
+    crash.results_lost = len(results_lost)
+    crash.checker = report.line()
+    crash.problems = [*report.problems, *details,
+                      *(f"result lost: run {r}" for r in results_lost[:10])]
+    print(crash.line())
+    for problem in crash.problems[:30]:
+        print("  ", problem)
+    return crash
 
 
 def _completed_now(client: SyncWorkflowClient, run_id: str) -> bool:
