@@ -22,7 +22,7 @@ from pyrula.workflows import (
 )
 from tests.conftest import wait_until
 from tests.integration.valkey_support import make_worker, one_step, opened
-from tests.servers import Server, start_server
+from tests.servers import Server, start_cluster, start_server
 
 pytestmark = pytest.mark.valkey
 
@@ -156,3 +156,20 @@ async def test_a_replicated_worker_starts_with_a_replica(pair: tuple[Server, Ser
         await store.prepare([NAME])
         assert await store.connection.replicas() == [(str(primary.host) + ":" +
                                                       str(primary.port), 1)]
+
+
+@pytest.mark.cluster
+async def test_a_replicated_worker_refuses_a_cluster_whose_primaries_have_no_replica(
+    tmp_path: Path
+) -> None:
+    cluster = start_cluster(tmp_path / "cluster", primaries=3, replicas_per_primary=0)
+    try:
+        store = ValkeyStore(cluster.url, namespace="ns", durability="replicated")
+        async with opened(store):
+            worker = make_worker(store, [one_step], health_port=0)
+            with pytest.raises(ConfigurationError, match="has no replica connected") as caught:
+                await worker.run()
+            # Every primary is named, not only the first.
+            assert all(f":{node.port}" in str(caught.value) for node in cluster.nodes)
+    finally:
+        cluster.kill()
