@@ -92,6 +92,7 @@ bench: install
 	$(PY) -m benchmarks
 	PYTHONPATH=src:. $(PY) -m benchmarks.peers
 	PYTHONPATH=src:. $(PY) -m benchmarks.scaling
+	PYTHONPATH=src:. $(PY) -m benchmarks.durability
 
 soak: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos tests/fleet

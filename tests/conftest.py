@@ -129,6 +129,7 @@ STORE_PARAMS = [
     "sqlite",
     pytest.param("valkey", marks=pytest.mark.valkey),
     pytest.param("valkey-cluster", marks=[pytest.mark.valkey, pytest.mark.cluster]),
+    pytest.param("valkey-replicated", marks=[pytest.mark.valkey, pytest.mark.cluster]),
     pytest.param("archiving", marks=[pytest.mark.valkey, pytest.mark.postgres]),
 ]
 
@@ -136,7 +137,8 @@ STORE_PARAMS = [
 @pytest.fixture(params=STORE_PARAMS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """Every store, one test run each: memory, SQLite, Valkey standalone (one shard, so
-    ordering is exact), a real Valkey cluster (four shards across its nodes) and an
+    ordering is exact), a real Valkey cluster (four shards across its nodes), the same
+    cluster with ``durability="replicated"`` (every write waits for a replica) and an
     ArchivingStore (Valkey standalone, one shard, over the session's Postgres database)."""
     from pyrula.workflows import MemoryStore, SQLiteStore, ValkeyStore
 
@@ -157,7 +159,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
                            archive=PostgresArchive(dsn=dsn))
     else:
         cluster = request.getfixturevalue("valkey_cluster")
-        s = ValkeyStore(url=cluster.url, namespace=namespace, shard_count=4)
+        durability = "replicated" if request.param == "valkey-replicated" else "async"
+        s = ValkeyStore(url=cluster.url, namespace=namespace, shard_count=4,
+                        durability=durability)
     try:
         yield s
     finally:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pyrula.workflows.errors import StaleToken
+from pyrula.workflows.errors import StaleToken, WorkflowNotFound
 from pyrula.workflows.events import EventType
 from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.base import Store
@@ -80,6 +80,20 @@ WRITES: dict[str, Write] = {
     "requeue-crash": _crash,
 }
 parametrize_writes = pytest.mark.parametrize("write", list(WRITES.values()), ids=list(WRITES))
+
+
+@parametrize_writes
+async def test_a_write_to_a_run_the_store_does_not_know_is_not_found(store: Store,
+                                                                   write: Write) -> None:
+    # An id of the store's own making (shard and all) that it never handed out: what an
+    # attempt meets when a failover lost the run under it. It must not read as an outage,
+    # which the worker would retry for ever.
+    known = await running(store, now=T0)
+    tail = "0000" if not known.run_id.endswith("0000") else "1111"
+    missing = known.run_id[:-4] + tail
+    with pytest.raises(WorkflowNotFound):
+        await write(store, missing, known.token, T0 + 1)
+    assert (await info(store, known.run_id)).status == RunStatus.RUNNING
 
 
 @parametrize_writes

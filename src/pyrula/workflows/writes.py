@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from pyrula.workflows.clock import Clock
-from pyrula.workflows.errors import StaleToken, StoreUnavailable
+from pyrula.workflows.errors import StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows.events import Event, stamp_successor
 from pyrula.workflows.records import RequeueOutcome, RunStatus
 from pyrula.workflows.replay import Replay
@@ -90,6 +90,14 @@ class Writes:
         except StaleToken:
             logger.warning(
                 "run %s attempt %d lost its lock; standing down", self._run_id, self._token
+            )
+            stop = Stop.lost()
+        except WorkflowNotFound:
+            # The store no longer has the run (a failover lost it, or it was deleted):
+            # nothing of this attempt can be written, as with a lock lost.
+            logger.warning(
+                "run %s attempt %d: the store has no such run; standing down", self._run_id,
+                self._token,
             )
             stop = Stop.lost()
         except StoreUnavailable:

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
+from pyrula.workflows import (
+    RunStatus,
+    WorkflowContext,
+    WorkflowNotFound,
+    WorkflowWorker,
+    step,
+    workflow,
+)
 from pyrula.workflows.worker.loops import BACKOFF_MAX, BACKOFF_MIN, backoff_delays
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
@@ -156,3 +163,27 @@ async def test_a_run_that_cannot_read_its_journal_is_requeued(store: Any) -> Non
         await stop(worker, task)
     events = await worker.client.events(run.run_id)
     assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]
+
+
+async def test_an_attempt_whose_run_the_store_lost_stands_down_and_the_scans_go_on(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a failover that lost a run does to the attempt running it: its next write
+    # finds no such run. The attempt stands down (no requeue retried for ever, no store
+    # outage reported that would hold the orphan scan back), and the worker carries on.
+    capture(caplog)
+    gone = Outage(store, "append", error=lambda: WorkflowNotFound("no run with that id"))
+    worker = WorkflowWorker(store=store, workflows=[wloop_steps],
+                            options=fast_options(orphan_scan_interval=0.05))
+    async with serving(worker):
+        gone.active = True
+        lost = await worker.client.submit(wloop_steps, {})
+        await await_until(lambda: gone.failures >= 1, what="a write that finds no run")
+        gone.active = False
+        await await_until(lambda: worker.in_flight == 0, what="the attempt stood down")
+        assert worker.metrics.get("pyrula.workflows.attempts", outcome="lost") == 1
+        assert worker.metrics.get("pyrula.workflows.runs.requeued",
+                                  reason="store_unavailable") == 0
+        # The run is still there here, its lock lapsing: the orphan scan takes it back.
+        assert await worker.client.result(lost.run_id, timeout=10) == 2
+    assert [r.getMessage() for r in caplog.records if "no such run" in r.getMessage()]

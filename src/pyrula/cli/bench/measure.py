@@ -221,6 +221,17 @@ def is_valkey(url: str) -> bool:
     return url.split("://", 1)[0].lower() in ("redis", "rediss", "valkey", "valkeys")
 
 
+def _redis_py_url(url: str) -> str:
+    """``url`` without the query options only pyrula knows (redis-py would pass them on
+    to its connections as arguments they do not take)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+             if k not in ("durability", "replica_timeout")]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 def command_calls(url: str) -> int:
     """Commands the Valkey/Redis server at ``url`` has executed (``INFO commandstats``),
     without ``info`` and ``config|resetstat``; summed over the primaries of a cluster."""
@@ -228,7 +239,8 @@ def command_calls(url: str) -> int:
     from redis.cluster import RedisCluster
 
     scheme, rest = url.split("://", 1)
-    plain = ("rediss" if scheme.lower() in ("rediss", "valkeys") else "redis") + "://" + rest
+    plain = _redis_py_url(
+        ("rediss" if scheme.lower() in ("rediss", "valkeys") else "redis") + "://" + rest)
     client = redis.Redis.from_url(plain, socket_timeout=5, decode_responses=True)
     try:
         clustered = bool(client.info("cluster").get("cluster_enabled"))

@@ -267,8 +267,8 @@ class AttemptRunner:
         try:
             await self._p.store.finish(claimed.run_id, claimed.token, [error.event(now)],
                                        now=now, status=RunStatus.FAILED, error=error.as_dict())
-        except StaleToken:
-            return  # another attempt holds the run; it meets the same entry
+        except (StaleToken, WorkflowNotFound):
+            return  # another attempt holds the run (it meets the same entry), or it is gone
         except StoreUnavailable:
             await self._requeue_unavailable(claimed, run_log)
             return

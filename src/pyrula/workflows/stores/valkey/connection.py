@@ -12,6 +12,7 @@ import re
 import threading
 import weakref
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,8 +21,17 @@ from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.errors import ConfigurationError, StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows._sync import SYNC_DRIVE
 from pyrula.workflows.stores import VALKEY_SCHEMES
+from pyrula.workflows.stores.valkey.codec import parse_info
 from pyrula.workflows.stores.valkey.keys import KeySpace
-from pyrula.workflows.stores.valkey.resp import AsyncIO, Command, ReplyError, SyncIO, parse_url
+from pyrula.workflows.stores.valkey.resp import (
+    AsyncIO,
+    Command,
+    Durability,
+    ReplyError,
+    SyncIO,
+    parse_durability,
+    parse_url,
+)
 from pyrula.workflows.stores.valkey.router import ClusterMode, Router
 from pyrula.workflows.stores.valkey.script import SCRIPT, SHA
 
@@ -88,6 +98,8 @@ class Connection:
         *,
         socket_timeout: float = 10.0,
         max_connections: int = 256,
+        durability: str | None = None,
+        replica_timeout: float | None = None,
     ) -> None:
         self.url, self.tls = _url(url)
         if namespace is not None:
@@ -122,6 +134,19 @@ class Connection:
             self._seed, self.link_options = parse_url(self.url, socket_timeout)
         except ValueError as exc:
             raise ConfigurationError(f"ValkeyStore url {redact_url(url)!r}: {exc}") from None
+        if durability is not None or replica_timeout is not None:
+            # A value given in code wins over the URL's.
+            try:
+                given = self.link_options
+                chosen, seconds = parse_durability(
+                    durability if durability is not None else given.durability,
+                    replica_timeout if replica_timeout is not None else given.replica_timeout,
+                    socket_timeout)
+            except ValueError as exc:
+                raise ConfigurationError(f"ValkeyStore: {exc}") from None
+            self.link_options = replace(self.link_options, durability=chosen,
+                                        replica_timeout=seconds)
+        self.durability: Durability = self.link_options.durability
         self._mode = ClusterMode(cluster_mode(self._seed.host, cluster))
         self._lock = threading.Lock()
         self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Router] = (
@@ -241,6 +266,8 @@ class Connection:
         reply = await self.router().call(key, *command, idempotent=idempotent)
         if isinstance(reply, ReplyError):
             raise self._plain_error(reply)
+        if isinstance(reply, BaseException):  # a cluster's, or a write no replica has
+            raise reply
         return reply
 
     async def read(self, key: str | None, *command: Any) -> Any:
@@ -257,6 +284,15 @@ class Connection:
                                               [k for k, _ in commands],
                                               idempotent=idempotent)
         return [self._plain_error(r) if isinstance(r, ReplyError) else r for r in replies]
+
+    async def replicas(self) -> list[tuple[str, int]]:
+        """Each primary's address and how many replicas it has connected right now."""
+        counts = []
+        for where, reply in await self.router().each_primary(("INFO", "replication")):
+            if isinstance(reply, ReplyError):
+                raise self._plain_error(reply)
+            counts.append((str(where), int(parse_info(str(reply)).get("connected_slaves", 0))))
+        return counts
 
     async def blocking(self, key: str, commands: Sequence[Command], block: float) -> list[Any]:
         """Commands led by a blocking one, on a connection of their own for ``block`` s."""
@@ -324,11 +360,15 @@ class Connection:
     def _translate(self, reply: ReplyError, args: Sequence[Any]) -> Exception:
         message = str(reply)
         run_id = str(args[1]) if len(args) > 1 else "?"
-        if message.startswith("STALE"):
-            current = message.split(" ", 1)[1] if " " in message else None
+        # A script's error of one word (``error_reply('NOTFOUND')``) reaches the client
+        # as "ERR NOTFOUND": the server takes a reply without a space for a message
+        # without a code. Read as an outage, a worker would retry it for ever.
+        said = message[4:] if message.startswith("ERR ") else message
+        if said.startswith("STALE"):
+            current = said.split(" ", 1)[1] if " " in said else None
             return StaleToken(run_id, int(args[2]) if len(args) > 2 else -1,
                               int(current) if current and current.isdigit() else None)
-        if message.startswith("NOTFOUND"):
+        if said.startswith("NOTFOUND"):
             return WorkflowNotFound(f"no run with id {run_id!r}")
         if reply.code in ("MOVED", "ASK", "CROSSSLOT") or "CROSSSLOT" in message:
             return self._hidden_cluster(reply)

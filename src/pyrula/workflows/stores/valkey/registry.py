@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pyrula.errors import ConfigurationError, StoreUnavailable
 from pyrula.workflows.stores.valkey.codec import parse_info
 from pyrula.workflows.stores.valkey.connection import Connection, EvictionCheck
-from pyrula.workflows.stores.valkey.resp import ReplyError
+from pyrula.workflows.stores.valkey.resp import Durability, ReplyError
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +27,10 @@ class Registry:
 
     async def prepare(self, names: Sequence[str]) -> None:
         """What a worker checks before any loop starts: cluster mode, eviction policy,
-        the recorded shard count of each name; then loads the script."""
+        a replica behind every primary (``durability=replicated``), the recorded shard
+        count of each name; then loads the script."""
         await self._check_eviction()
+        await self._check_replicas()
         for name in names:
             await self.register(name)
         await self.connection.load_script()
@@ -61,6 +63,21 @@ class Registry:
                 "Valkey at %s has maxmemory-policy %s: finished-run history and short-lived "
                 "keys may be evicted", conn.where(), policy,
                 extra={"event": "valkey_eviction_policy"},
+            )
+
+    async def _check_replicas(self) -> None:
+        """Under ``durability=replicated`` each write waits for a replica: with none
+        connected every write would wait its timeout and fail, so the worker refuses to
+        start instead."""
+        conn = self.connection
+        if conn.durability is not Durability.REPLICATED:
+            return
+        alone = [where for where, count in await conn.replicas() if count < 1]
+        if alone:
+            raise ConfigurationError(
+                f"durability='replicated' waits for a replica of every write, but Valkey at "
+                f"{', '.join(alone)} has no replica connected; add a replica (replicaof) or "
+                "use durability='async'"
             )
 
     async def register(self, name: str) -> None:

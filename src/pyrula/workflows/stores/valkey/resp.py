@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -89,6 +90,20 @@ class Endpoint:
         return f"{self.host}:{self.port}"
 
 
+class Durability(StrEnum):
+    """When a write counts as done."""
+
+    #: When the primary has it (replicas get it a moment later: a primary that dies in
+    #: that moment, its replica promoted, takes the write with it).
+    ASYNC = "async"
+    #: When one replica has it too (``WAIT 1`` after the write, on its connection).
+    REPLICATED = "replicated"
+
+
+#: How long a write waits for a replica under ``durability=replicated``, by default.
+REPLICA_TIMEOUT = 2.0
+
+
 @dataclass(frozen=True)
 class LinkOptions:
     """How to open and talk to every server of one store."""
@@ -99,6 +114,9 @@ class LinkOptions:
     tls: ssl.SSLContext | None = None
     check_hostname: bool = True
     timeout: float = 10.0
+    durability: Durability = Durability.ASYNC
+    #: Seconds a write waits for its replica (``replicated``); less than ``timeout``.
+    replica_timeout: float = REPLICA_TIMEOUT
 
     def handshake(self) -> list[Command]:
         """Commands every new connection sends first."""
@@ -113,12 +131,14 @@ class LinkOptions:
 
 #: The query options a store URL may carry.
 URL_OPTIONS = frozenset({"db", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
-                         "ssl_check_hostname"})
+                         "ssl_check_hostname", "durability", "replica_timeout"})
 _CERT_REQS = ("none", "cert_none", "optional", "cert_optional", "required", "cert_required")
 
 
 def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
-    """``redis[s]://[user[:password]@]host[:port][/db][?ssl_cert_reqs=..&ssl_ca_certs=..]``."""
+    """``redis[s]://[user[:password]@]host[:port][/db][?ssl_cert_reqs=..&ssl_ca_certs=..]``,
+    with ``durability=async|replicated`` and ``replica_timeout=<seconds>`` among the
+    options."""
     parts = urlsplit(url)
     tls = parts.scheme in ("rediss", "valkeys")
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
@@ -138,6 +158,8 @@ def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
     if check not in ("true", "false", "1", "0"):
         raise ValueError(f"ssl_check_hostname={check!r} is not true or false")
     context = _tls_context(query) if tls else None
+    durability, replica_timeout = parse_durability(
+        query.get("durability"), query.get("replica_timeout"), timeout)
     password = unquote(parts.password) if parts.password is not None else None
     username = unquote(parts.username) if parts.username else None
     if password is None and username is not None:  # redis://:secret@ reads as a password
@@ -145,9 +167,35 @@ def parse_url(url: str, timeout: float) -> tuple[Endpoint, LinkOptions]:
     options = LinkOptions(
         username=username or None, password=password, db=int(db_text), tls=context,
         check_hostname=check in ("true", "1"),
-        timeout=timeout,
+        timeout=timeout, durability=durability, replica_timeout=replica_timeout,
     )
     return Endpoint(parts.hostname, port or 6379), options
+
+
+def parse_durability(durability: object, replica_timeout: object, timeout: float
+                     ) -> tuple[Durability, float]:
+    """The durability and replica timeout a URL or a constructor names (None: the
+    defaults); ValueError naming the option for a bad value. The replica timeout must be
+    shorter than the socket timeout ``timeout``: a write waiting for its replica must
+    not look like a server that stopped answering."""
+    if durability is None:
+        chosen = Durability.ASYNC
+    elif isinstance(durability, str) and durability.lower() in tuple(Durability):
+        chosen = Durability(durability.lower())
+    else:
+        raise ValueError(f"durability={durability!r} is not one of "
+                         f"{', '.join(Durability)}")
+    if replica_timeout is None:
+        seconds = min(REPLICA_TIMEOUT, timeout / 2)
+    else:
+        try:
+            seconds = float(replica_timeout)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if isinstance(replica_timeout, bool) or not 0 < seconds < timeout:
+            raise ValueError(f"replica_timeout={replica_timeout!r} is not a number of "
+                             f"seconds above 0 and below the socket timeout ({timeout} s)")
+    return chosen, seconds
 
 
 def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
@@ -177,8 +225,12 @@ class Link(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    async def request(self, packed: bytes, count: int, timeout: float | None = None
-                      ) -> list[Any]: ...
+    async def request(self, packed: bytes, count: int, timeout: float | None = None,
+                      wait: Command | None = None) -> list[Any]:
+        """The ``count`` replies of ``packed``; with ``wait`` (``WAIT n ms``), WAIT sent
+        after it on this connection and its reply appended. Requests written together may
+        share one WAIT: it covers every write before it on the connection."""
+        ...
 
     def close(self) -> None: ...
 
@@ -188,10 +240,15 @@ class Link(Protocol):
 
 @dataclass(slots=True)
 class _Pending:
-    future: asyncio.Future[list[Any]]
+    #: None for a WAIT shared by ``waiters`` (nobody awaits it itself).
+    future: asyncio.Future[list[Any]] | None
     count: int
     deadline: float
     replies: list[Any] = field(default_factory=list)
+    #: Its result waits for the WAIT written after it (its replies alone are not enough).
+    held: bool = False
+    #: The requests this WAIT's reply completes.
+    waiters: list[_Pending] = field(default_factory=list)
 
 
 class AsyncLink(asyncio.Protocol):
@@ -208,6 +265,9 @@ class AsyncLink(asyncio.Protocol):
         self._watch: asyncio.TimerHandle | None = None
         # Requests written in one turn of the loop go out in one send (see request).
         self._out: list[bytes] = []
+        # Requests of this turn that asked for a WAIT, and the WAIT they asked for.
+        self._waiters: list[_Pending] = []
+        self._wait: Command | None = None
 
     @classmethod
     async def open(cls, where: Endpoint, options: LinkOptions) -> AsyncLink:
@@ -253,8 +313,10 @@ class AsyncLink(asyncio.Protocol):
                 head.replies.append(reply)
                 if len(head.replies) == head.count:
                     pending.popleft()
-                    if not head.future.done():
-                        head.future.set_result(head.replies)
+                    if not head.held:
+                        _resolve(head, head.replies)
+                    for waiter in head.waiters:  # a WAIT: its reply ends each of them
+                        _resolve(waiter, [*waiter.replies, reply])
         except hiredis.ProtocolError as exc:
             self._fail(LinkLost(f"{self._where} sent what is not RESP: {exc}"))
 
@@ -268,25 +330,38 @@ class AsyncLink(asyncio.Protocol):
     def alive(self) -> bool:
         return self._lost is None and self._transport is not None
 
-    async def request(self, packed: bytes, count: int, timeout: float | None = None
-                      ) -> list[Any]:
+    async def request(self, packed: bytes, count: int, timeout: float | None = None,
+                      wait: Command | None = None) -> list[Any]:
         if self._lost is not None or self._transport is None:
             raise LinkLost(str(self._lost or f"connection to {self._where} is closed"))
         future: asyncio.Future[list[Any]] = self._loop.create_future()
-        wait = self._timeout if timeout is None else timeout
-        self._pending.append(_Pending(future, count, time.monotonic() + wait))
+        seconds = self._timeout if timeout is None else timeout
+        request = _Pending(future, count, time.monotonic() + seconds, held=wait is not None)
+        self._pending.append(request)
         # Corked until the end of this turn of the loop: the requests of every coroutine
         # that runs in it (a worker finishing many runs at once) share one send and one
         # read on the server. Replies still come back in the order of _pending.
         if not self._out:
             self._loop.call_soon(self._flush)
         self._out.append(packed)
+        if wait is not None:
+            # One WAIT after every request of this turn that asked for one: the server
+            # serves a connection's commands in order and a WAIT blocks the ones behind
+            # it, so a WAIT each would cost a replica round trip per request, one after
+            # the other; one WAIT covers them all, for one round trip per send.
+            self._waiters.append(request)
+            self._wait = wait
         if self._watch is None:
             self._arm()
         return await future
 
     def _flush(self) -> None:
         out, self._out = self._out, []
+        if self._waiters and self._wait is not None:
+            waiters, self._waiters = self._waiters, []
+            self._pending.append(_Pending(None, 1, max(w.deadline for w in waiters),
+                                          waiters=waiters))
+            out.append(pack([self._wait]))
         if self._transport is not None and self._lost is None and out:
             self._transport.write(out[0] if len(out) == 1 else b"".join(out))
 
@@ -303,9 +378,14 @@ class AsyncLink(asyncio.Protocol):
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        while self._pending:
-            waiter = self._pending.popleft()
-            if not waiter.future.done():
+        # A request whose own replies came is no longer pending, but still waits for
+        # its WAIT: it fails with the WAIT.
+        failed = [*self._waiters, *self._pending]
+        failed += [w for p in self._pending for w in p.waiters]
+        self._pending.clear()
+        self._waiters = []
+        for waiter in failed:
+            if waiter.future is not None and not waiter.future.done():
                 waiter.future.set_exception(LinkLost(str(self._lost)))
         if self._transport is not None and not self._transport.is_closing():
             self._transport.abort()
@@ -323,6 +403,11 @@ class AsyncLink(asyncio.Protocol):
             self._fail(LinkLost(f"{self._where} did not answer within the timeout"))
             return
         self._arm()
+
+
+def _resolve(request: _Pending, replies: list[Any]) -> None:
+    if request.future is not None and not request.future.done():
+        request.future.set_result(replies)
 
 
 async def _handshake(link: Link, options: LinkOptions, where: Endpoint) -> None:
@@ -392,8 +477,10 @@ class SyncLink:
         self.close()
         return False
 
-    async def request(self, packed: bytes, count: int, timeout: float | None = None
-                      ) -> list[Any]:
+    async def request(self, packed: bytes, count: int, timeout: float | None = None,
+                      wait: Command | None = None) -> list[Any]:
+        if wait is not None:  # one caller at a time: its own WAIT, in the same send
+            return self.request_now(packed + pack([wait]), count + 1, timeout)
         return self.request_now(packed, count, timeout)
 
     def request_now(self, packed: bytes, count: int, timeout: float | None = None

@@ -13,6 +13,13 @@ node, sends the groups together, and follows the cluster through a failover or a
 - a connection lost after a write was sent leaves its outcome unknown: a read is sent
   again, a write is reported as the store being unavailable, never sent twice.
 
+Under ``durability=replicated`` every request that may write is followed by ``WAIT 1
+<ms>`` on the connection that carried it (one server's, or one node's group; requests
+sent together share one, see ``resp.AsyncLink.request``): WAIT counts the writes of its
+own connection, so it covers every write before it. A write it finds no replica
+acknowledged is reported as the store being unavailable, its outcome unknown (see
+:func:`_replicated`).
+
 Every failure of the transport reaches the caller as ``StoreUnavailable`` (or, for bad
 credentials, ``ConfigurationError``), never as an error of the client library.
 
@@ -31,6 +38,7 @@ from pyrula.errors import ConfigurationError, StoreUnavailable
 from pyrula.workflows.stores.valkey.resp import (
     Command,
     ConnectFailed,
+    Durability,
     Endpoint,
     Link,
     LinkIO,
@@ -102,6 +110,10 @@ class Router:
         self._idle: dict[Endpoint, list[Link]] = {}
         self._max_blocking = max_blocking
         self._blocking_slots: asyncio.Semaphore | None = None
+        #: What ends a request that may write: ``WAIT 1 <ms>`` (replicated), or nothing.
+        self._wait: Command | None = (
+            ("WAIT", 1, max(1, round(options.replica_timeout * 1000)))
+            if options.durability is Durability.REPLICATED else None)
         self.closed = False
 
     async def is_cluster(self) -> bool:
@@ -124,9 +136,10 @@ class Router:
         """
         if self._mode.cluster is None:
             await self._detect()
+        wait = None if idempotent else self._wait
         if not self._mode.cluster:
-            return await self._standalone(commands, idempotent)
-        return await self._clustered(commands, keys, idempotent)
+            return await self._standalone(commands, idempotent, wait)
+        return await self._clustered(commands, keys, idempotent, wait)
 
     async def call(self, key: str | None, *command: str | bytes | int | float,
                    idempotent: bool = False) -> Any:
@@ -191,12 +204,14 @@ class Router:
 
     # --- one server -------------------------------------------------------------------
 
-    async def _standalone(self, commands: Sequence[Command], idempotent: bool) -> list[Any]:
+    async def _standalone(self, commands: Sequence[Command], idempotent: bool,
+                          wait: Command | None = None) -> list[Any]:
         packed = pack(commands)
         for attempt in (1, 2):
             try:
                 link = await self._link(self._seed)
-                return await link.request(packed, len(commands))
+                replies = await link.request(packed, len(commands), wait=wait)
+                return _replicated(replies, wait, self._seed) if wait else replies
             except ConnectFailed as exc:
                 raise self._unavailable(self._seed, exc) from exc
             except LinkLost as exc:
@@ -208,7 +223,7 @@ class Router:
     # --- a cluster --------------------------------------------------------------------
 
     async def _clustered(self, commands: Sequence[Command], keys: Sequence[str | None],
-                         idempotent: bool) -> list[Any]:
+                         idempotent: bool, wait: Command | None = None) -> list[Any]:
         results: list[Any] = [None] * len(commands)
         todo = list(range(len(commands)))
         asking: dict[int, Endpoint] = {}
@@ -225,7 +240,8 @@ class Router:
                     where = await self._node(key) if key is not None else self._seed
                 groups.setdefault(where, []).append(i)
             sent = await self._io.gather([
-                self._send_group(where, [commands[i] for i in idx], [i in asking for i in idx])
+                self._send_group(where, [commands[i] for i in idx], [i in asking for i in idx],
+                                 wait)
                 for where, idx in groups.items()
             ])
             again: list[int] = []
@@ -282,8 +298,9 @@ class Router:
         return results
 
     async def _send_group(self, where: Endpoint, commands: Sequence[Command],
-                          asking: Sequence[bool]) -> list[Any]:
-        """One pipelined request to one node; a connection failure fills every place."""
+                          asking: Sequence[bool], wait: Command | None = None) -> list[Any]:
+        """One pipelined request to one node, ended by ``wait`` if given; a connection
+        failure fills every place."""
         wire: list[Command] = []
         for command, ask in zip(commands, asking, strict=True):
             if ask:
@@ -291,9 +308,11 @@ class Router:
             wire.append(command)
         try:
             link = await self._link(where)
-            replies = await link.request(pack(wire), len(wire))
+            replies = await link.request(pack(wire), len(wire), wait=wait)
         except (ConnectFailed, LinkLost) as exc:
             return [exc] * len(commands)
+        if wait:
+            replies = _replicated(replies, wait, where)
         if not any(asking):
             return replies
         out, at = [], 0
@@ -448,6 +467,24 @@ class Router:
             return ConfigurationError(f"Valkey at {where} refused the connection's "
                                       f"credentials: {text}")
         return StoreUnavailable(f"Valkey at {where} refused the connection: {text}")
+
+
+def _replicated(replies: list[Any], wait: Command, where: Endpoint) -> list[Any]:
+    """The replies of a request ended by ``wait`` (``WAIT n ms``), without WAIT's own:
+    when fewer than ``n`` replicas acknowledged the request's writes, each reply that is
+    not an error becomes StoreUnavailable. Such a write is on the primary and may reach a
+    replica later, or vanish in a failover: its outcome is unknown, as for a connection
+    lost under it, so the caller must not act on it as done. (An error reply wrote
+    nothing the caller is told of, and stays as it is.)"""
+    *replies, acked = replies
+    wanted, ms = int(wait[1]), int(wait[2])
+    if isinstance(acked, int) and acked >= wanted:
+        return replies
+    why = (f"WAIT refused: {acked}" if isinstance(acked, ReplyError)
+           else f"{acked} of {wanted} replicas acknowledged it within {ms} ms")
+    unknown = StoreUnavailable(f"Valkey at {where}: a write is not known to be on a replica "
+                               f"({why}); its outcome is unknown")
+    return [r if isinstance(r, ReplyError) else unknown for r in replies]
 
 
 def _address(reply: ReplyError) -> Endpoint:

@@ -52,7 +52,12 @@ logger = logging.getLogger(__name__)
 
 class ValkeyStore(SyncAdmin):
     """``ValkeyStore(url, namespace=None, shard_count=64, cluster=None, completed_ttl=86400,
-    eviction_policy_check="error")``."""
+    eviction_policy_check="error", *, durability=None, replica_timeout=None)``.
+
+    ``durability``: ``"async"`` (the default) counts a write done when the primary has it;
+    ``"replicated"`` when one replica has it too (the URL's ``?durability=`` when not
+    given here). ``replica_timeout``: how long such a write waits for its replica before
+    it is reported as ``StoreUnavailable`` (default 2 s, below ``socket_timeout``)."""
 
     #: Every operation runs on the calling thread's blocking connections when driven by
     #: ``pyrula.workflows._sync.drive`` (synchronous callers need no event loop).
@@ -69,15 +74,19 @@ class ValkeyStore(SyncAdmin):
         *,
         socket_timeout: float = 10.0,
         max_connections: int = 256,
+        durability: str | None = None,
+        replica_timeout: float | None = None,
     ) -> None:
         self.connection = conn = Connection(
             url, namespace, shard_count, cluster, completed_ttl, eviction_policy_check,
             socket_timeout=socket_timeout, max_connections=max_connections,
+            durability=durability, replica_timeout=replica_timeout,
         )
         self.url, self.tls, self.namespace = conn.url, conn.tls, conn.namespace
         self.shard_count, self.cluster = conn.shard_count, conn.cluster
         self.completed_ttl = conn.completed_ttl
         self.eviction_policy_check = conn.eviction_policy_check
+        self.durability = conn.durability
         self.keys, self.stats = conn.keys, conn.stats
         self.registry = Registry(conn)
         self.leases = Leases(conn, self.registry)
