@@ -11,10 +11,10 @@ from typing import Any
 import click
 
 from pyrula import logs
+from pyrula.apps import AppError
 from pyrula.cli import runs
 from pyrula.cli.common import (
     CLUSTER,
-    CONFIGURATION_ERROR_EXIT,
     NAMESPACE,
     STORE,
     load_workflows,
@@ -69,13 +69,12 @@ def _worker_command(dev: bool) -> Any:
         before = _tree_files(os.getcwd()) if dev else {}
         try:
             chosen = load_workflows(apps, workflows)
-        except click.ClickException as exc:
+        except AppError as exc:
             if not dev:
                 raise
             # A code change broke the import: say so, and restart on the next change
             # instead of leaving the developer without a worker.
-            click.echo(f"{exc.format_message()}\nwaiting for a change to the code...",
-                       err=True)
+            click.echo(f"{exc.render()}\nwaiting for a change to the code...", err=True)
             _wait_for_any_change(before)
             _restart()
         overrides: dict[str, Any] = {}
@@ -321,23 +320,4 @@ def db_check(store: str | None, namespace: str | None, postgres_dsn: str | None,
 
 
 def main() -> None:
-    from pyrula.errors import ConfigurationError, PayloadTooLarge, PyrulaError
-
-    try:
-        run_group(cli)
-    except ConfigurationError as exc:
-        # The same words and exit code as a ConfigurationError raised by worker.run().
-        click.echo(f"configuration error: {exc}", err=True)
-        sys.exit(CONFIGURATION_ERROR_EXIT)
-    except PayloadTooLarge as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(CONFIGURATION_ERROR_EXIT)
-    except PyrulaError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except ValueError as exc:
-        # What the client refuses in its arguments (a signal name, params that are not
-        # JSON): the user's mistake, so one line and the usage error's exit code.
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(CONFIGURATION_ERROR_EXIT)
-
+    run_group(cli)

@@ -109,9 +109,10 @@ def resolve_health_port(flag: Any) -> int:
     raw = flag if flag is not None else env_value("PORT")
     if raw is None:
         return DEFAULT_HEALTH_PORT
-    port = parse_int("--health-port", raw, minimum=0)
+    name = "--health-port" if flag is not None else "PORT"
+    port = parse_int(name, raw, minimum=0)
     if port > 65535:
-        raise ConfigurationError(f"--health-port must be a TCP port 0..65535, got {raw!r}")
+        raise ConfigurationError(f"{name} must be a TCP port 0..65535, got {raw!r}")
     return port
 
 
@@ -120,7 +121,7 @@ def resolve_children(flag: Any) -> int:
     raw = flag if flag is not None else env_value("WEB_CONCURRENCY")
     if raw is None:
         return FleetOptions.children
-    return parse_int("-n", raw, minimum=1)
+    return parse_int("-n" if flag is not None else "WEB_CONCURRENCY", raw, minimum=1)
 
 
 def resolve_bounds(
