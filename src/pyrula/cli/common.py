@@ -79,6 +79,28 @@ def open_store(url: str | None, namespace: str | None = None, *, archive: bool =
     return archived_if_configured(store) if archive else store
 
 
+def existing_store(url: str | None, namespace: str | None = None, *,
+                   archive: bool = True) -> Any:
+    """The store for a command that reads, or acts on, what a worker or a fleet keeps in
+    it (every command but ``worker`` and ``dev``). Opening a SQLite file that is not there
+    would create an empty store and answer from it (no runs, no such run), or leave a
+    submitted run in a file no worker reads: so a missing file is refused (exit 1), and
+    ``memory://``, always empty in a new process, is refused as a mistake (exit 2)."""
+    from pyrula.config.store_url import sqlite_file
+
+    resolved = resolve_store_url(url)
+    named = f"--store {resolved}" if url is not None else f"PYRULA_STORE_URL={resolved}"
+    if resolved.lower().startswith("memory:"):
+        raise InputError(f"{named}: a memory store is private to one process, empty in this "
+                         "one, and no worker could reach it; name a SQLite file or a Valkey "
+                         "server")
+    path = sqlite_file(resolved)
+    if path is not None and not os.path.exists(path):
+        raise Refusal(f"no store at {os.path.abspath(path)}: run where your fleet runs, "
+                      "or set PYRULA_STORE_URL")
+    return open_store(url, namespace, archive=archive)
+
+
 class InputError(click.ClickException):
     """A user's mistake on the command line: one line on stderr, exit 2, no traceback."""
 

@@ -26,10 +26,11 @@ from pyrula.config.fleet import (
     resolve_store_url,
 )
 from pyrula.config.parse import parse_int
+from pyrula.config.store_url import check_url, shown_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
+from pyrula.supervisor.capacity import host_room, refusal
 from pyrula.supervisor.memory import log_limits, read_cgroup_memory_limit, resolve_limits
-from pyrula.workflows.stores import check_url, shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,10 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
                             scale_down_after)
     # The most children there can be: the container's memory is shared among them.
     count = bounds.get("max_children") or bounds["children"]
+    too_many = refusal("--max" if bounds.get("max_children") else "-n", count,
+                       host_room(read_cgroup_memory_limit()))
+    if too_many is not None:
+        raise InputError(too_many)
     memory = resolve_limits(
         parse_memory(max_memory_per_child),
         parse_memory(memory_hard_limit, "--memory-hard-limit"),

@@ -17,6 +17,7 @@ from pyrula.cli.common import (
     CLUSTER,
     NAMESPACE,
     STORE,
+    existing_store,
     load_workflows,
     open_store,
     option_flags,
@@ -27,7 +28,7 @@ from pyrula.cli.common import (
 from pyrula.cli.runs import runs as runs_group
 from pyrula.cli.schedules import schedules
 from pyrula.config.fleet import resolve_store_url
-from pyrula.config.parse import redact_url
+from pyrula.config.store_url import shown_url
 
 LOG_FORMAT = click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text",
@@ -86,7 +87,7 @@ def _worker_command(dev: bool) -> Any:
                                 workflows=chosen, options=opts, cloud=cloud)
         archived = (f" (archived to {worker.store.archive.where()})"
                     if isinstance(worker.store, ArchivingStore) else "")
-        where = redact_url(resolve_store_url(store))
+        where = shown_url(resolve_store_url(store))
         logs.announce(f"pyrula worker {worker.worker_id} on {where}{archived} serving "
                       f"{', '.join(worker.workflow_names)}", "worker_banner",
                       worker_id=worker.worker_id, store=where)
@@ -296,13 +297,13 @@ def db_check(store: str | None, namespace: str | None, postgres_dsn: str | None,
     from pyrula.errors import ArchiveSchemaMismatch, StoreUnavailable
 
     archive = _archive(postgres_dsn, schema)
-    live = open_store(store, namespace, archive=False)
+    live = existing_store(store, namespace, archive=False)
     failed = False
     try:
         live.ping()
         click.echo(f"store ok: {live!r}")
     except StoreUnavailable as exc:
-        click.echo(f"store unreachable: {exc}", err=True)
+        click.echo(f"error: store unreachable: {exc}", err=True)
         failed = True
     finally:
         live.close()
@@ -310,10 +311,10 @@ def db_check(store: str | None, namespace: str | None, postgres_dsn: str | None,
         status = _on_archive(archive, lambda a: a.check())
         click.echo(f"archive ok: {archive.where()} {status}")
     except ArchiveSchemaMismatch as exc:
-        click.echo(f"archive schema mismatch: {exc}", err=True)
+        click.echo(f"error: archive schema mismatch: {exc}", err=True)
         failed = True
     except StoreUnavailable as exc:
-        click.echo(f"archive unreachable: {exc}", err=True)
+        click.echo(f"error: archive unreachable: {exc}", err=True)
         failed = True
     if failed:
         sys.exit(1)

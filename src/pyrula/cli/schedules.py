@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from pyrula.cli.common import NAMESPACE, STORE, InputError, json_argument, open_store
+from pyrula.cli.common import NAMESPACE, STORE, InputError, existing_store, json_argument
 from pyrula.errors import ScheduleNotFound
 from pyrula.workflows.schedules import OVERLAP_POLICIES, CronError, Schedule
 from pyrula.workflows.schedules.cron import CronExpr
@@ -240,7 +240,7 @@ def run_now(schedule_id: str, as_json: bool, store: str | None,
 
 @contextmanager
 def _store(url: str | None, namespace: str | None) -> Iterator[Any]:
-    opened = open_store(url, namespace)
+    opened = existing_store(url, namespace)
     try:
         yield opened
     finally:

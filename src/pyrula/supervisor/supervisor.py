@@ -24,8 +24,9 @@ from typing import Any
 import psutil
 
 from pyrula.config.fleet import FleetOptions
-from pyrula.config.parse import redact_url
+from pyrula.config.store_url import shown_url
 from pyrula.config.worker import WorkerOptions
+from pyrula.errors import PyrulaError
 from pyrula.logs import FLEET_LOGGER
 from pyrula.supervisor import upgrades
 from pyrula.supervisor.autoscale import Autoscaler, policy_of
@@ -44,6 +45,11 @@ from pyrula.wire import EXIT_BOOT_FAILURE, WorkerState, decode, parse_heartbeat
 logger = logging.getLogger(FLEET_LOGGER)
 
 TICK = 0.1
+
+
+class ForkFailed(PyrulaError):
+    """The host refused to start a child process; the fleet has killed the ones it had."""
+
 #: Signals and the command each one records (the handler does nothing else).
 SIGNAL_COMMANDS = {
     signal.SIGTERM: "stop",
@@ -129,7 +135,7 @@ class Supervisor:
             self._spawn(self.slots[index])
         # Spawned, not ready: ``fleet_ready`` follows once they all are, or boot failures.
         logger.info("fleet_started: %d children spawned (%s), store %s; not ready yet",
-                    self.desired, self.spawner.method, redact_url(self.options.store_url),
+                    self.desired, self.spawner.method, shown_url(self.options.store_url),
                     extra={"event": "fleet_started", "children": self.desired})
         sizing = (None if self.autoscaler is None
                   else loop.create_task(self.autoscaler.run(), name="elastic-sizing"))
@@ -174,7 +180,18 @@ class Supervisor:
             await asyncio.gather(*pending, return_exceptions=True)
 
     def _spawn(self, slot: Slot, *, incoming: bool = False) -> Child:
-        child = self.spawner.spawn(slot.index, self.child_config(slot.index))
+        try:
+            child = self.spawner.spawn(slot.index, self.child_config(slot.index))
+        except (OSError, EOFError) as exc:
+            # The host refused a process (RLIMIT_NPROC, memory) and the fork server died
+            # of it (EOF): no later spawn can succeed, and a fleet short of children it
+            # cannot replace is worse than none. Kill what was forked and stop, in one line.
+            forked = self._kill_all()
+            raise ForkFailed(
+                f"cannot start child {slot.index + 1} of the fleet: {exc or type(exc).__name__}"
+                f"; killed the {forked} children started so far (is -n above the host's "
+                "process limit, ulimit -u, or its memory?)"
+            ) from None
         child.generation = self.generation
         if self.options.max_runs_per_child:
             # Jitter, so children started together are not recycled together.
@@ -399,6 +416,16 @@ class Supervisor:
 
     # --- the tick ---------------------------------------------------------------
 
+    def _kill_all(self) -> int:
+        """SIGKILL every child and wait for each (they may not have set their SIGTERM
+        handler yet: the fork server's SIG_IGN is what they start with). Returns how many."""
+        children = self._children()
+        for child in children:
+            child.kill()
+        for child in children:
+            child.process.join(5.0)
+        return len(children)
+
     def _children(self) -> list[Child]:
         found = [c for s in self.slots.values() for c in (s.child, s.incoming) if c is not None]
         return found + [c for c in self._leaving if c not in found]
@@ -521,11 +548,14 @@ class Supervisor:
 
     def status(self) -> dict[str, Any]:
         o = self.options
-        return upgrades.status(self, fleet_status(
+        body = upgrades.status(self, fleet_status(
             (SlotView(i, s.child, s.restarts) for i, s in self.slots.items()),
             self.desired, self.draining,
             bounds=(o.min_children, o.max_children) if self.autoscaler is not None else None,
         ))
+        # Which store: a SQLite file by its absolute path, a Valkey URL redacted.
+        body["store"] = shown_url(o.store_url)
+        return body
 
     async def metrics(self) -> dict[str, Any]:
         """The fleet's metrics families (``FleetMetrics.families``), with the queues of the

@@ -82,7 +82,7 @@ class SQLiteStore(SyncAdmin):
     def from_url(cls, url: str, **options: Any) -> Self:
         """``sqlite:///relative.db``, ``sqlite:////absolute/path.db``; the query may set
         ``synchronous`` (``?synchronous=FULL``: commits survive a power loss too)."""
-        from pyrula.workflows.stores import sqlite_file
+        from pyrula.config.store_url import sqlite_file
 
         parts = urlsplit(url)
         path = sqlite_file(url)
