@@ -186,7 +186,7 @@ class Supervisor:
             # The host refused a process (RLIMIT_NPROC, memory) and the fork server died
             # of it (EOF): no later spawn can succeed, and a fleet short of children it
             # cannot replace is worse than none. Kill what was forked and stop, in one line.
-            forked = self._kill_all()
+            forked = self._kill_and_wait("the host refused a new child")
             raise ForkFailed(
                 f"cannot start child {slot.index + 1} of the fleet: {exc or type(exc).__name__}"
                 f"; killed the {forked} children started so far (is -n above the host's "
@@ -416,12 +416,11 @@ class Supervisor:
 
     # --- the tick ---------------------------------------------------------------
 
-    def _kill_all(self) -> int:
+    def _kill_and_wait(self, reason: str) -> int:
         """SIGKILL every child and wait for each (they may not have set their SIGTERM
         handler yet: the fork server's SIG_IGN is what they start with). Returns how many."""
         children = self._children()
-        for child in children:
-            child.kill()
+        self._kill_all(reason)
         for child in children:
             child.process.join(5.0)
         return len(children)
