@@ -51,8 +51,19 @@ def load(apps: Sequence[str], workflows: Sequence[str]) -> list[Any] | None:
     for app in apps:
         import_module("--app", app, app)
     if not workflows:
+        _some_workflow_registered(apps)
         return None
     return [workflow_target(target) for target in workflows]
+
+
+def _some_workflow_registered(apps: Sequence[str]) -> None:
+    """Serving every registered workflow needs one: an ``--app`` that defines none is the
+    wrong module (said here, before a worker or a fleet's children start on nothing)."""
+    registry = sys.modules.get("pyrula.workflows.definition")
+    if apps and (registry is None or not registry.REGISTRY.workflows()):
+        raise AppError(f"--app {' '.join(apps)}: no @workflow is registered by importing "
+                       f"{'it' if len(apps) == 1 else 'them'}; name the module that "
+                       "defines your workflows")
 
 
 def workflow_target(target: str) -> Any:

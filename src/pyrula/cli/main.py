@@ -71,7 +71,7 @@ def _worker_command(dev: bool) -> Any:
         try:
             chosen = load_workflows(apps, workflows)
         except AppError as exc:
-            if not dev:
+            if not dev or not exc.frames:  # not the code: the flags name the wrong thing
                 raise
             # A code change broke the import: say so, and restart on the next change
             # instead of leaving the developer without a worker.
@@ -88,6 +88,7 @@ def _worker_command(dev: bool) -> Any:
         archived = (f" (archived to {worker.store.archive.where()})"
                     if isinstance(worker.store, ArchivingStore) else "")
         where = shown_url(resolve_store_url(store))
+        worker.store_shown = where
         logs.announce(f"pyrula worker {worker.worker_id} on {where}{archived} serving "
                       f"{', '.join(worker.workflow_names)}", "worker_banner",
                       worker_id=worker.worker_id, store=where)

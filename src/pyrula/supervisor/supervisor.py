@@ -28,6 +28,7 @@ from pyrula.config.store_url import shown_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import PyrulaError
 from pyrula.logs import FLEET_LOGGER
+from pyrula.store_wait import until_reachable
 from pyrula.supervisor import upgrades
 from pyrula.supervisor.autoscale import Autoscaler, policy_of
 from pyrula.supervisor.boot import BootReport
@@ -85,6 +86,10 @@ class Supervisor:
         worker_options = WorkerOptions(**options.child_worker_options).resolve()
         self.recovery = Recovery(store, worker_options.poison_max_retries,
                                  worker_options.poison_retry_ttl_s)
+        #: ``--store-wait``: how long to wait at start for a store that does not answer.
+        self.store_wait = worker_options.store_wait
+        #: Starting, and the store has not answered yet (/readyz: ``store_unreachable``).
+        self.store_waiting = False
         self.policy = RestartPolicy(options.max_boot_failures)
         self.boots = BootReport()
         self.fleet_metrics = FleetMetrics(store)
@@ -128,6 +133,8 @@ class Supervisor:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        if not await self._wait_for_store(loop):
+            return 0
         for signum, command in SIGNAL_COMMANDS.items():
             loop.add_signal_handler(signum, self._commands.put_nowait, (command, signum))
         for index in range(self.desired):
@@ -155,6 +162,24 @@ class Supervisor:
                 await asyncio.gather(sizing, return_exceptions=True)
             await self._finish_recoveries()
         return self.exit_code
+
+    async def _wait_for_store(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Before the first fork: wait for the store to answer (``pyrula.store_wait``), as
+        the fleet tolerates its outage once running. False if TERM/INT came meanwhile
+        (nothing was started, so nothing drains); StoreUnavailable past ``--store-wait``."""
+        stop = asyncio.Event()
+        for signum in FORCED_EXIT:
+            loop.add_signal_handler(signum, stop.set)
+        self.store_waiting = True
+        try:
+            return await until_reachable(
+                self.store.aping, where=shown_url(self.options.store_url),
+                bound=self.store_wait, stopping=stop, log={},
+            )
+        finally:
+            self.store_waiting = False
+            for signum in FORCED_EXIT:
+                loop.remove_signal_handler(signum)
 
     @property
     def quitting(self) -> bool:

@@ -84,6 +84,7 @@ def main(config: dict[str, Any], conn: Connection) -> None:
     if config.get("cwd") and config["cwd"] not in sys.path:
         sys.path.insert(0, config["cwd"])
     try:
+        from pyrula.config.store_url import shown_url
         from pyrula.config.worker import WorkerOptions
         from pyrula.workflows.stores import store_from_url
         from pyrula.workflows.stores.archive import archived_if_configured
@@ -109,6 +110,7 @@ def main(config: dict[str, Any], conn: Connection) -> None:
 
         worker = WorkflowWorker(store=backend, workflows=chosen, options=options,
                                 on_claimed=report_claim, on_user_code=report_user_code)
+        worker.store_shown = shown_url(config["store_url"])
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
         _boot_failed(conn, f"{type(exc).__name__}: {exc}", _app_traceback(exc))
         return
