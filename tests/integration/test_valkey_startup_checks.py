@@ -7,6 +7,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -31,9 +32,9 @@ def _set_policy(server: Server, maxmemory: str, policy: str) -> None:
 
 
 async def _refused_before_any_loop(store: ValkeyStore, error: type[Exception], match: str,
-                                   server: Server | None = None) -> None:
+                                   server: Server | None = None, **options: Any) -> None:
     """run() raises ``error`` and nothing started: no probe, no loop, nothing written."""
-    worker = make_worker(store, [one_step], health_port=0)
+    worker = make_worker(store, [one_step], health_port=0, **options)
     with pytest.raises(error, match=match):
         await worker.run()
     assert worker.health_address is None
@@ -167,10 +168,16 @@ async def test_a_server_that_never_answers_info_raises_store_unavailable(
             with pytest.raises(StoreUnavailable, match="INFO"):
                 await make_worker(store, [one_step]).client.submit(one_step, {"tag": "x"})
 
+        # A starting worker waits for its store as a running one does; --store-wait
+        # bounds the wait for those who would rather fail.
         await asyncio.gather(
-            _refused_before_any_loop(stores[0], StoreUnavailable, "does not answer INFO"),
+            _refused_before_any_loop(stores[0], StoreUnavailable,
+                                     "unreachable for 0.3 s: .*does not answer INFO",
+                                     store_wait=0.3),
             submit(stores[1]),
-            _refused_before_any_loop(stores[2], StoreUnavailable, "does not answer INFO"),
+            _refused_before_any_loop(stores[2], StoreUnavailable,
+                                     "unreachable for 0.3 s: .*does not answer INFO",
+                                     store_wait=0.3),
             submit(stores[3]),
         )
 

@@ -273,14 +273,19 @@ class WorkflowWorker:
         # The probes first: while the store does not answer, /readyz says so.
         probe = await self._start_probes()
         rt.store_waiting = True
-        ready = await until_reachable(
-            self._prepare_store, where=self.store_shown or repr(self.store),
-            bound=self.options.store_wait, stopping=rt.stopping, log=self._log,
-        )
-        rt.store_waiting = False
-        if not ready:  # stopped while waiting for the store: nothing started to drain
-            if probe is not None:
-                await probe.close()
+        try:
+            ready = await until_reachable(
+                self._prepare_store, where=self.store_shown or repr(self.store),
+                bound=self.options.store_wait, stopping=rt.stopping, log=self._log,
+            )
+        except BaseException:  # the store refused the worker, or stayed away too long
+            ready = False
+            raise
+        finally:
+            rt.store_waiting = False
+            if not ready:  # nothing started but the probes: close them, serve nothing
+                await self._close_probes(probe)
+        if not ready:  # stopped while waiting for the store
             rt.state = WorkerState.STOPPED
             return
         self._pool = StepPool(worker_id=self.worker_id)
@@ -362,6 +367,11 @@ class WorkflowWorker:
             self.options.health_host, self.options.health_port
         )
         return probe
+
+    async def _close_probes(self, probe: ProbeServer | None) -> None:
+        if probe is not None:
+            await probe.close()
+            self.health_address = None
 
     def _start_loops(self) -> list[asyncio.Task[None]]:
         o, caps = self.options, self._caps
