@@ -98,3 +98,51 @@ def test_more_children_than_four_per_core_is_warned_about_but_started(
     assert "fleet_oversized" not in proc.stderr
 
 
+
+
+#: Loaded by every interpreter of the fleet (it is on PYTHONPATH): ``os.fork`` fails with
+#: EAGAIN, as under RLIMIT_NPROC, after ``FORKS_ALLOWED`` forks in one process. Only the fork
+#: server calls ``os.fork`` (the supervisor starts it with posix_spawn-like fork_exec), so
+#: this is the host refusing the fork server its next child. Root, which these tests run as,
+#: is exempt from RLIMIT_NPROC itself, so the limit cannot be set for real.
+FAILING_FORK = '''
+import os
+
+_allowed = os.environ.get("FORKS_ALLOWED")
+if _allowed is not None:
+    _real_fork, _forks = os.fork, [0]
+
+    def _fork():
+        _forks[0] += 1
+        if _forks[0] > int(_allowed):
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return _real_fork()
+
+    os.fork = _fork
+'''
+
+
+def test_a_fork_the_host_refuses_kills_the_children_and_stops_in_one_line(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    import psutil
+
+    write_app(tmp_path)
+    (tmp_path / "sitecustomize.py").write_text(FAILING_FORK)
+    env = child_env(FORKS_ALLOWED="2")
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    proc = _start(tmp_path, "-n", "4", "--app", "fleetapp", "--store", "sqlite:///store.db",
+                  "--health-port", "0", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("error: cannot start child 3 of the fleet: "), proc.stderr
+    assert "killed the 2 children started so far" in last
+    spawned = [int(line.rsplit(" ", 1)[1]) for line in proc.stderr.splitlines()
+               if "child_spawned: slot" in line]
+    assert len(spawned) == 2, proc.stderr
+    # No orphan keeps the store open: every child it forked is gone.
+    for pid in spawned:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"

@@ -28,9 +28,19 @@ import importlib
 import json
 import os
 import signal
+import sys
 from typing import Any
 
 from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV
+
+def _one_line(kind: type[BaseException], exc: BaseException, tb: object) -> None:
+    """The fork server dies of what it cannot do (a fork the host refuses: EAGAIN under
+    RLIMIT_NPROC, ENOMEM): one line, not multiprocessing's traceback; the supervisor, whose
+    next spawn fails, kills the children and says what happened."""
+    sys.stderr.write(f"fork_server_exited: {kind.__name__}: {exc}\n")
+
+
+sys.excepthook = _one_line
 
 for _signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
     signal.signal(_signum, signal.SIG_IGN)
