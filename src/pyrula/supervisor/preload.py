@@ -33,6 +33,7 @@ from typing import Any
 
 from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV
 
+
 def _one_line(kind: type[BaseException], exc: BaseException, tb: object) -> None:
     """The fork server dies of what it cannot do (a fork the host refuses: EAGAIN under
     RLIMIT_NPROC, ENOMEM): one line, not multiprocessing's traceback; the supervisor, whose
