@@ -6,13 +6,15 @@ worker tolerates (its loops retry; ``/readyz`` says ``store_unreachable``), so a
 worker waits for it the same way instead of failing: one log line when the wait begins, one
 when the store answers, retries with capped exponential backoff in between. A bound
 (``WorkerOptions.store_wait``, ``--store-wait``, ``PYRULA_STORE_WAIT``) is for those who would
-rather fail: past it the wait raises StoreUnavailable, one line naming the store.
+rather fail: past it the wait raises StoreUnavailable, one line naming the store. A store
+that answers and refuses (a TLS certificate it cannot verify) is not waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -40,6 +42,8 @@ async def until_reachable(
         try:
             await attempt()
         except StoreUnavailable as exc:
+            if _refused(exc):
+                raise
             now = clock()
             if began is None:
                 began = now
@@ -61,3 +65,16 @@ async def until_reachable(
             logger.info("store_reachable: %s answers after %.1f s", where, clock() - began,
                         extra={"event": "store_reachable", "store": where, **log})
         return True
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether the store answered and refused (a TLS certificate it does not trust): a
+    configuration to fix, not an outage to wait out."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the causes of the error, not an endless chain
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

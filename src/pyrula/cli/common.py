@@ -95,6 +95,8 @@ def existing_store(url: str | None, namespace: str | None = None, *,
                          "one, and no worker could reach it; name a SQLite file or a Valkey "
                          "server")
     path = sqlite_file(resolved)
+    if path is not None and namespace is not None:  # the mistake first, then the file
+        raise InputError(f"--namespace applies to Valkey stores only, not {resolved!r}")
     if path is not None and not os.path.exists(path):
         raise Refusal(f"no store at {os.path.abspath(path)}: run where your fleet runs, "
                       "or set PYRULA_STORE_URL")
