@@ -24,7 +24,7 @@ from pyrula.cli.fleet import cli as fleet_cli
 from pyrula.cli.main import cli as pyrula_cli
 from pyrula.workflows import SQLiteStore, SyncWorkflowClient
 from tests.conftest import wait_until
-from tests.integration.workerprocs import child_env
+from tests.integration.workerprocs import WorkerProcess, child_env
 
 APP = textwrap.dedent(
     """
@@ -230,3 +230,17 @@ def test_dev_shows_the_apps_frames_then_waits_for_a_fix(project: Path) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+# --- which store ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["worker", "dev"])
+def test_a_worker_banner_names_its_sqlite_store_absolutely(project: Path, command: str) -> None:
+    worker = WorkerProcess(project, command, [command, "--app", "ceapp", "--no-cloud"],
+                           child_env())
+    try:
+        log = worker.wait_for_log("worker_started", timeout=30)
+        assert f" on sqlite:///{project / 'pyrula.db'} serving ce_hello" in log, log
+    finally:
+        worker.reap()
