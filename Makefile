@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-pythons lint typecheck unit bench soak clean system-deps
+.PHONY: install run test test-pythons lint typecheck unit bench soak fuzz clean system-deps
 
 # The suite runs again on each newer Python, over the subset below: every process, signal,
 # engine, worker and store-contract test (docs/decisions.md, "Tests", says why this subset).
@@ -33,38 +33,54 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-# The chaos suite's clock-jump scenarios run a fleet under libfaketime, and the dashboard's
-# browser tests drive Debian's chromium (each skips without it): installed with apt where
-# it is missing and this user may.
+# Tools some tests need, installed with apt where they are missing and this user may (each
+# area's tests skip without its tool, and fail under CI=true: tests/tools.py): libfaketime
+# (the chaos suite's clock-jump scenarios), chromium (the dashboard's browser tests),
+# PostgreSQL's server binaries (initdb and pg_ctl for the private clusters of the archive
+# outage scenarios), openssl (the Valkey TLS tests). Not redis-server, which those tests
+# need too: its package would start a server on the machine's port 6379.
+# $(call apt_dep,CHECK,PACKAGE,WHAT IS SKIPPED WITHOUT IT)
+define apt_dep
+	@$(1) >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	       && { apt-get install -y -qq $(2) >/dev/null 2>&1 \
+	            || { apt-get update -qq && apt-get install -y -qq $(2); } >/dev/null 2>&1; }; } \
+	  || echo "$(2) is not installed: $(3) will be skipped" >&2
+endef
+
 system-deps:
-	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 \
-	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-	       && { apt-get install -y -qq faketime >/dev/null 2>&1 \
-	            || { apt-get update -qq && apt-get install -y -qq faketime; } >/dev/null 2>&1; }; } \
-	  || echo "faketime is not installed: the clock-jump scenarios will be skipped" >&2
-	@command -v chromium >/dev/null 2>&1 \
-	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-	       && { apt-get install -y -qq chromium >/dev/null 2>&1 \
-	            || { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1; }; } \
-	  || echo "chromium is not installed: the dashboard's browser tests will be skipped" >&2
+	$(call apt_dep,ls /usr/lib/*/faketime/libfaketime.so.1,faketime,the clock-jump scenarios)
+	$(call apt_dep,command -v chromium,chromium,the dashboard's browser tests)
+	$(call apt_dep,ls /usr/lib/postgresql/*/bin/initdb /usr/lib/postgresql/*/bin/pg_ctl,postgresql,the archive outage scenarios)
+	$(call apt_dep,command -v openssl,openssl,the Valkey TLS tests)
+
+# Every run of `make test` (this Python's, each newer one's, a newer one missing) adds the
+# areas it skipped for a missing tool to SKIPPED_AREAS; the last line lists them all.
+SKIPPED_AREAS := $(VENV)/skipped-areas
+test: export PYRULA_SKIPPED_AREAS = $(abspath $(SKIPPED_AREAS))
 
 test: install system-deps lint typecheck
+	@rm -f $(SKIPPED_AREAS)
 	$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider
 	$(MAKE) --no-print-directory test-pythons
+	@$(PY) -m tests.tools $(SKIPPED_AREAS)
 
 test-pythons: $(addprefix test-python-,$(NEWER_PYTHONS))
 
 # `make test-python-3.13`: the subset on Python 3.13, in .venv-3.13 (installed as .venv is).
 # The interpreter is python3.13 on PATH if it runs (a pyenv shim of a version pyenv has not
 # selected does not), else the newest pyenv build of 3.13; with neither, it says so and
-# skips that version.
+# skips that version (under CI=true it fails).
 test-python-%:
 	@py=""; \
 	for c in python$* $$(ls -d $(PYENV_ROOT)/versions/$*.*/bin/python$* 2>/dev/null | sort -V | tail -n 1); do \
 		if "$$c" -c 'import sys' > /dev/null 2>&1; then py="$$c"; break; fi; \
 	done; \
 	if [ -z "$$py" ]; then \
-		echo "test-python-$*: SKIPPED: no Python $* interpreter (neither python$* on PATH nor $(PYENV_ROOT)/versions/$*.*)"; \
+		why="no Python $* interpreter (neither python$* on PATH nor $(PYENV_ROOT)/versions/$*.*)"; \
+		if [ "$$CI" = true ]; then echo "test-python-$*: FAILED under CI=true: $$why" >&2; exit 1; fi; \
+		echo "test-python-$*: SKIPPED: $$why"; \
+		[ -z "$$PYRULA_SKIPPED_AREAS" ] || echo "Python $* (the suite on Python $*): $$why" >> "$$PYRULA_SKIPPED_AREAS"; \
 		exit 0; \
 	fi; \
 	echo "test-python-$*: $$py ($$("$$py" -c 'import sys; print(sys.version.split()[0])'))"; \
@@ -79,6 +95,23 @@ bench: install
 
 soak: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos tests/fleet
+
+# Randomised fault schedules (tests/chaos/test_fault_schedules.py): FUZZ_RUNS seeds not
+# tried before (from FUZZ_FROM on, drawn here once so both xdist workers collect the same),
+# or exactly SEED, replayed in one process with its output shown: `make fuzz SEED=1234`.
+FUZZ_RUNS ?= 20
+ifndef FUZZ_FROM
+FUZZ_FROM := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+fuzz: install system-deps
+	@if [ -n "$(SEED)" ]; then \
+		PYRULA_FUZZ_SEED="$(SEED)" $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+			tests/chaos/test_fault_schedules.py -k test_a_fault_schedule; \
+	else \
+		echo "fuzz: $(FUZZ_RUNS) seeds from $(FUZZ_FROM)"; \
+		PYRULA_FUZZ_RUNS="$(FUZZ_RUNS)" PYRULA_FUZZ_FROM="$(FUZZ_FROM)" $(VENV)/bin/pytest \
+			-n 2 -q -p no:cacheprovider tests/chaos/test_fault_schedules.py -k test_a_fault_schedule; \
+	fi
 
 clean:
 	rm -rf $(VENV) $(addprefix .venv-,$(NEWER_PYTHONS)) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

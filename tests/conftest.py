@@ -48,6 +48,7 @@ from tests.servers import (
     start_cluster,
     start_server,
 )
+from tests.tools import area_of, needs_tool, record, summary
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -70,6 +71,27 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         asyncio.run(run())
         return True
     return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.needs_tool(area, missing)``: see ``tests/tools.py``."""
+    for mark in item.iter_markers("needs_tool"):
+        needs_tool(*mark.args, **mark.kwargs)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line naming every area skipped for a missing tool, and why (or, under
+    ``make test``, those areas added to its ``$PYRULA_SKIPPED_AREAS`` for its last line)."""
+    areas = []
+    for report in terminalreporter.stats.get("skipped", ()):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        found = area_of(reason)
+        if found is not None:
+            areas.append(found)
+    if not record(areas):
+        terminalreporter.write_line(summary(areas))
 
 
 def wait_until(
@@ -248,9 +270,7 @@ def valkey_server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
 @pytest.fixture(scope="session")
 def postgres_admin() -> PostgresAdmin:
     admin = PostgresAdmin()
-    reason = admin.reachable()
-    if reason is not None:
-        pytest.skip(reason)
+    needs_tool("PostgreSQL (archive store tests)", admin.reachable())
     return admin
 
 

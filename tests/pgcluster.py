@@ -7,8 +7,8 @@ Postgres refuses to run as root, so every command runs as the ``postgres`` user 
 ``runuser`` (which needs root), in a directory of its own under the system's temporary
 directory (a pytest ``tmp_path`` sits under a root-only directory the postgres user cannot
 enter). ``skip_reason()`` says why no cluster can be had here (no binaries, not root, no
-postgres user); tests skip with it. Every cluster is stopped when the test process exits,
-should a test not get to it.
+postgres user); tests skip with it (``tests/tools.py``: under CI=true they fail). Every
+cluster is stopped when the test process exits, should a test not get to it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from tests.servers import free_port
 
 HOST = "127.0.0.1"
 USER = "postgres"
-#: Where Debian puts the server binaries; ``$PYRULA_TEST_PG_BIN`` overrides.
-BIN_DIRS = ("/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin",
-            "/usr/lib/postgresql/15/bin")
+#: Where Debian puts the server binaries (the newest version first);
+#: ``$PYRULA_TEST_PG_BIN`` overrides.
+BIN_GLOB = "/usr/lib/postgresql/*/bin"
 
 _LIVE: set[PgCluster] = set()
 _LIVE_LOCK = threading.Lock()
@@ -37,18 +37,25 @@ _LIVE_LOCK = threading.Lock()
 def bin_dir() -> Path | None:
     """The directory holding ``initdb`` and ``pg_ctl``, or None."""
     override = os.environ.get("PYRULA_TEST_PG_BIN")
-    for candidate in ([override] if override else []) + list(BIN_DIRS):
-        path = Path(candidate)
+    for path in [Path(override)] if override else _debian_bin_dirs():
         if (path / "initdb").is_file() and (path / "pg_ctl").is_file():
             return path
     return None
 
 
+def _debian_bin_dirs() -> list[Path]:
+    def version(path: Path) -> tuple[int, ...]:
+        return tuple(int(part) for part in path.parent.name.split(".") if part.isdigit())
+
+    return sorted(Path("/").glob(BIN_GLOB.lstrip("/")), key=version, reverse=True)
+
+
 def skip_reason() -> str | None:
     """None if a private cluster can be started here, else why not."""
     if bin_dir() is None:
-        return (f"no PostgreSQL server binaries (initdb, pg_ctl) in {', '.join(BIN_DIRS)} "
-                "or $PYRULA_TEST_PG_BIN")
+        return (f"no PostgreSQL server binaries (initdb, pg_ctl) in {BIN_GLOB} or "
+                "$PYRULA_TEST_PG_BIN (make system-deps installs them as root: apt-get install "
+                "postgresql)")
     if os.geteuid() != 0:
         return "a private PostgreSQL cluster runs as the postgres user: that needs root"
     if shutil.which("runuser") is None:

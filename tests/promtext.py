@@ -22,4 +22,23 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def value(text: str, name: str, **labels: str) -> float:
-    return samples(text).get((name, frozenset(labels.items())), 0.0)
+    """The sample ``name{labels}`` (exactly those labels); an AssertionError naming the
+    samples of that name there are when it is absent. A metric that is not exposed is not
+    a metric at 0: a test that means "absent" says so with ``maybe(...) is None``."""
+    found = maybe(text, name, **labels)
+    if found is None:
+        near = sorted(_spell(key, dict(ls)) for key, ls in samples(text) if key == name)
+        raise AssertionError(f"no sample {_spell(name, labels)} in the scrape; there are "
+                             f"{', '.join(near) if near else 'none of that name'}")
+    return found
+
+
+def _spell(name: str, labels: dict[str, str]) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}" if inner else name
+
+
+def maybe(text: str, name: str, **labels: str) -> float | None:
+    """The sample ``name{labels}``, or None when the scrape has no such sample (to poll
+    for one that is yet to appear, or to assert one is absent)."""
+    return samples(text).get((name, frozenset(labels.items())))

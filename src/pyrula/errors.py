@@ -94,14 +94,17 @@ class RunCancelled(PyrulaError):
 class StepFailed(PyrulaError):
     """A step failed on its last attempt; raised into the workflow at the step's call.
 
-    ``error_type`` and ``message`` describe the step's own exception.
+    ``error_type`` and ``message`` describe the step's own exception; ``traceback`` is its
+    traceback (the step's own frames), when the failure happened in this attempt.
     """
 
-    def __init__(self, step: str, error_type: str, message: str, attempts: int) -> None:
+    def __init__(self, step: str, error_type: str, message: str, attempts: int,
+                 traceback: str | None = None) -> None:
         self.step = step
         self.error_type = error_type
         self.message = message
         self.attempts = attempts
+        self.traceback = traceback
         plural = "s" if attempts != 1 else ""
         super().__init__(
             f"step {step!r} failed after {attempts} attempt{plural}: {error_type}: {message}"

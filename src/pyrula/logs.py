@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from pyrula.timestamps import iso_utc
+
 #: The logger of the fleet's supervisor (``pyrula.supervisor.*``).
 FLEET_LOGGER = "pyrula.fleet"
 #: The logger of the CLI's own messages (``pyrula.cli.common``).
@@ -41,11 +43,16 @@ class ContextFields(logging.Filter):
     """Give each record the run and worker fields of the context it was logged in, where
     the call did not pass them itself: a JSON line then names the ``run_id``, ``workflow``,
     ``attempt`` and ``worker_id`` wherever they are known, the app's own lines included.
+    ``process`` fields (a fleet child's ``slot`` and ``pid``) go on every record.
     Installed by ``configure``; an app with its own logging setup can add it to a handler.
     """
 
+    def __init__(self, process: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self.process = dict(process or {})
+
     def filter(self, record: logging.LogRecord) -> bool:
-        for fields in (RUN_FIELDS.get(), WORKER_FIELDS.get()):
+        for fields in (RUN_FIELDS.get(), WORKER_FIELDS.get(), self.process):
             if fields:
                 for key, value in fields.items():
                     if not hasattr(record, key):
@@ -56,7 +63,7 @@ class ContextFields(logging.Filter):
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
-            "ts": round(record.created, 6),
+            "ts": iso_utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": getattr(record, "event", None) or _event_of(record.getMessage()),
@@ -71,8 +78,15 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    """``12:00:00.123 INFO    name: message``; with ``process`` fields (a fleet child's),
+    ``12:00:00.123 INFO    [slot 1 pid 1234] name: message``, so that the lines of the
+    fleet's children, which share its stderr, say which child wrote them."""
+
+    def __init__(self, process: Mapping[str, Any] | None = None) -> None:
+        tag = " ".join(f"{key} {value}" for key, value in (process or {}).items())
+        tag = f"[{tag}] " if tag else ""
+        super().__init__(f"%(asctime)s %(levelname)-7s {tag.replace('%', '%%')}"
+                         "%(name)s: %(message)s")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
         return time.strftime("%H:%M:%S", time.localtime(record.created)) + (
@@ -98,16 +112,19 @@ def announce(text: str, event: str, **fields: Any) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def configure(fmt: str = "text", level: str | int = "INFO") -> None:
-    """Send pyrula's logs (and the app's) to stderr, one line per event."""
+def configure(fmt: str = "text", level: str | int = "INFO",
+              process: Mapping[str, Any] | None = None) -> None:
+    """Send pyrula's logs (and the app's) to stderr, one line per event. ``process``
+    names the process on every line (a fleet child passes its ``slot`` and ``pid``): JSON
+    fields, or a ``[slot 1 pid 1234]`` tag before the logger's name in text."""
     global _format
     if fmt not in ("text", "json"):
         from pyrula.errors import ConfigurationError
 
         raise ConfigurationError(f"log format must be json or text, got {fmt!r}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(ContextFields())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(process))
+    handler.addFilter(ContextFields(process))
     _format = fmt
     root = logging.getLogger()
     for old in list(root.handlers):

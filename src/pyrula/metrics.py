@@ -96,6 +96,11 @@ CATALOG: dict[str, Spec] = {
         "has waited (0 when none waits).", "workflow"),
     "pyrula.workflows.runs.in_flight": _spec(
         "pyrula_runs_in_flight", G, "Runs this worker holds now."),
+    "pyrula.workflows.step_threads.busy": _spec(
+        "pyrula_step_threads_busy", G, "Sync-step threads running a step now."),
+    "pyrula.workflows.step_threads.saturated": _spec(
+        "pyrula_step_threads_saturated", C, "Times every sync-step thread was busy and a "
+        "sync step had to wait for one."),
     "pyrula.workflows.loop.restarts": _spec(
         "pyrula_loop_restarts", C, "Background loop restarts after a store or network "
         "error.", "loop"),

@@ -12,15 +12,14 @@ import pytest
 
 from tests.fleet.conftest import client, fleets
 from tests.pgcluster import PgCluster, skip_reason, start_pgcluster
+from tests.tools import needs_tool
 
 __all__ = ["client", "fleets", "pg_cluster"]
 
 
 @pytest.fixture
 def pg_cluster() -> Iterator[PgCluster]:
-    reason = skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    needs_tool("a private PostgreSQL cluster (archive outage chaos tests)", skip_reason())
     cluster = start_pgcluster()
     try:
         from pyrula.workflows import PostgresArchive

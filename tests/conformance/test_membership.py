@@ -43,3 +43,12 @@ async def test_fail_stranded_ends_only_runs_queued_long_enough(store: Store) -> 
     still = await store.get_run(new)
     assert still is not None and still.status == RunStatus.QUEUED
     assert await store.wait_result(old, timeout=1.0) == info
+
+
+async def test_served_names_are_every_name_a_worker_ever_served(store: Store) -> None:
+    assert await store.served_names() == []
+    await submit(store, "never.served", now=T0)  # a submit does not make a name served
+    await store.register_worker("w1", ["b.two", "a.one"], now=T0, ttl=10.0)
+    await store.register_worker("w2", ["c:three ü"], now=T0, ttl=10.0)
+    await store.unregister_worker("w1")  # gone, but its names were served
+    assert await store.served_names() == ["a.one", "b.two", "c:three ü"]

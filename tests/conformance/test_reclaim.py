@@ -70,8 +70,11 @@ async def test_reclaim_requeues_runs_whose_lock_expired(store: Store) -> None:
     requeued = (await journal(store, claimed.run_id))[-1]
     assert (requeued["type"], requeued["reason"]) == (EventType.RUN_REQUEUED, "orphaned")
     assert await store.reclaim(None, now=T0 + 12, limit=10, poison=LENIENT) == []
-    [again] = await store.claim(WORKER, [WF], limit=1, now=T0 + 12, lock_ttl=TTL)
-    assert (again.run_id, again.token) == (claimed.run_id, 2)
+    # Charged a crash, it is a suspect: only the suspect claim takes it.
+    passed = await store.claim(WORKER, [WF], limit=1, now=T0 + 12, lock_ttl=TTL)
+    assert list(passed) == [] and passed.suspects
+    again = await store.claim_suspect(WORKER, passed.suspects, now=T0 + 12, lock_ttl=TTL)
+    assert again is not None and (again.run_id, again.token) == (claimed.run_id, 2)
 
 
 async def test_reclaim_takes_only_the_given_names(store: Store) -> None:

@@ -40,7 +40,8 @@ def honcho_dir(tmp_path: Path) -> Iterator[Path]:
                 continue
 
 
-@pytest.mark.skipif(HONCHO is None, reason="honcho is not installed")
+@pytest.mark.needs_tool("honcho (the Procfile test)",
+                        None if HONCHO else "honcho is not installed (it is in the dev extra)")
 def test_the_procfile_runs_the_fleet_under_honcho_and_sigterm_drains_it(
     honcho_dir: Path,
 ) -> None:

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from pyrula.workflows import SyncWorkflowClient, ValkeyStore
-from tests.fleet.fleetprocs import QUICK, Fleet, Fleets
+from tests.fleet.fleetprocs import QUICK, Fleet, Fleets, StatusRecorder
 
 SHARDS = 64
 NAME = "fa_load"
@@ -104,5 +104,33 @@ def test_the_shards_of_a_killed_child_are_released_at_once_and_its_runs_finish(
         assert f"runs of dead child {victim['worker_id']} requeued" in fleet.log()
     finally:
         store.close()
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait() == 0
+
+
+def test_after_an_upgrade_the_fleet_is_not_ok_until_its_new_child_holds_shards(
+    fleets: Fleets, valkey_url: str, valkey_namespace: str
+) -> None:
+    # The shard lease loop's own interval (10 s, the default): the new child must not
+    # wait for it once the old child has released the shards.
+    fleet = fleets.start("-n", "1", "--workflow", "fleetapp:load", "--namespace",
+                         valkey_namespace, "--shard-lease-interval", "10", *QUICK,
+                         app=None, store=valkey_url)
+    fleet.wait_status(lambda s: s["status"] == "ok" and _held(s) == [SHARDS], 20,
+                      what="one child holding every shard")
+    with StatusRecorder(fleet) as recorder:
+        fleet.send(signal.SIGUSR2)
+        fleet.wait_status(lambda s: "generations" in s, 20, what="the upgrade under way")
+        fleet.wait_status(lambda s: "generations" not in s, 30, what="the old child gone")
+        gone = time.monotonic()
+        fleet.wait_status(lambda s: s["status"] == "ok" and _held(s) == [SHARDS], 5,
+                          what="the new child holding every shard")
+        print(f"valkey: the new child held every shard {time.monotonic() - gone:.3f} s "
+              "after the old one left (shard lease interval 10 s)")
+    for sample in recorder.samples:
+        if sample["status"] == "ok":
+            assert sum(_held(sample)) > 0, sample  # never "ok" while holding none
+    assert any(s["status"] == "starting" and s.get("unleased") == [NAME]
+               for s in recorder.samples), "the new child was never seen holding none"
     fleet.send(signal.SIGTERM)
     assert fleet.wait() == 0

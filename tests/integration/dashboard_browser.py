@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.tools import needs_tool
 
 VIEWPORT = {"width": 1280, "height": 800}
 
@@ -33,9 +33,7 @@ def why_no_browser() -> str | None:
 
 
 def skip_without_browser() -> None:
-    reason = why_no_browser()
-    if reason is not None:
-        pytest.skip(reason)
+    needs_tool("chromium (dashboard browser tests)", why_no_browser())
 
 
 class Watched:

@@ -177,7 +177,14 @@ def test_with_dashboard_actions_the_retry_button_retries_a_failed_run(
         page.goto(f"{fleet.url}/#/run/{failed.run_id}")
         page.wait_for_selector("#run-status:text('failed')")
         assert page.locator("#mode").inner_text() == "actions enabled"
-        assert "is not fixed yet" in page.locator("#run-outcome").inner_text()
+        outcome = page.locator("#run-outcome").inner_text()
+        assert "is not fixed yet" in outcome
+        # The step's traceback as lines of text, its own frame in it, nothing escaped.
+        lines = outcome.splitlines()
+        assert any("flakyapp.py" in line and "in check" in line for line in lines), outcome
+        assert any(line.strip() == 'raise ValueError(f"{tag} is not fixed yet")'
+                   for line in lines), outcome
+        assert "\\n" not in outcome and "pyrula/workflows" not in outcome, outcome
         page.click("#run-actions button:text('Retry')")
         page.wait_for_function(
             "id => location.hash.startsWith('#/run/') && !location.hash.endsWith(id)",

@@ -228,6 +228,31 @@ def test_bad_input_is_422_naming_the_field(
     assert _refused(answer, 422, f"{field}:") == "invalid_input"
 
 
+def test_a_workflow_no_worker_ever_served_is_422_naming_the_known_ones(
+    api: httpx.Client,
+) -> None:
+    wait_until(lambda: api.post("/", json={"workflow": "rr.ehco"}).status_code == 422,
+               what="the worker's names registered")
+    answer = api.post("/", json={"workflow": "rr.ehco", "params": {}})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "unknown_workflow"
+    assert "did you mean 'rr.echo'" in error["message"], error
+    assert set(error["known"]) >= {"rr.echo", "rr.fails", "rr.waits", "rr.asks"}
+    assert answer.json()["known"] == error["known"]
+    assert api.get("/", params={"workflow": "rr.ehco"}).json()["runs"] == []  # none made
+
+
+def test_a_submit_without_params_gives_the_workflow_an_empty_object(
+    api: httpx.Client,
+) -> None:
+    answer = api.post("/", json={"workflow": "rr.echo"})
+    assert answer.status_code == 201, answer.text
+    run_id = answer.json()["run_id"]
+    result = api.get(f"/{run_id}/result", params={"timeout": 20})
+    assert result.json() == {"result": {}}, result.text
+
+
 def test_payloads_over_the_limit_are_413(api: httpx.Client) -> None:
     big = "x" * (PAYLOAD_LIMIT + 1)
     assert _refused(api.post("/", json={"workflow": "rr.echo", "params": big}), 413,
@@ -332,4 +357,7 @@ def test_no_generated_request_is_a_server_error(case: Any, served_url: str) -> N
     run_id = str((case.path_parameters or {}).get("run_id", ""))
     reached = "\n" not in run_id and "%0A" not in run_id.upper()
     if response.status_code >= 400 and reached:
-        assert set(response.json()["error"]) == {"code", "message"}, response.text
+        error = response.json()["error"]
+        shape = {"code", "message", "known"} if error.get("code") == "unknown_workflow" \
+            else {"code", "message"}
+        assert set(error) == shape, response.text

@@ -352,3 +352,41 @@ def test_stuck_lists_unserved_stranded_and_quarantined_runs(empty: Cli) -> None:
     assert all(run_id in table for run_id in rows)
     # A quarantined run can be retried.
     assert empty.ok("runs", "retry", crashed).split()[2:] == ["retries", "run", crashed]
+
+
+# --- names and params a newcomer gets wrong ---------------------------------------------
+
+
+def test_a_mistyped_workflow_name_is_named_with_the_closest_served_one(served: Cli) -> None:
+    for command in (["submit"], ["runs", "submit"]):
+        proc = served(*command, "rc_okk", '{"x": 1}')
+        assert proc.returncode == 0, proc.stderr  # accepted: a worker may serve it later
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith("warning: no worker of this store has ever served workflow "
+                               "'rc_okk'; did you mean 'rc_ok'"), line
+        assert line.endswith("the run waits until a worker serves it"), line
+    proc = served("schedules", "create", "rc_okk", "--cron", "0 2 * * *")
+    assert proc.returncode == 0, proc.stderr
+    assert "did you mean 'rc_ok'" in proc.stderr, proc.stderr
+    proc = served("schedules", "create", "rc_ok", "--cron", "0 3 * * *")
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_submit_without_params_gives_the_workflow_an_empty_object(served: Cli) -> None:
+    run_id = served.json("submit", "rc_wait")["run_id"]
+    store = SQLiteStore(str(served.directory / "store.db"))
+    try:
+        assert SyncWorkflowClient(store).get(run_id).params == {}
+    finally:
+        store.close()
+
+
+def test_show_prints_a_failed_runs_traceback_as_text(served: Cli) -> None:
+    run_id = served.submit("rc_fail", {"x": 4})
+    wait_until(lambda: served.status(run_id) == "failed", 30, what="the run failed")
+    out = served.ok("runs", "show", run_id)
+    assert "traceback:" in out, out
+    lines = out[out.index("traceback:"):].splitlines()
+    assert any("rcapp.py" in line and "in explode" in line for line in lines), out
+    assert any(line.strip() == 'raise RuntimeError(f"boom {x}")' for line in lines), out
+    assert lines[-1].strip() == "RuntimeError: boom 4", out

@@ -73,7 +73,7 @@ def test_create_twice_makes_one_schedule_and_list_shows_it(
     assert row["workflow"] == "nightly_report" and row["cron"] == "0 2 * * *"
     assert row["every"] is None and row["params"] == {"window": "24h"}
     assert row["timezone"] == "Europe/Berlin" and row["paused"] is False
-    assert row["next_run_at"].endswith("+00:00") and row["last_run_id"] is None
+    assert row["next_run_at"].endswith("Z") and row["last_run_id"] is None
 
     one = ok_json(tmp_path, "schedules", "list", first["schedule_id"])
     assert one["schedule_id"] == first["schedule_id"]

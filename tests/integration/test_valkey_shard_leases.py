@@ -5,6 +5,7 @@ its leases lapse (shard_lease_ttl). ``/readyz`` lists the shards a worker holds.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import textwrap
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import redis
 
+from pyrula.dashboard.data import DashboardData
 from pyrula.workflows import ValkeyStore, WorkflowWorker
 from tests.conftest import await_until
 from tests.integration.valkey_support import make_worker, noop, opened, serving
@@ -146,3 +148,6 @@ async def test_the_shard_map_lists_every_live_worker_and_the_shards_it_leases(
             assert sorted(held[first.worker_id] + held[second.worker_id]) == list(range(64))
             assert found["names"][NAME]["shards"] == 64
             assert found["names"][NAME]["unleased"] == 0
+            # The dashboard shows the same map, its instants in ISO-8601 UTC.
+            shown = await DashboardData(stores[2]).shards()
+            assert all(re.fullmatch(r"\S+T\S+\.\d{3}Z", w["expires"]) for w in shown["workers"])

@@ -25,6 +25,7 @@ from pyrula.workflows import StoreUnavailable, SyncWorkflowClient, ValkeyStore
 from tests.integration.valkey_support import make_worker, one_step, opened, serving
 from tests.integration.workerprocs import WorkerProcess, child_env
 from tests.servers import Server, free_port, start_server
+from tests.tools import needs_tool
 
 pytestmark = pytest.mark.valkey
 
@@ -76,8 +77,10 @@ class TLSServer:
 
 @pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[TLSServer]:
-    if OPENSSL is None or REDIS_SERVER is None:
-        pytest.skip("needs the openssl command and a redis-server built with TLS")
+    missing = [name for name, path in (("openssl", OPENSSL), ("redis-server", REDIS_SERVER))
+               if path is None]
+    needs_tool("openssl and a TLS redis-server (Valkey TLS tests)",
+               f"no {' or '.join(missing)} on PATH" if missing else None)
     certs = tmp_path / "certs"
     certs.mkdir()
     ca = _ca(certs, "test-ca")

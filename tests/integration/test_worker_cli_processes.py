@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pyrula.timestamps import epoch_of
 from pyrula.workflows import (
     ConfigurationError,
     MemoryStore,
@@ -238,6 +239,11 @@ def test_the_cloud_key_refusal_is_a_configuration_error_raised_by_run(
 
 # --- pyrula dev ------------------------------------------------------------------------
 
+def _seconds(before: dict[str, Any], after: dict[str, Any]) -> float:
+    """Seconds between two JSON log lines (their ``ts``, ISO-8601 UTC)."""
+    return epoch_of(after["ts"]) - epoch_of(before["ts"])
+
+
 def test_dev_drains_with_a_3_s_grace_and_a_2_s_cancel_timeout(
     workers: Workers, client: SyncWorkflowClient
 ) -> None:
@@ -247,12 +253,12 @@ def test_dev_drains_with_a_3_s_grace_and_a_2_s_cancel_timeout(
     events = {e["message"].split(" ")[1]: e for e in worker.json_events()
               if e.get("event") == "shutdown"}
     assert "waiting up to 3.0 s for 1 in-flight runs" in events["2/5"]["message"]
-    assert events["3/5"]["ts"] - events["2/5"]["ts"] >= 2.9  # the grace was served
+    assert _seconds(events["2/5"], events["3/5"]) >= 2.9  # the grace was served
     assert "waiting up to 2.0 s for 1 calls still in a thread" in events["4/5"]["message"]
     stuck = [e for e in worker.json_events()
              if e.get("event") == "worker_thread_calls_still_running"]
     assert len(stuck) == 1 and "after 2.0 s" in stuck[0]["message"]
-    assert stuck[0]["ts"] - events["4/5"]["ts"] >= 1.9  # the cancel timeout was served
+    assert _seconds(events["4/5"], stuck[0]) >= 1.9  # the cancel timeout was served
     assert client.events(run.run_id)[-1]["reason"] == "shutdown"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import subprocess
 import sys
 from typing import Any
@@ -23,6 +24,7 @@ from pyrula.workflows.stores.archive import (
     archived_if_configured,
 )
 from pyrula.workflows.stores.archive.pool import redact
+from tests.tools import needs_tool
 
 DSN = "postgresql://pyrula:secret@db.internal:5433/archive"
 
@@ -156,7 +158,10 @@ def test_without_asyncpg_the_first_use_names_the_extra(monkeypatch: pytest.Monke
 def test_database_errors_are_translated_and_a_broken_connection_is_dropped(
     error: str, expected: type[Exception]
 ) -> None:
-    asyncpg = pytest.importorskip("asyncpg")
+    needs_tool("asyncpg (Postgres archive error translation)",
+               None if importlib.util.find_spec("asyncpg") else
+               "asyncpg is not installed (it is in the postgres extra)")
+    import asyncpg
 
     class Connection:
         terminated = False

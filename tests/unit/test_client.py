@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pyrula.workflows import (
     store_from_url,
     workflow,
 )
+from pyrula.workflows.records import PoisonPolicy
 
 SEEN: list[Any] = []
 
@@ -244,6 +246,23 @@ async def test_runner_restricted_to_some_workflows(runner: InlineWorkflowRunner)
     assert await runner.client.result(served.run_id, timeout=5) == 5
     assert (await runner.client.get(waiting.run_id)).status is RunStatus.QUEUED
     await only.aclose()
+
+
+async def test_run_next_runs_a_suspect_once_no_ordinary_run_is_queued(
+    store_runner: InlineWorkflowRunner,
+) -> None:
+    store, client = store_runner.store, store_runner.client
+    crashed = await client.submit("client.echo", "crashed")
+    ordinary = await client.submit("client.echo", "ordinary")
+    assert await store.claim_run(crashed.run_id, "dead", now=time.time(), lock_ttl=30)
+    await store.reclaim_worker("dead", now=time.time(), poison=PoisonPolicy())  # a suspect
+
+    assert await store_runner.run_next() is not None
+    assert (await client.get(ordinary.run_id)).status is RunStatus.COMPLETED
+    assert (await client.get(crashed.run_id)).status is RunStatus.QUEUED
+    assert await store_runner.run_next() is not None
+    assert await client.result(crashed.run_id, timeout=5) == "crashed"
+    assert await store_runner.run_next() is None
 
 
 async def test_run_checks_the_name_against_the_run(runner: InlineWorkflowRunner) -> None:

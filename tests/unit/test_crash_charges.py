@@ -1,16 +1,13 @@
 """Who is charged when a fleet child dies: the supervisor's rule, the child's report of the
-runs in user code (never missing one), the heartbeat that carries it, and the gate that
-runs suspects apart. Pure parts, tested without processes (tests/fleet pins the whole)."""
+runs in user code (never missing one) and the heartbeat that carries it. Pure parts,
+tested without processes (tests/fleet pins the whole)."""
 
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 
 from pyrula.supervisor.recovery import runs_to_charge
 from pyrula.wire import Heartbeat, decode, heartbeat_message, parse_heartbeat
-from pyrula.workflows.worker.gate import SuspectGate
 from pyrula.workflows.worker.usercode import UserCodeTracker
 
 
@@ -21,8 +18,8 @@ from pyrula.workflows.worker.usercode import UserCodeTracker
         (["a", "b", "p"], [], {"a", "b", "p"}),
         # A suspect in its code is charged alone; ordinary runs beside it are spared.
         (["a", "b", "p"], ["p"], {"p"}),
-        # Suspects waiting for the gate (not in their code) are spared, and without a
-        # suspect in user code the ordinary runs in it are charged.
+        # Suspects held but not in their code are spared, and without a suspect in user
+        # code the ordinary runs in it are charged.
         (["a"], ["p", "q"], {"a"}),
         # Nothing in user code (every run waited on the store): nobody is charged.
         ([], ["p"], set()),
@@ -126,33 +123,3 @@ def test_without_a_reporter_nothing_is_reported() -> None:
     t.leave("a")
     assert not t.in_user_code("a")
     assert t.snapshot(heartbeat=True) == ([], [])
-
-
-async def test_the_gate_lets_one_suspect_in_at_a_time_the_most_crashed_first() -> None:
-    gate = SuspectGate()
-    await gate.enter("first", 1, crashes=1)
-    order: list[str] = []
-
-    async def wait(run_id: str, crashes: int) -> None:
-        await gate.enter(run_id, 1, crashes)
-        order.append(run_id)
-
-    waiters = [asyncio.create_task(wait(r, c)) for r, c in (("b", 1), ("c", 2), ("d", 1))]
-    gone = asyncio.create_task(wait("gone", 3))
-    await asyncio.sleep(0)
-    gone.cancel()  # stood down while waiting: it never gets the gate
-    await asyncio.gather(gone, return_exceptions=True)
-    gate.leave("gone", 1)
-    assert gate.holder == ("first", 1)
-    for _ in range(3):
-        holder = gate.holder
-        assert holder is not None
-        gate.leave(*holder)
-        await asyncio.sleep(0)
-    await asyncio.gather(*waiters)
-    assert order == ["c", "b", "d"]
-    gate.leave("d", 1)
-    gate.leave("d", 1)  # idempotent
-    assert gate.holder is None
-    await gate.enter("e", 1, crashes=1)
-    assert gate.holder == ("e", 1)

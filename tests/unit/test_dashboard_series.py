@@ -15,22 +15,31 @@ from pyrula.dashboard.series import (
     quantile,
     read,
 )
+from pyrula.timestamps import iso_utc
 
 
-def families(completed: float, run: list[float], bounds: tuple[float, ...] = (0.1, 1.0)
-             ) -> dict[str, Any]:
-    """Families in the fleet's shape: ``run`` the values observed so far (two workflows)."""
-    buckets = [[f"{RUN_DURATION}_bucket", {"workflow": "w", "le": str(b)},
-                float(sum(v <= b for v in run))] for b in bounds]
-    buckets.append([f"{RUN_DURATION}_bucket", {"workflow": "w", "le": "+Inf"}, float(len(run))])
-    return {
+def _histogram(name: str, observed: list[float], bounds: tuple[float, ...]) -> dict[str, Any]:
+    buckets = [[f"{name}_bucket", {"workflow": "w", "le": str(b)},
+                float(sum(v <= b for v in observed))] for b in bounds]
+    buckets.append([f"{name}_bucket", {"workflow": "w", "le": "+Inf"}, float(len(observed))])
+    return {"type": "histogram", "help": "", "samples": [
+        *buckets, [f"{name}_count", {"workflow": "w"}, float(len(observed))],
+        [f"{name}_sum", {"workflow": "w"}, float(sum(observed))]]}
+
+
+def families(completed: float, run: list[float], bounds: tuple[float, ...] = (0.1, 1.0),
+             claims: list[float] | None = None) -> dict[str, Any]:
+    """Families in the fleet's shape: ``run`` the run durations observed so far (two
+    workflows), ``claims`` the claim latencies (no claim histogram when None)."""
+    out = {
         COMPLETED: {"type": "counter", "help": "", "samples": [
             [f"{COMPLETED}_total", {"workflow": "a"}, completed / 2],
             [f"{COMPLETED}_total", {"workflow": "b"}, completed / 2]]},
-        RUN_DURATION: {"type": "histogram", "help": "", "samples": [
-            *buckets, [f"{RUN_DURATION}_count", {"workflow": "w"}, float(len(run))],
-            [f"{RUN_DURATION}_sum", {"workflow": "w"}, float(sum(run))]]},
+        RUN_DURATION: _histogram(RUN_DURATION, run, bounds),
     }
+    if claims is not None:
+        out[CLAIM_LATENCY] = _histogram(CLAIM_LATENCY, claims, bounds)
+    return out
 
 
 def test_a_point_is_the_rate_and_the_latency_of_what_ended_between_two_readings() -> None:
@@ -59,8 +68,11 @@ def test_quantile_interpolates_within_the_bucket_like_histogram_quantile() -> No
 def test_the_ring_keeps_the_last_window_only() -> None:
     series = Series(interval=1.0, window=5.0)
     for second in range(20):
-        series.add(read(families(second, []), at=float(second)))
+        series.add(read(families(second, [], claims=[0.02] * second), at=float(second)))
     body = series.body()
-    assert [p["at"] for p in body["points"]] == [15.0, 16.0, 17.0, 18.0, 19.0]
+    assert [p["at"] for p in body["points"]] == [iso_utc(float(t)) for t in range(15, 20)]
     assert all(p["completed_per_s"] == 1.0 for p in body["points"])
-    assert CLAIM_LATENCY  # the claim histogram is read too (absent here: None figures)
+    # The claim histogram is read too: one claim of 20 ms a second, within its first bucket.
+    for p in body["points"]:
+        assert p["claim_count"] == 1 and p["claim_mean_s"] == 0.02, p
+        assert 0 < p["claim_p95_s"] <= 0.1, p

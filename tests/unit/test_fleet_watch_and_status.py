@@ -91,3 +91,33 @@ def test_fleet_status_ok_once_the_desired_children_are_ready_and_reach_their_sto
 )
 def test_fleet_status(slots: list[SlotView], draining: bool, status: FleetStatus) -> None:
     assert fleet_status(slots, desired=1, draining=draining)["status"] is status
+
+
+@pytest.mark.parametrize(
+    ("slots", "status", "unleased"),
+    [
+        # An upgrade on Valkey: the new child is ready, the old one (draining) still
+        # holds every shard: not ok until the new one has leased them.
+        ([SlotView(0, child(slot=0, shards={"a": 0}), 0),
+          SlotView(1, child("draining", slot=1, shards={"a": 64}), 0)],
+         FleetStatus.STARTING, ["a"]),
+        ([SlotView(0, child(slot=0, shards={"a": 64}), 0)], FleetStatus.OK, None),
+        # One name leased, another not yet.
+        ([SlotView(0, child(slot=0, shards={"a": 64, "b": 0}), 0)], FleetStatus.STARTING,
+         ["b"]),
+        # More children than shards: one holding none is fine while the others hold them.
+        ([SlotView(0, child(slot=0, shards={"a": 0}), 0),
+          SlotView(1, child(slot=1, shards={"a": 1}), 0)], FleetStatus.OK, None),
+        # Not sharded (SQLite): no shards reported, nothing to lease.
+        ([SlotView(0, child(slot=0), 0)], FleetStatus.OK, None),
+    ],
+    ids=["upgrade", "leased", "one-name-unleased", "more-children-than-shards", "sqlite"],
+)
+def test_a_fleet_holding_no_shard_of_a_name_it_serves_is_not_ok(
+    slots: list[SlotView], status: FleetStatus, unleased: list[str] | None
+) -> None:
+    body = fleet_status(slots, desired=sum(s.child is not None and s.child.state == "ready"
+                                           for s in slots),
+                        draining=False)
+    assert body["status"] is status
+    assert body.get("unleased") == unleased

@@ -259,3 +259,32 @@ async def test_a_long_backoff_parks_the_run_instead_of_holding_its_slot(
     assert len(ATTEMPTS) == 2
     assert [e["attempt"] for e in of_type(events, "step:started")] == [1, 2]
 
+
+
+async def test_a_retried_try_is_a_warning_naming_the_try_the_delay_and_the_error(
+    runner: InlineWorkflowRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="pyrula")
+    FAILURES["left"] = 2
+    run = await runner.client.submit("retries.uncaught", {"step": "retries.flaky_fast"})
+    await runner.run(run.name, run.run_id)
+    retries = [r for r in caplog.records if getattr(r, "event", None) == "step_retry"]
+    assert [r.levelname for r in retries] == ["WARNING", "WARNING"]
+    first = retries[0].getMessage()
+    assert first.startswith(f"step_retry: step retries.flaky_fast of run {run.run_id} "
+                            "try 2 of 3 in 0.0 s: ConnectionError: flaky failure #1"), first
+    assert "test_retries.py:" in first and "in _flaky" in first  # the failing frame
+    assert "try 3 of 3" in retries[1].getMessage()
+
+
+async def test_a_failed_step_keeps_its_own_traceback_in_the_run_error(
+    runner: InlineWorkflowRunner,
+) -> None:
+    FAILURES["left"] = 100
+    run = await runner.client.submit("retries.uncaught", {"step": "retries.flaky_no_retry"})
+    events = await runner.run(run.name, run.run_id)
+    trace = last(events, "step:failed")["traceback"]
+    assert 'raise ConnectionError(f"flaky failure #{len(ATTEMPTS)}")' in trace
+    assert "pyrula/workflows" not in trace  # the step's frames, not the engine's
+    info = await runner.client.get(run.run_id)
+    assert info.error is not None and info.error["detail"]["traceback"] == trace

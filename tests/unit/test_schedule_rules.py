@@ -219,7 +219,7 @@ def test_create_computes_next_run_at_and_mints_ids() -> None:
     assert a.schedule_id != b.schedule_id
     assert a.next_run_at == utc(2026, 1, 2, 2)
     assert a.paused is False and a.overlap == "skip" and a.timezone == "UTC"
-    assert a.catchup_window is None and a.every is None and a.params is None
+    assert a.catchup_window is None and a.every is None and a.params == {}
 
 
 def test_a_schedule_round_trips_through_its_record() -> None:

@@ -1,6 +1,6 @@
 """SQLiteStore specifics: the schema version (an additive change upgrades an older file in
-place, filling in what an added column can learn from it; a file from a newer pyrula is
-refused) and closing a store others still use."""
+place, filling in what an added column can learn from it, and builds what rests on it; a
+file from a newer pyrula is refused) and closing a store others still use."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from pyrula.workflows import ConfigurationError, SQLiteStore
+from pyrula.workflows.records import PoisonPolicy
 from pyrula.workflows.schedules import Schedule
 from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.sqlite.schema import SCHEMA_VERSION
@@ -44,7 +45,7 @@ def test_a_version_1_file_gains_the_schedules_table(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 3
+        assert _version(path) == SCHEMA_VERSION == 4
         store.schedule_create(Schedule.create("wf", "0 * * * *", schedule_id="s"))
         assert [s.schedule_id for s in store.schedule_list()] == ["s"]
     finally:
@@ -79,6 +80,38 @@ async def test_a_version_2_file_gains_queued_at_from_what_it_recorded(tmp_path: 
         assert await store.queue_stats(["wf"]) == {"wf": QueueStat(2, 100.0)}
         await store.claim_run(fresh.run_id, "w", now=130.0, lock_ttl=30.0)
         assert await store.queue_stats(["wf"]) == {"wf": QueueStat(1, 110.0)}
+    finally:
+        store.close()
+
+
+async def test_a_version_3_file_gains_suspect_seq_and_its_queued_runs_stay_ordinary(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v3.db"
+    store = SQLiteStore(path)
+    try:
+        crashed, _ = await store.submit("wf", {}, now=100.0)
+        await store.claim_run(crashed.run_id, "w", now=101.0, lock_ttl=30.0)
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)  # what pyrula with schema 3 left behind: no suspect_seq
+    try:
+        conn.execute("DROP INDEX runs_suspects")
+        conn.execute("ALTER TABLE runs DROP COLUMN suspect_seq")
+        conn.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+        conn.commit()
+    finally:
+        conn.close()
+
+    store = SQLiteStore(path)
+    try:
+        assert _version(path) == SCHEMA_VERSION
+        # The run an older pyrula left running crashes now: a suspect, put aside.
+        await store.reclaim(None, now=200.0, limit=10, poison=PoisonPolicy())
+        passed = await store.claim("w", ["wf"], limit=10, now=201.0, lock_ttl=30.0)
+        assert list(passed) == [] and passed.suspects
+        again = await store.claim_suspect("w", passed.suspects, now=202.0, lock_ttl=30.0)
+        assert again is not None and again.run_id == crashed.run_id and again.suspect
     finally:
         store.close()
 

@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given
 
 from pyrula.workflows import MemoryStore, WorkflowClient, WorkflowContext, workflow
-from pyrula.workflows.definition import MAX_NAME_LENGTH, REGISTRY, check_workflow_name
+from pyrula.workflows.definition import (
+    MAX_NAME_LENGTH,
+    REGISTRY,
+    check_workflow_name,
+    unknown_name,
+)
 from tests.generative.strategies import names
 
 
@@ -48,3 +53,27 @@ def test_a_refused_name_registers_nothing() -> None:
 
 async def _body(ctx: WorkflowContext, params: object) -> None:
     return None
+
+
+@pytest.mark.parametrize("name, served, says", [
+    ("fetch_thnig", ["fetch_thing", "other"], "did you mean 'fetch_thing'?"),
+    ("zzz", ["fetch_thing", "other"], "workers have served 'fetch_thing', 'other'"),
+    ("fetch_thing", ["fetch_thing"], None),
+    ("anything", [], None),  # no worker yet: nothing to check against
+])
+def test_an_unknown_name_is_named_with_the_closest_served_ones(
+        name: str, served: list[str], says: str | None) -> None:
+    found = unknown_name(name, served)
+    if says is None:
+        assert found is None
+    else:
+        assert found is not None and says in found and repr(name) in found
+
+
+async def test_submit_without_params_stores_an_empty_object() -> None:
+    store = MemoryStore()
+    client = WorkflowClient(store)
+    for handle in (await client.submit("anything"), await client.submit("anything", None)):
+        assert (await client.get(handle.run_id)).params == {}
+    kept = await client.submit("anything", [])
+    assert (await client.get(kept.run_id)).params == []

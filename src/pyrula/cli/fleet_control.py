@@ -24,6 +24,26 @@ def fleet_url(url: str | None) -> str:
     return url
 
 
+def unreachable(exc: BaseException) -> str:
+    """Why a fleet's health URL did not answer, in words (urllib's own is
+    ``<urlopen error [Errno 111] Connection refused>``), with what to try."""
+    import socket
+    import urllib.error
+
+    reason: object = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        words = "connection refused"
+    elif isinstance(reason, TimeoutError | socket.timeout):
+        words = "no answer within 5 s"
+    elif isinstance(reason, socket.gaierror):
+        words = "no such host"
+    elif isinstance(reason, OSError) and reason.strerror:
+        words = reason.strerror[:1].lower() + reason.strerror[1:]
+    else:
+        words = str(reason)
+    return f"{words} (is it running? pass --url)"
+
+
 @click.command("status")
 @click.option("--url", default=None, help="the fleet's health URL (default "
               "http://127.0.0.1:$PORT or :8081)")
@@ -38,14 +58,16 @@ def status(url: str | None, as_json: bool) -> None:
         with urllib.request.urlopen(base.rstrip("/") + "/status", timeout=5) as reply:
             body = json.loads(reply.read())
     except (urllib.error.URLError, OSError) as exc:
-        fail(f"cannot reach the fleet at {base}: {exc}", 1)
+        fail(f"cannot reach the fleet at {base}: {unreachable(exc)}", 1)
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
     sizing = (f"  size {len(body['children'])} desired={body['desired']} "
               f"min={body['min']} max={body['max']}" if "desired" in body else "")
+    unleased = ("  no shards leased yet of: " + ", ".join(body["unleased"])
+                if body.get("unleased") else "")
     click.echo(f"fleet {body['status']}{sizing}  restarts={body['restarts']}  "
-               f"shards={json.dumps(body['shards'])}")
+               f"shards={json.dumps(body['shards'])}{unleased}")
     if body.get("store"):
         click.echo(f"store {body['store']}")
     for gen in body.get("generations") or []:
@@ -78,7 +100,9 @@ def upgrade(url: str | None) -> None:
     try:
         with urllib.request.urlopen(base.rstrip("/") + "/livez", timeout=5) as reply:
             pid = int(json.loads(reply.read())["pid"])
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+    except (urllib.error.URLError, OSError) as exc:
+        fail(f"cannot reach the fleet at {base}: {unreachable(exc)}", 1)
+    except (ValueError, KeyError) as exc:
         fail(f"cannot reach the fleet at {base}: {exc}", 1)
     try:
         os.kill(pid, signal.SIGUSR2)

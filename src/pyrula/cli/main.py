@@ -216,7 +216,7 @@ def result(run_id: str, timeout: float | None, store: str | None,
 @NAMESPACE
 def events(run_id: str, store: str | None, namespace: str | None) -> None:
     """Print a run's journal (same as "pyrula runs events")."""
-    runs.print_json(runs.client(store, namespace).events(run_id))
+    runs.print_events(runs.client(store, namespace).events(run_id))
 
 
 @cli.command("signal")

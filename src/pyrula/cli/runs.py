@@ -26,6 +26,7 @@ from pyrula.cli.common import (
     json_argument,
 )
 from pyrula.cli.timeline import describe, iso, timeline
+from pyrula.timestamps import iso_utc_or_none, readable_event
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,14 @@ def info_dict(info: Any) -> dict[str, Any]:
     data["status"] = info.status.value
     for key in _TIMES:
         if key in data:
-            data[key] = iso(data[key], precise=True)
+            data[key] = iso_utc_or_none(data[key])
     return data
+
+
+def print_events(events: list[dict[str, Any]]) -> None:
+    """A journal as one JSON array, each event's instants (``ts``, ``wake_at``...) in
+    ISO-8601 UTC; the store keeps them as epoch seconds."""
+    print_json([readable_event(event) for event in events])
 
 
 def run_status(text: str | None) -> Any:
@@ -92,6 +99,18 @@ def _call(store: Any, coro: Any) -> Any:
     return drive(coro) if issubclass(kind, SyncAdmin) and kind.sync_driven else run_sync(coro)
 
 
+def warn_if_unknown(store: Any, name: str, then: str = "") -> bool:
+    """Warn on stderr, in one line ending with ``then``, when no worker of ``store`` has
+    ever served ``name`` (a typo, most likely), naming the closest names that were; True
+    if it warned."""
+    from pyrula.workflows.definition import unknown_name
+
+    mistyped = unknown_name(name, _call(store, store.served_names()))
+    if mistyped is not None:
+        click.echo(f"warning: {mistyped}{then}", err=True)
+    return mistyped is not None
+
+
 def _unserved(store: Any, name: str) -> bool:
     """Whether runs of ``name`` are queued that no live worker serves."""
     return name in _call(store, store.stranded(now=time.time()))
@@ -105,7 +124,8 @@ def submit_run(workflow: str, params: str, owner: str | None, idempotency_key: s
     runs = client(store, namespace)
     handle = runs.submit(workflow, value, owner=owner, idempotency_key=idempotency_key)
     print_json({"name": handle.name, "run_id": handle.run_id})
-    if _unserved(runs.store, handle.name):
+    if not warn_if_unknown(runs.store, handle.name, "; the run waits until a worker serves it") \
+            and _unserved(runs.store, handle.name):
         click.echo(f"warning: no live worker serves {handle.name!r} yet; the run waits "
                    "until one does", err=True)
 
@@ -192,11 +212,26 @@ def list_command(workflow: str | None, status: str | None, owner: str | None, li
     if as_json:
         print_json([info_dict(info) for info in rows])
         return
-    click.echo(f"{'RUN ID':<32}  {'WORKFLOW':<24} {'STATUS':<9} {'ATTEMPT':>7}  "
-               f"{'OWNER':<16} CREATED")
+    for line in runs_table(rows):
+        click.echo(line)
+
+
+def id_width(ids: list[str]) -> int:
+    """The width of a table's run id column: the longest id shown (SQLite's are 32
+    characters, Valkey's 40), at least the header's."""
+    return max([len("RUN ID"), *map(len, ids)])
+
+
+def runs_table(rows: list[Any]) -> list[str]:
+    """``pyrula runs list`` as lines: a header, then one run a line, the columns aligned
+    whatever the length of the store's run ids."""
+    width = id_width([info.run_id for info in rows])
+    lines = [f"{'RUN ID':<{width}}  {'WORKFLOW':<24} {'STATUS':<9} {'ATTEMPT':>7}  "
+             f"{'OWNER':<16} CREATED"]
     for info in rows:
-        click.echo(f"{info.run_id:<32}  {info.name:<24} {info.status.value:<9} "
-                   f"{info.attempt:>7}  {info.owner or '-':<16} {iso(info.created_at)}")
+        lines.append(f"{info.run_id:<{width}}  {info.name:<24} {info.status.value:<9} "
+                     f"{info.attempt:>7}  {info.owner or '-':<16} {iso(info.created_at)}")
+    return lines
 
 
 @runs.command("show")
@@ -236,6 +271,11 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
     click.echo("timeline:" if steps else "timeline: (not started)")
     for entry in steps:
         click.echo(f"  {describe(entry)}")
+    trace = ((info.error or {}).get("detail") or {}).get("traceback")
+    if trace:
+        click.echo("traceback:")
+        for line in str(trace).rstrip("\n").splitlines():
+            click.echo(f"  {line}")
 
 
 @runs.command("events")
@@ -248,7 +288,7 @@ def events_command(run_id: str, as_json: bool, store: str | None,
     """A run's journal (always JSON: one array of events)."""
     runs_client = client(store, namespace)
     get_run(runs_client, run_id)
-    print_json(runs_client.events(run_id))
+    print_events(runs_client.events(run_id))
 
 
 @runs.command("result")
@@ -327,7 +367,7 @@ def resume_command(run_id: str, value: str, store: str | None, namespace: str | 
 
 @runs.command("submit")
 @click.argument("workflow", metavar="NAME")
-@click.argument("params", default="null", metavar="[PARAMS_JSON]")
+@click.argument("params", default="{}", metavar="[PARAMS_JSON]")
 @click.option("--owner", default=None)
 @click.option("--idempotency-key", default=None)
 @STORE
@@ -352,11 +392,12 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
     runs_client = client(store, namespace)
     found = _call(runs_client.store, stuck_runs(runs_client.store, limit, time.time()))
     if as_json:
-        print_json(found)
+        print_json([{**row, "updated_at": iso_utc_or_none(row["updated_at"])} for row in found])
         return
     if not found:
         click.echo("no stuck runs")
         return
+    width = id_width([row["run_id"] for row in found])
     for row in found:
-        click.echo(f"{row['run_id']:<32}  {row['workflow']:<24} {row['status']:<9} "
+        click.echo(f"{row['run_id']:<{width}}  {row['workflow']:<24} {row['status']:<9} "
                    f"{iso(row['updated_at'])}  {row['why']}")

@@ -19,13 +19,15 @@ import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from pyrula.cli.common import NAMESPACE, STORE, InputError, existing_store, json_argument
+from pyrula.cli.runs import warn_if_unknown
 from pyrula.errors import ScheduleNotFound
+from pyrula.timestamps import iso_of_datetime
 from pyrula.workflows.schedules import OVERLAP_POLICIES, CronError, Schedule
 from pyrula.workflows.schedules.cron import CronExpr
 from pyrula.workflows.schedules.schedule import MIN_CATCHUP_WINDOW_S, MIN_INTERVAL_S, zone
@@ -81,10 +83,10 @@ def schedule_document(sched: Schedule) -> dict[str, Any]:
         "catchup_window": (None if sched.catchup_window is None
                            else sched.catchup_window.total_seconds()),
         "paused": sched.paused,
-        "next_run_at": None if sched.paused else _iso(sched.next_run_at),
-        "created_at": _iso(sched.created_at),
+        "next_run_at": None if sched.paused else iso_of_datetime(sched.next_run_at),
+        "created_at": iso_of_datetime(sched.created_at),
         "last_run_id": sched.last_run_id,
-        "last_run_at": None if sched.last_run_at is None else _iso(sched.last_run_at),
+        "last_run_at": None if sched.last_run_at is None else iso_of_datetime(sched.last_run_at),
     }
 
 
@@ -138,6 +140,8 @@ def create(name: str, cron: str | None, every: str | None, params: str, timezone
     with _store(store, namespace) as opened:
         replaced = opened.schedule_get(schedule_id) is not None
         stored = opened.schedule_create(sched)
+        warn_if_unknown(opened, sched.name, "; the schedule's runs wait until a worker "
+                        "serves it")
     logger.info("schedule %s %s", schedule_id, "replaced" if replaced else "created",
                 extra={"event": "schedule_created", "schedule_id": schedule_id})
     if as_json:
@@ -214,7 +218,7 @@ def resume(schedule_id: str, as_json: bool, store: str | None, namespace: str | 
     with _store(store, namespace) as opened:
         _known(schedule_id, lambda: resume_schedule(opened, schedule_id))
         resumed = opened.schedule_get(schedule_id)
-    next_run = None if resumed is None else _iso(resumed.next_run_at)
+    next_run = None if resumed is None else iso_of_datetime(resumed.next_run_at)
     _done(as_json, {"schedule_id": schedule_id, "paused": False, "next_run_at": next_run},
           f"resumed schedule {schedule_id}; next run {next_run}")
 
@@ -284,7 +288,10 @@ def _every_s(sched: Schedule) -> int:
 
 
 def _iso(at: datetime | None) -> str:
-    return "-" if at is None else at.isoformat()
+    """An instant as the table shows it: UTC to the second, ``2026-12-01T16:40:00Z``."""
+    if at is None:
+        return "-"
+    return at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _done(as_json: bool, document: dict[str, Any], line: str) -> None:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from pyrula.timestamps import iso_utc
 from pyrula.workflows.events import Event
 from pyrula.workflows.history import read_history
 
@@ -38,12 +39,14 @@ class StepOutcome(StrEnum):
 
 
 def iso(ts: float | None, *, precise: bool = False) -> str | None:
-    """Epoch seconds as ISO-8601 UTC (``2026-12-01T16:40:00Z``); None stays None."""
+    """Epoch seconds as ISO-8601 UTC; None stays None. ``precise`` (what JSON carries) is
+    ``pyrula.timestamps.iso_utc``'s form (``2026-12-01T16:40:00.123Z``); without it, the
+    whole second a table shows (``2026-12-01T16:40:00Z``)."""
     if ts is None:
         return None
-    moment = datetime.fromtimestamp(ts, UTC)
-    text = moment.isoformat(timespec="milliseconds" if precise else "seconds")
-    return text.replace("+00:00", "Z")
+    if precise:
+        return iso_utc(ts)
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def death(evidence: dict[str, Any]) -> str:

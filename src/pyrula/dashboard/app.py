@@ -29,8 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from pyrula.dashboard.data import DashboardData, run_row
 from pyrula.dashboard.series import Series
-from pyrula.workflows.errors import PayloadTooLarge, RunNotActive, WorkflowNotFound
-from pyrula.workflows.http import (
+from pyrula.workflows.answers import (
     ApiError,
     decode_cursor,
     encode_cursor,
@@ -38,6 +37,7 @@ from pyrula.workflows.http import (
     http_error_response,
     json_response,
 )
+from pyrula.workflows.errors import PayloadTooLarge, RunNotActive, WorkflowNotFound
 from pyrula.workflows.records import RunStatus
 from pyrula.workflows.triage import NotRetryable, retry_run
 

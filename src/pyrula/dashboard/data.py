@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime
 from typing import Any
 
 from pyrula.cli.timeline import EntryKind, timeline
+from pyrula.timestamps import epoch_of, iso_utc, iso_utc_or_none
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.records import RunInfo, RunStatus
 from pyrula.workflows.stores.capabilities import capabilities_of
@@ -31,20 +31,20 @@ STUCK_LIMIT = 100
 
 
 def run_row(info: RunInfo) -> dict[str, Any]:
-    """A run as the table shows it (epoch-second times; the page formats them)."""
+    """A run as the table shows it (ISO-8601 UTC times; the page formats them)."""
     return {
         "run_id": info.run_id, "workflow": info.name, "status": info.status.value,
-        "owner": info.owner, "attempt": info.attempt, "created_at": info.created_at,
-        "started_at": info.started_at, "finished_at": info.finished_at,
-        "updated_at": info.updated_at, "waiting_for": list(info.waiting_for),
+        "owner": info.owner, "attempt": info.attempt,
+        "created_at": iso_utc(info.created_at),
+        "started_at": iso_utc_or_none(info.started_at),
+        "finished_at": iso_utc_or_none(info.finished_at),
+        "updated_at": iso_utc(info.updated_at), "waiting_for": list(info.waiting_for),
         "retries": retries_of(info),
     }
 
 
 def _epoch(text: str | None) -> float | None:
-    if text is None:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return None if text is None else epoch_of(text)
 
 
 def worker_pid(worker_id: str | None) -> int | None:
@@ -54,22 +54,23 @@ def worker_pid(worker_id: str | None) -> int | None:
 
 
 def timeline_entries(events: list[Any]) -> list[dict[str, Any]]:
-    """``timeline()``'s entries with what the page draws besides: epoch times, each
-    step's duration, each attempt's worker pid."""
+    """``timeline()``'s entries with what the page draws besides: each entry's ``start``
+    and ``end`` (ISO-8601 UTC, whichever fields its kind names them by), each step's
+    duration in ``seconds``, each attempt's worker pid."""
     out = []
     for entry in timeline(events):
         item = {key: (value.value if hasattr(value, "value") else value)
                 for key, value in entry.items()}
         if entry["kind"] == EntryKind.STEP:
+            item["start"], item["end"] = entry["started"], entry["finished"]
             start, end = _epoch(entry["started"]), _epoch(entry["finished"])
-            item["start"], item["end"] = start, end
             item["seconds"] = (None if start is None or end is None
                                else round(end - start, 6))
         elif entry["kind"] == EntryKind.ATTEMPT:
-            item["start"] = _epoch(entry["at"])
+            item["start"] = entry["at"]
             item["pid"] = worker_pid(entry["worker"])
         else:
-            item["start"], item["end"] = _epoch(entry["from"]), _epoch(entry["until"])
+            item["start"], item["end"] = entry["from"], entry["until"]
         out.append(item)
     return out
 
@@ -97,7 +98,7 @@ class DashboardData:
         events = await self._bounded(self.client.events(run_id))
         row = run_row(info)
         row.update(params=info.params, result=info.result, error=info.error,
-                   interrupt=info.interrupt, wake_at=info.wake_at,
+                   interrupt=info.interrupt, wake_at=iso_utc_or_none(info.wake_at),
                    idempotency_key=info.idempotency_key,
                    events=len(events), timeline=timeline_entries(events))
         return row
@@ -105,7 +106,7 @@ class DashboardData:
     async def stuck(self) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = await self._bounded(
             stuck_runs(self.store, STUCK_LIMIT, time.time()))
-        return found
+        return [{**row, "updated_at": iso_utc_or_none(row["updated_at"])} for row in found]
 
     async def recent_names(self) -> list[str]:
         page = await self._bounded(self.store.list_runs(limit=RECENT_RUNS))
@@ -132,4 +133,5 @@ class DashboardData:
         found: dict[str, Any] = await self._bounded(source.shard_map(now=time.time()))
         for worker in found["workers"]:
             worker["pid"] = worker_pid(worker["worker_id"])
+            worker["expires"] = iso_utc(float(worker["expires"]))
         return {"sharded": True, **found}

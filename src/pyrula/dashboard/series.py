@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyrula.timestamps import iso_utc
+
 logger = logging.getLogger(__name__)
 
 #: Seconds of history kept: the charts show the last five minutes.
@@ -97,7 +99,7 @@ def point(before: Reading, after: Reading) -> dict[str, Any]:
         return now - then if now >= then else now
 
     out: dict[str, Any] = {
-        "at": round(after.at, 3),
+        "at": iso_utc(after.at),
         "completed_per_s": round(grew(after.completed, before.completed) / span, 3),
         "failed_per_s": round(grew(after.failed, before.failed) / span, 3),
     }

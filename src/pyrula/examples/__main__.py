@@ -4,8 +4,9 @@ Runs the example app on the embedded SQLite store: ``pyrula-fleet start -n 2`` s
 and this script submits a stream of example runs and prints each as it completes. A big
 order waits for an ``approved`` signal, which this script sends; a digest sleeps and
 continues as new. Ctrl+C drains the fleet and exits. ``--runs N`` stops after N orders;
-``--embedded`` runs one worker in this process instead of the fleet. The first line
-printed is the URL of the fleet's dashboard (with ``pyrula[http]`` installed).
+``--embedded`` runs one worker in this process instead of the fleet. The first lines
+printed are the URLs of the fleet's dashboard (with ``pyrula[http]`` installed) and
+metrics, on the fleet's default health port (8081, or ``$PORT``) when it is free.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import pyrula.examples.orders  # noqa: F401  (registers the example workflows)
 from pyrula import logs
+from pyrula.config.fleet import resolve_health_port
 from pyrula.workflows import SQLiteStore, WorkerOptions, WorkflowClient, WorkflowWorker
 
 
@@ -68,9 +70,17 @@ async def report(client: WorkflowClient, label: str, run_id: str) -> None:
           f"{result}", flush=True)
 
 
-def _free_port() -> int:
+def health_port(preferred: int) -> int:
+    """``preferred`` (the fleet's default health port, 8081 or ``$PORT``) if nothing on
+    this host listens there, so that the README's ``curl localhost:8081/metrics`` and a
+    bare ``pyrula-fleet status`` reach the example fleet; else a free port (the URLs
+    printed first then name it)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", preferred))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
@@ -108,11 +118,12 @@ async def main(path: str, runs: int | None, embedded: bool) -> None:
         serving = asyncio.create_task(worker.run())
         print(f"pyrula example app on {path}: one worker in this process")
     else:
-        port = _free_port()
+        port = health_port(resolve_health_port(None))
         fleet = _start_fleet(path, port)
-        # First, so that it is on screen before the stream of runs scrolls it away.
+        # First, so that they are on screen before the stream of runs scrolls them away.
         print(f"dashboard: http://127.0.0.1:{port}/ (the runs below appear there as they "
               "stream)", flush=True)
+        print(f"metrics: curl -s http://127.0.0.1:{port}/metrics", flush=True)
         print(f"pyrula example app on {path}: pyrula-fleet -n 2 (pid {fleet.pid}); "
               f"status: pyrula-fleet status --url http://127.0.0.1:{port}")
     print("submitting example runs (Ctrl+C to stop)", flush=True)

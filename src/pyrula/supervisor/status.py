@@ -50,15 +50,19 @@ def child_entry(child: Child, slot: int, restarts: int) -> dict[str, Any]:
 
 def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool,
                  bounds: tuple[Any, Any] | None = None) -> dict[str, Any]:
-    """The ``/status`` body: ok once ``desired`` children are ready and reach their store;
-    starting while none is ready and none has restarted yet; degraded otherwise; draining
-    once the fleet drains. With elastic sizing (``bounds``: ``--min``, ``--max``) it also
-    says ``min``, ``max`` and the size the fleet wants now, ``desired``."""
+    """The ``/status`` body: ok once ``desired`` children are ready, reach their store
+    and, on a sharded store, hold shards of every name they serve; starting while none is
+    ready and none has restarted yet, or while the ready children hold no shard of a name
+    (``unleased`` lists those names: after an upgrade, until the new children lease the
+    shards the old ones release); degraded otherwise; draining once the fleet drains. With
+    elastic sizing (``bounds``: ``--min``, ``--max``) it also says ``min``, ``max`` and the
+    size the fleet wants now, ``desired``."""
     slots = sorted(slots, key=lambda s: s.index)
     children = []
     shards: dict[str, int] = {}
     ready = 0
     cut_off = 0  # ready children that cannot reach their store
+    leased: dict[str, int] = {}  # a sharded store: each served name's shards, ready children
     for slot in slots:
         child = slot.child
         if child is None:
@@ -69,13 +73,16 @@ def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool,
             assert beat is not None
             ready += 1
             cut_off += not beat.store_ok
+            for name, count in beat.shards.items():
+                leased[name] = leased.get(name, 0) + count
         for name, count in (beat.shards if beat else {}).items():
             shards[name] = shards.get(name, 0) + count
         children.append(child_entry(child, slot.index, slot.restarts))
+    unleased = sorted(name for name, count in leased.items() if count == 0)
     if draining:
         overall = FleetStatus.DRAINING
     elif ready >= desired and not cut_off:
-        overall = FleetStatus.OK
+        overall = FleetStatus.STARTING if unleased else FleetStatus.OK
     elif ready == 0 and all(s.restarts == 0 for s in slots):
         overall = FleetStatus.STARTING
     else:
@@ -86,6 +93,8 @@ def fleet_status(slots: Iterable[SlotView], desired: int, draining: bool,
         "shards": shards,
         "restarts": sum(s.restarts for s in slots),
     }
+    if unleased:
+        body["unleased"] = unleased
     if bounds is not None:
         body.update(min=bounds[0], max=bounds[1], desired=desired)
     return body

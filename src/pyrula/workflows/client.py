@@ -83,8 +83,12 @@ class WorkflowClient:
 
         A second submit with the same ``idempotency_key`` (for the same workflow name)
         returns the first run's handle. Raises ValueError for params that are not JSON.
+        No params (or None) are ``{}``: a workflow reading ``params["x"]`` then fails with
+        a KeyError naming the key, not with "NoneType is not subscriptable".
         """
         name = workflow_name(workflow)
+        if params is None:
+            params = {}
         if owner is not None and (not isinstance(owner, str) or not owner):
             raise ValueError(f"owner must be a non-empty str or None, got {owner!r}")
         if idempotency_key is not None and (
@@ -98,6 +102,11 @@ class WorkflowClient:
             name, params, now=self._clock.now(), owner=owner, idempotency_key=idempotency_key
         )
         return handle
+
+    async def served_names(self) -> list[str]:
+        """Every workflow name a worker of this store has ever served, sorted (empty before
+        the first worker): what a name about to be submitted can be checked against."""
+        return await self.store.served_names()
 
     async def get(self, run_id: str) -> RunInfo:
         """The run's current state. Raises WorkflowNotFound for an unknown id."""
@@ -213,6 +222,9 @@ class SyncWorkflowClient:
         return self._run(
             self._client.submit(workflow, params, owner=owner, idempotency_key=idempotency_key)
         )
+
+    def served_names(self) -> list[str]:
+        return self._run(self._client.served_names())
 
     def get(self, run_id: str) -> RunInfo:
         return self._run(self._client.get(run_id))

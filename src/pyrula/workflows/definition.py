@@ -8,11 +8,12 @@ tested directly.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import threading
 import unicodedata
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
@@ -292,6 +293,18 @@ def check_workflow_name(name: Any) -> str:
             raise ValueError(f"workflow name {name!r} holds the character {char!r}: control "
                              "characters and lone surrogates are not allowed in names")
     return name
+
+
+def unknown_name(name: str, served: Sequence[str]) -> str | None:
+    """Why ``name`` looks mistyped, or None: ``served`` (the names workers of the store
+    have ever served) is known and does not hold it. Names the closest served ones."""
+    if not served or name in served:
+        return None
+    close = difflib.get_close_matches(name, list(served), n=3, cutoff=0.6)
+    hint = (f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else
+            f"; workers have served {', '.join(repr(s) for s in list(served)[:10])}"
+            + (" ..." if len(served) > 10 else ""))
+    return f"no worker of this store has ever served workflow {name!r}{hint}"
 
 
 def workflow_name(fn_or_name: Any) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from pyrula.workflows.context import WorkflowContext
 from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.errors import ContinueAsNew, NonDeterminismError, PayloadTooLarge, StepFailed
 from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
+from pyrula.workflows.frames import user_traceback
 from pyrula.workflows.operations import RUN_TASK_PREFIX as RUN_TASK_PREFIX
 from pyrula.workflows.operations import RUNNING_RUN as RUNNING_RUN
 from pyrula.workflows.operations import Body, Operations, StepObserver, Unmonitored
@@ -191,8 +191,8 @@ class Attempt:
     async def run(self, *, admission: Awaitable[Any] | None = None) -> Outcome:
         """Run the attempt to its next frontier.
 
-        With ``admission``, the workflow's code starts only once it is done (the worker's
-        gate for suspect runs); a cancel, a stand-down or a lost lock meanwhile ends the
+        With ``admission``, the workflow's code starts only once it is done (a caller's
+        gate); a cancel, a stand-down or a lost lock meanwhile ends the
         attempt without running any of the run's code.
         """
         self._loop = asyncio.get_running_loop()
@@ -340,14 +340,14 @@ class Attempt:
         except ContinueAsNew as cont:
             return await self._continue(cont.params)
         except StepFailed as exc:
-            return await self._fail(RunError(
-                "step_failed", exc.error_type, str(exc),
-                {"step": exc.step, "attempts": exc.attempts},
-            ))
+            detail: dict[str, Any] = {"step": exc.step, "attempts": exc.attempts}
+            if exc.traceback:
+                detail["traceback"] = exc.traceback
+            return await self._fail(RunError("step_failed", exc.error_type, str(exc), detail))
         except Exception as exc:  # the workflow body raised: the run fails with it
             return await self._fail(RunError(
                 "workflow_error", type(exc).__name__, str(exc) or type(exc).__name__,
-                {"traceback": _traceback(exc)},
+                {"traceback": user_traceback(exc)},
             ))
         unreplayed = self._replay.unreplayed()
         if unreplayed is not None:
@@ -389,11 +389,6 @@ class Attempt:
             OutcomeKind.FAILED if outcome.quarantined else OutcomeKind.REQUEUED, self.journal,
             reason=stand.reason,
         )
-
-
-def _traceback(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(exc))
-    return text[-4000:]
 
 
 def _non_determinism(exc: NonDeterminismError) -> RunError:

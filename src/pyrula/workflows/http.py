@@ -1,9 +1,11 @@
 """RunRouter: the run operations of ``WorkflowClient`` as a JSON HTTP API (an ASGI app).
 
-``app.mount("/runs", RunRouter(store))`` in any Starlette or FastAPI app. Every answer is
-JSON; every refusal is ``{"error": {"code", "message"}}`` with 404 for an unknown run, 422
-for bad input (the message names the field), 413 for a payload over the client's limit and
-409 for a run that has ended (or has not, for ``result``). The optional extra
+``app.mount("/runs", RunRouter(store))`` in any Starlette or FastAPI app, or
+``RunRouter(store).mount("/runs")`` as a route, which answers ``POST /runs`` without its
+slash too. Every answer is JSON; every refusal is ``{"error": {"code", "message"}}`` with
+404 for an unknown run, 422 for bad input (the message names the field), 413 for a payload
+over the client's limit and 409 for a run that has ended (or has not, for ``result``).
+Instants are ISO-8601 UTC strings (``pyrula.timestamps``). The optional extra
 ``pyrula[http]`` installs Starlette; ``import pyrula.workflows`` never imports this module.
 
 The module runs past 400 lines because a third of it is the OpenAPI description, kept
@@ -12,30 +14,38 @@ beside the routes it describes so that the two change together.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any
-
-import orjson
 
 try:
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import RedirectResponse, Response
-    from starlette.routing import BaseRoute, Mount, Route
+    from starlette.routing import BaseRoute, Match, Mount, Route
     from starlette.types import Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "pyrula.workflows.http needs Starlette: pip install 'pyrula[http]'"
     ) from exc
 
+from pyrula.timestamps import EVENT_TIMES, readable_event
+from pyrula.workflows.answers import (
+    RUN_TIMES,
+    ApiError,
+    bad_input,
+    decode_cursor,
+    encode_cursor,
+    error_response,
+    http_error_response,
+    info_json,
+    json_response,
+)
 from pyrula.workflows.client import WorkflowClient
+from pyrula.workflows.definition import check_workflow_name, unknown_name
 from pyrula.workflows.errors import (
     PayloadTooLarge,
     RunCancelled,
@@ -43,8 +53,7 @@ from pyrula.workflows.errors import (
     RunNotActive,
     WorkflowNotFound,
 )
-from pyrula.workflows.events import dumps
-from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.base import Store
 
 logger = logging.getLogger(__name__)
@@ -56,58 +65,6 @@ MAX_LIST_LIMIT = 1000
 MAX_RESULT_TIMEOUT_S = 300.0
 #: Room for the JSON around a request's payloads (field names, escapes, whitespace).
 BODY_OVERHEAD_BYTES = 64 * 1024
-
-
-class ApiError(Exception):
-    """A refusal the router answers as ``{"error": {"code", "message"}}`` with ``status``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def _bad(field: str, message: str) -> ApiError:
-    return ApiError(422, "invalid_input", f"{field}: {message}")
-
-
-def json_response(value: Any, status: int = 200) -> Response:
-    return Response(dumps(value), status_code=status, media_type="application/json")
-
-
-def error_response(status: int, code: str, message: str) -> Response:
-    """The API's error shape, ``{"error": {"code", "message"}}``, with ``status``."""
-    return json_response({"error": {"code": code, "message": message}}, status)
-
-
-def info_json(info: RunInfo) -> dict[str, Any]:
-    """A RunInfo as JSON: its fields, the status as its string value."""
-    data = asdict(info)
-    data["status"] = info.status.value
-    data["waiting_for"] = list(info.waiting_for)
-    return data
-
-
-def encode_cursor(info: RunInfo) -> str:
-    """The opaque keyset cursor after ``info``: its (created_at, run_id), base64url."""
-    raw = orjson.dumps([info.created_at, info.run_id])
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(text: str) -> tuple[float, str]:
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        created_at, run_id = orjson.loads(raw)
-    except (binascii.Error, ValueError, TypeError):
-        raise _bad("cursor", "not a cursor this API returned") from None
-    if (
-        not isinstance(created_at, int | float)
-        or isinstance(created_at, bool)
-        or not isinstance(run_id, str)
-    ):
-        raise _bad("cursor", "not a cursor this API returned")
-    return float(created_at), run_id
 
 
 async def _body(request: Request, cap: int) -> dict[str, Any]:
@@ -129,9 +86,9 @@ async def _body(request: Request, cap: int) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):
-        raise _bad("body", "not valid JSON") from None
+        raise bad_input("body", "not valid JSON") from None
     if not isinstance(value, dict):
-        raise _bad("body", "must be a JSON object")
+        raise bad_input("body", "must be a JSON object")
     return value
 
 
@@ -144,7 +101,7 @@ def _too_large(size: int, cap: int) -> ApiError:
 def _optional_str(body: dict[str, Any], field: str) -> str | None:
     value = body.get(field)
     if value is not None and (not isinstance(value, str) or not value):
-        raise _bad(field, "must be a non-empty string or null")
+        raise bad_input(field, "must be a non-empty string or null")
     return value
 
 
@@ -155,9 +112,9 @@ def _number(request: Request, field: str, default: float, low: float, high: floa
     try:
         value = float(text)
     except ValueError:
-        raise _bad(field, f"{text!r} is not a number") from None
+        raise bad_input(field, f"{text!r} is not a number") from None
     if not math.isfinite(value) or not low <= value <= high:
-        raise _bad(field, f"must be between {low:g} and {high:g}, got {text!r}")
+        raise bad_input(field, f"must be between {low:g} and {high:g}, got {text!r}")
     return value
 
 
@@ -168,9 +125,9 @@ def _integer(request: Request, field: str, default: int, low: int, high: int) ->
     try:
         value = int(text)
     except ValueError:
-        raise _bad(field, f"{text!r} is not an integer") from None
+        raise bad_input(field, f"{text!r} is not an integer") from None
     if not low <= value <= high:
-        raise _bad(field, f"must be between {low} and {high}, got {value}")
+        raise bad_input(field, f"must be between {low} and {high}, got {value}")
     return value
 
 
@@ -182,11 +139,11 @@ def _status(request: Request) -> RunStatus | None:
         return RunStatus(text)
     except ValueError:
         valid = ", ".join(s.value for s in RunStatus)
-        raise _bad("status", f"{text!r} is not a run status; use one of: {valid}") from None
+        raise bad_input("status", f"{text!r} is not a run status; use one of: {valid}") from None
 
 
 def _client_call(field: str, exc: ValueError) -> ApiError:
-    return _bad(field, str(exc))
+    return bad_input(field, str(exc))
 
 
 def _param(name: str, where: str, schema: dict[str, Any], about: str) -> dict[str, Any]:
@@ -204,12 +161,16 @@ def _body_of(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
+#: An instant as every answer writes it: ISO-8601 UTC, milliseconds, ``Z``.
+_INSTANT: dict[str, Any] = {"type": ["string", "null"], "format": "date-time",
+                            "examples": ["2026-12-01T16:40:00.123Z"]}
 _RUN_ID = _param("run_id", "path", {"type": "string"}, "the run's id")
 _ANY: dict[str, Any] = {"description": "any JSON value"}
 _OPTIONAL_STR: dict[str, Any] = {"type": ["string", "null"], "minLength": 1}
 _REFUSALS = {
     "404": _answer("no run with this id", "Error"),
-    "422": _answer("bad input; the message names the field", "Error"),
+    "422": _answer("bad input; the message names the field (unknown_workflow: a workflow "
+                   "no worker of the store has served, with the known ones)", "Error"),
 }
 _PAYLOAD_REFUSALS = {**_REFUSALS, "413": _answer("payload over the limit", "Error"),
                      "409": _answer("the run has ended", "Error")}
@@ -293,16 +254,25 @@ OPENAPI: dict[str, Any] = {
         "Object": {"type": "object"},
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"},
+                           "known": {"type": "array", "items": {"type": "string"},
+                                     "description": "unknown_workflow: the names workers "
+                                     "of the store have served"}}}}},
         "Submitted": {"type": "object", "required": ["run_id", "workflow"], "properties": {
             "run_id": {"type": "string"}, "workflow": {"type": "string"}}},
-        "Run": {"type": "object", "required": ["run_id", "name", "status"]},
+        "Run": {"type": "object", "required": ["run_id", "name", "status"], "properties": {
+            "run_id": {"type": "string"}, "name": {"type": "string"},
+            "status": {"type": "string", "enum": [s.value for s in RunStatus]},
+            **{key: _INSTANT for key in RUN_TIMES}}},
         "RunPage": {"type": "object", "required": ["runs", "cursor"], "properties": {
             "runs": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}},
             "cursor": {"type": ["string", "null"]}}},
         "Result": {"type": "object", "required": ["result"]},
         "Events": {"type": "object", "required": ["events"], "properties": {
-            "events": {"type": "array", "items": {"type": "object"}}}},
+            "events": {"type": "array", "items": {"$ref": "#/components/schemas/Event"}}}},
+        "Event": {"type": "object", "required": ["seq", "type", "ts"], "properties": {
+            "seq": {"type": "integer"}, "type": {"type": "string"},
+            **{key: _INSTANT for key in EVENT_TIMES}}},
     }},
 }
 
@@ -314,10 +284,17 @@ class RunRouter:
     """An ASGI app serving the runs of ``store``: submit, list, inspect, signal, cancel."""
 
     def __init__(self, store: Store, *, max_payload_bytes: int | None = None,
-                 dashboard: bool = True, dashboard_actions: bool = False) -> None:
+                 dashboard: bool = True, dashboard_actions: bool = False,
+                 check_names: bool = True) -> None:
         """The router also serves the HTML dashboard of ``store`` at ``/dashboard/``,
-        read-only unless ``dashboard_actions`` (``dashboard=False``: the API alone)."""
+        read-only unless ``dashboard_actions`` (``dashboard=False``: the API alone).
+
+        ``check_names``: a submit of a workflow no worker of the store has ever served
+        (once any has served one) is refused with 422 ``unknown_workflow``, naming the
+        known ones; False accepts it (the run waits for a worker that serves it), for an
+        API deployed ahead of the workers that bring a new workflow."""
         self.client = WorkflowClient(store, max_payload_bytes=max_payload_bytes)
+        self.check_names = check_names
         #: The largest request body read: the payload limit plus room for the JSON around
         #: it. A payload under the limit may still be refused by the client's own check.
         self.body_cap = 2 * self.client.max_payload_bytes + BODY_OVERHEAD_BYTES
@@ -342,6 +319,16 @@ class RunRouter:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
 
+    def mount(self, path: str) -> Mount:
+        """This router as a route of an enclosing app at ``path`` that answers ``path``
+        itself too: ``Starlette(routes=[RunRouter(store).mount("/runs")])`` (FastAPI:
+        ``app.router.routes.append(...)``) serves ``POST /runs`` as ``POST /runs/``.
+
+        A plain ``Mount("/runs", router)`` matches only ``/runs/...``: the enclosing router
+        answers ``/runs`` with an empty 307 to ``/runs/``, which a client posting a run
+        does not follow by default."""
+        return _SlashlessMount(path, self)
+
     @staticmethod
     def _guard(handler: Handler) -> Handler:
         """``handler`` with the client's refusals turned into JSON errors, and anything
@@ -351,7 +338,7 @@ class RunRouter:
             try:
                 return await handler(request)
             except ApiError as exc:
-                return error_response(exc.status, exc.code, exc.message)
+                return error_response(exc.status, exc.code, exc.message, exc.extra)
             except WorkflowNotFound as exc:
                 return error_response(404, "run_not_found", str(exc))
             except PayloadTooLarge as exc:
@@ -371,7 +358,17 @@ class RunRouter:
         body = await _body(request, self.body_cap)
         workflow = body.get("workflow")
         if not isinstance(workflow, str) or not workflow:
-            raise _bad("workflow", "required, a non-empty string")
+            raise bad_input("workflow", "required, a non-empty string")
+        try:
+            check_workflow_name(workflow)
+        except ValueError as exc:
+            raise bad_input("workflow", str(exc)) from None
+        if self.check_names:
+            served = await self.client.served_names()
+            mistyped = unknown_name(workflow, served)
+            if mistyped is not None:
+                raise ApiError(422, "unknown_workflow", f"workflow: {mistyped}",
+                               {"known": served})
         owner = _optional_str(body, "owner")
         key = _optional_str(body, "idempotency_key")
         try:
@@ -422,14 +419,15 @@ class RunRouter:
         run_id = request.path_params["run_id"]
         after = _integer(request, "after_seq", 0, 0, 2**62)
         await self.client.get(run_id)
-        return json_response({"events": await self.client.events(run_id, after)})
+        events = await self.client.events(run_id, after)
+        return json_response({"events": [readable_event(event) for event in events]})
 
     async def signal(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
         body = await _body(request, self.body_cap)
         name = body.get("name")
         if not isinstance(name, str) or not name:
-            raise _bad("name", "required, a non-empty string")
+            raise bad_input("name", "required, a non-empty string")
         try:
             await self.client.signal(run_id, name, body.get("payload"))
         except (PayloadTooLarge, RunNotActive):
@@ -456,14 +454,27 @@ class RunRouter:
         return json_response({"run_id": run_id, "cancelled": await self.client.cancel(run_id)})
 
 
+class _SlashlessMount(Mount):
+    """A Mount that takes its own path without the slash (``/runs``) as ``/runs/``."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is not Match.NONE or scope["type"] not in ("http", "websocket"):
+            return match, child
+        root_path = scope.get("root_path", "")
+        if not self.path or scope["path"] != root_path + self.path:
+            return match, child
+        slashed = {**scope, "path": scope["path"] + "/"}
+        if isinstance(scope.get("raw_path"), bytes):
+            slashed["raw_path"] = scope["raw_path"] + b"/"
+        match, child = super().matches(slashed)
+        if match is not Match.NONE:
+            child = {**child, "path": slashed["path"]}
+            if "raw_path" in slashed:
+                child["raw_path"] = slashed["raw_path"]
+        return match, child
+
+
 async def _to_dashboard(request: Request) -> Response:
     """``/dashboard`` without its slash: the page's relative routes need the slash."""
     return RedirectResponse(request.url.path + "/")
-
-
-async def http_error_response(request: Request, exc: Exception) -> Response:
-    """Starlette's own refusals (no such route, wrong method) in the API's error shape."""
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
-    detail = exc.detail if isinstance(exc, HTTPException) else "the server failed"
-    return error_response(status, code, f"{request.method} {request.url.path}: {detail}")

@@ -104,16 +104,20 @@ class InlineWorkflowRunner:
         return await self._execute(spec, claimed)
 
     async def run_next(self) -> list[Event] | None:
-        """Run the next queued run of a served workflow to its frontier, or return None."""
+        """Run the next queued run of a served workflow to its frontier, or return None.
+        A suspect is run once no ordinary run is queued (one run at a time: it runs alone)."""
         await self.start()
         names = sorted(REGISTRY.workflows() if self._only is None else self._only)
-        claimed = await self.store.claim(
-            self.worker_id, names, limit=1, now=self._clock.now(),
-            lock_ttl=self._settings.lock_ttl, build=self.build,
-        )
-        if not claimed:
+        now, ttl = self._clock.now(), self._settings.lock_ttl
+        claimed = await self.store.claim(self.worker_id, names, limit=1, now=now,
+                                         lock_ttl=ttl, build=self.build)
+        run = claimed[0] if claimed else None
+        if run is None and claimed.suspects:
+            run = await self.store.claim_suspect(self.worker_id, claimed.suspects, now=now,
+                                                 lock_ttl=ttl, build=self.build)
+        if run is None:
             return None
-        return await self._execute(self._spec(claimed[0].name), claimed[0])
+        return await self._execute(self._spec(run.name), run)
 
     async def _execute(self, spec: WorkflowSpec, claimed: ClaimedRun) -> list[Event]:
         journal = claimed.journal

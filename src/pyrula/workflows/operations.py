@@ -35,6 +35,7 @@ from pyrula.workflows.definition import (
 )
 from pyrula.workflows.errors import NonDeterminismError, PayloadTooLarge, StepFailed
 from pyrula.workflows.events import INTERRUPT_SIGNAL, dumps, loads
+from pyrula.workflows.frames import failing_frame, user_traceback
 from pyrula.workflows.records import ClaimedRun
 from pyrula.workflows.replay import (
     Replay,
@@ -262,17 +263,21 @@ class Operations:
                 will_retry = failures < spec.retries
                 error_type = type(exc).__name__
                 message = str(exc) or error_type
+                trace = user_traceback(exc)
                 if will_retry:
                     delay = spec.backoff(failures + 1) * random.uniform(1.0, 1.1)
                     retry_at = self._clock.now() + delay
-                self._writes.add(step_failed(
+                    self._log_retry(spec, attempt, delay, error_type, message, trace)
+                failed = step_failed(
                     self._clock.now(), spec.name, call, attempt, error_type, message,
                     retry_at=retry_at if will_retry else None,
-                ))
+                )
+                failed["traceback"] = trace  # the step's own frames, for runs show
+                self._writes.add(failed)
                 failures += 1
                 await self._writes.boundary()
                 if not will_retry:
-                    raise StepFailed(spec.name, error_type, message, attempt) from None
+                    raise StepFailed(spec.name, error_type, message, attempt, trace) from None
                 continue
             try:
                 result = self.check_payload(result, f"the result of step {spec.name!r}")
@@ -288,6 +293,19 @@ class Operations:
             self._writes.add(step_completed(self._clock.now(), spec.name, call, result))
             await self._writes.boundary()
             return result
+
+    def _log_retry(self, spec: StepSpec, attempt: int, delay: float, error_type: str,
+                   message: str, trace: str) -> None:
+        """A step try that failed and is retried: a warning, so a flaky dependency shows
+        in the log before it fails a run."""
+        where = failing_frame(trace)
+        logger.warning(
+            "step_retry: step %s of run %s try %d of %d in %.1f s: %s: %s%s", spec.name,
+            self.run_id, attempt + 1, spec.retries + 1, delay, error_type, message,
+            f" (at {where})" if where else "",
+            extra={"event": "step_retry", "run_id": self.run_id, "workflow": self.name,
+                   "step": spec.name, "try": attempt + 1, "tries": spec.retries + 1},
+        )
 
     async def _retry_delay(self, call: int, spec: StepSpec, retry_at: float) -> None:
         remaining = retry_at - self._clock.now()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -117,8 +117,11 @@ class ClaimedRun:
     new; any other reader fetches events 1..base_seq by offset.
 
     ``crashes`` are the times of the crashes counted against the run, as the store keeps
-    them (older ones than ``poison_retry_ttl_s`` no longer count but may still be listed):
-    a run with a crash that counts is a *suspect*, which its worker runs apart.
+    them (older ones than ``poison_retry_ttl_s`` no longer count but may still be listed).
+
+    ``suspect`` is set for a *suspect*: a run with a crash counted against it that has not
+    completed an attempt since (parked or ended). The store queues a suspect apart, an
+    ordinary ``claim`` never returns one, and its worker runs it alone (``claim_suspect``).
 
     ``journal_error`` is set (and ``journal`` empty) when what the store holds for the run
     is not a journal pyrula wrote: the claimer fails the run instead of executing it.
@@ -135,6 +138,25 @@ class ClaimedRun:
     created_at: float
     crashes: tuple[float, ...] = ()
     journal_error: JournalCorrupt | None = None
+    suspect: bool = False
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SuspectsAt:
+    """Where put-aside suspects wait: a workflow name, and on a sharded store its shard."""
+
+    name: str
+    shard: int = 0
+
+
+class Claimed(list[ClaimedRun]):
+    """What an ordinary claim took (the list), and ``suspects``: where it saw suspects
+    waiting that it passed over (empty if none), for ``claim_suspect``."""
+
+    def __init__(self, runs: Iterable[ClaimedRun] = (),
+                 suspects: Iterable[SuspectsAt] = ()) -> None:
+        super().__init__(runs)
+        self.suspects: tuple[SuspectsAt, ...] = tuple(sorted(set(suspects)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from pyrula.workflows import (
     step,
     workflow,
 )
-from pyrula.workflows.records import PoisonPolicy
+from pyrula.workflows.records import PoisonPolicy, SuspectsAt
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import Spy, capture, fast_options, logged, of_type, serving
 
@@ -38,10 +38,14 @@ async def worphan_job(ctx: WorkflowContext, params: Any) -> Any:
 
 
 async def die_holding(store: Any, name: str, *, now: float | None = None) -> str:
-    """A worker claims the next run of ``name`` and dies: its lock lapses at once."""
-    claimed = await store.claim(
-        "dead-worker", [name], limit=1, now=time.time() if now is None else now, lock_ttl=0.01
-    )
+    """A worker claims the next run of ``name`` (a suspect, if only one waits) and dies: its
+    lock lapses at once."""
+    at = time.time() if now is None else now
+    claimed = list(await store.claim("dead-worker", [name], limit=1, now=at, lock_ttl=0.01))
+    if not claimed:
+        suspect = await store.claim_suspect("dead-worker", [SuspectsAt(name)], now=at,
+                                            lock_ttl=0.01)
+        claimed = [] if suspect is None else [suspect]
     assert len(claimed) == 1
     return str(claimed[0].run_id)
 

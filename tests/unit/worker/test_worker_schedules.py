@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from pyrula.metrics import Metrics
+from pyrula.timestamps import iso_utc
 from pyrula.workflows import (
     ValkeyStore,
     WorkflowClient,
@@ -200,6 +201,23 @@ async def test_after_downtime_fires_once_and_moves_past_now(store: Any) -> None:
         await _passes(worker)
         assert len(await _runs(store, "sched.echo")) == 1
     assert run.idempotency_key == f"schedule:{sched.schedule_id}:{int(T + 10 * MINUTE)}"
+
+
+async def test_the_fired_line_says_its_occurrence_in_iso(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    capture(caplog)
+    clock = ManualClock(start=T)
+    sched = store.schedule_create(_every_minute(echo), now=T)
+    clock.advance(MINUTE + 1)
+    async with serving(_worker(store, clock, echo)):
+        await _count(store, "sched.echo", 1)
+        await await_until(lambda: logged(caplog, "schedule_fired"), what="schedule_fired")
+    (fired,) = logged(caplog, "schedule_fired")
+    occurrence = iso_utc(T + MINUTE)  # 2027-01-15T08:01:00.000Z, not 1800000060
+    assert fired.getMessage().endswith(f"for its occurrence at {occurrence}")
+    assert getattr(fired, "occurrence", None) == occurrence
+    assert sched.schedule_id in fired.getMessage()
 
 
 async def test_catchup_window_fires_a_recent_miss(store: Any) -> None:

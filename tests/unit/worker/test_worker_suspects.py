@@ -4,8 +4,9 @@ suspects (runs with a crash counted against them) apart.
 The supervisor charges a dead child's crash to the runs its last report named in user
 code, or, if a suspect was among them, to that suspect alone. So the report must name every
 run before any of its code runs, must not name a run whose body waits on the store, and a
-worker may let only one suspect into its code at a time. ``Reporter`` plays the child and
-its supervisor: it keeps the last report, as the supervisor would read it after a crash.
+worker runs a suspect alone: it holds no other run while the suspect's attempt lasts.
+``Reporter`` plays the child and its supervisor: it keeps the last report, as the
+supervisor would read it after a crash.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import asyncio
 import threading
 import time
 from typing import Any
+
+import pytest
 
 from pyrula.workflows import (
     RunStatus,
@@ -159,19 +162,28 @@ async def test_a_run_whose_body_waits_on_the_store_is_not_in_user_code(store: An
     assert UNREPORTED == []
 
 
-IN_CODE = {"suspects": 0, "most": 0, "beside": 0}
+IN_CODE: dict[str, Any] = {"now": set(), "alone": [], "beside": 0, "most": 0}
+WORKERS: list[WorkflowWorker] = []
 
 
 @step(name="wsusp_dwell")
 async def dwell(tag: str, suspect: bool) -> str:
-    if suspect:
-        IN_CODE["suspects"] += 1
-        IN_CODE["most"] = max(IN_CODE["most"], IN_CODE["suspects"])
-        await asyncio.sleep(0.02)
-        IN_CODE["suspects"] -= 1
-    else:  # an ordinary run is not held back while a suspect runs
-        await await_until(lambda: IN_CODE["suspects"] > 0, timeout=20, what="a suspect")
-        IN_CODE["beside"] += 1
+    info = step_info()
+    assert info is not None
+    IN_CODE["now"].add(info.run_id)
+    IN_CODE["most"] = max(IN_CODE["most"], len(IN_CODE["now"]))
+    try:
+        if suspect:
+            # Alone: the worker holds no other run, so no other code runs beside it.
+            reporter = REPORTER[-1]
+            IN_CODE["alone"].append((WORKERS[-1].in_flight, set(IN_CODE["now"]),
+                                     reporter.suspects, reporter.names(info.run_id)))
+            await asyncio.sleep(0.02)
+        else:
+            await asyncio.sleep(0.05)
+            IN_CODE["beside"] = max(IN_CODE["beside"], len(IN_CODE["now"]))
+    finally:
+        IN_CODE["now"].discard(info.run_id)
     return tag
 
 
@@ -189,8 +201,8 @@ async def make_suspects(store: Any, run_ids: list[str]) -> None:
     assert sorted(o.run_id for o in outcomes) == sorted(run_ids)
 
 
-async def test_suspects_run_one_at_a_time_and_ordinary_runs_beside_them(store: Any) -> None:
-    IN_CODE.update(suspects=0, most=0, beside=0)
+async def test_a_suspect_runs_alone_and_ordinary_runs_run_together(store: Any) -> None:
+    IN_CODE.update(now=set(), alone=[], beside=0, most=0)
     client = WorkflowClient(store)
     suspects = [await client.submit(dwelling, {"tag": f"s{i}", "suspect": True})
                 for i in range(4)]
@@ -198,13 +210,22 @@ async def test_suspects_run_one_at_a_time_and_ordinary_runs_beside_them(store: A
                 for i in range(4)]
     await make_suspects(store, [r.run_id for r in suspects])
     worker = reporting_worker(store, [dwelling], max_concurrent_runs=8)
+    WORKERS.append(worker)
     async with serving(worker):
         for i, run in enumerate(suspects):
             assert await worker.client.result(run.run_id, timeout=30) == f"s{i}"
         for i, run in enumerate(ordinary):
             assert await worker.client.result(run.run_id, timeout=30) == f"o{i}"
-    assert IN_CODE["most"] == 1
-    assert IN_CODE["beside"] == 4
+    by_id = {r.run_id for r in suspects}
+    assert len(IN_CODE["alone"]) == 4
+    for in_flight, in_code, reported_suspects, named in IN_CODE["alone"]:
+        # The worker held the suspect only, and told its supervisor so.
+        assert in_flight == 1
+        assert len(in_code) == 1 and in_code <= by_id
+        assert reported_suspects == in_code and named
+    assert IN_CODE["beside"] > 1  # ordinary runs are not run one at a time
+    for run in suspects:  # each started once more, by this worker, alone
+        assert len(of_type(await client.events(run.run_id), "run:started")) == 2
 
 
 RELEASE = {"held": False}
@@ -222,35 +243,76 @@ async def holding(ctx: WorkflowContext, params: Any) -> Any:
     return await hold(params["tag"])
 
 
-async def test_a_suspect_waiting_for_the_gate_at_shutdown_goes_back_uncharged(
+async def test_a_suspect_stopped_at_shutdown_goes_back_uncharged_and_still_a_suspect(
     store: Any,
 ) -> None:
     RELEASE["held"] = False
     client = WorkflowClient(store)
     first, second = [await client.submit(holding, {"tag": t}) for t in ("first", "second")]
+    ordinary = await client.submit(holding, {"tag": "ordinary"})
     await make_suspects(store, [first.run_id, second.run_id])
     worker = reporting_worker(store, [holding], shutdown_grace=0.1)
+    reporter = REPORTER[-1]
     async with serving(worker):
-        await await_until(lambda: worker.in_flight == 2, what="both suspects claimed")
-        reporter = REPORTER[-1]
+        # The ordinary run is claimed first; the suspects wait until it has ended.
+        await await_until(lambda: reporter.names(ordinary.run_id), what="the ordinary run")
+        assert worker.in_flight == 1 and reporter.suspects == frozenset()
+        RELEASE["held"] = True
+        assert await worker.client.result(ordinary.run_id, timeout=30) == "ordinary"
+        RELEASE["held"] = False
         await await_until(lambda: reporter.user_code & {first.run_id, second.run_id},
                           what="one suspect in its code")
-        assert reporter.suspects == {first.run_id, second.run_id}
         [running] = reporter.user_code & {first.run_id, second.run_id}
+        assert reporter.suspects == {running}
+        assert worker.in_flight == 1  # the other suspect is not claimed beside it
     RELEASE["held"] = True
+    waited = next(r for r in (first, second) if r.run_id != running)
     for run in (first, second):
         info = await client.get(run.run_id)
         assert info.status is RunStatus.QUEUED
         journal = await client.events(run.run_id)
-        assert [(e["reason"], e.get("crashes")) for e in of_type(journal, "run:requeued")] == [
-            ("orphaned", 1), ("shutdown", None)]
-    waited = next(r for r in (first, second) if r.run_id != running)
-    assert of_type(await client.events(waited.run_id), "step:started") == []
-    again = await store.claim_run(waited.run_id, "next", now=time.time(), lock_ttl=30)
-    assert again is not None and len(again.crashes) == 1
+        reasons = [(e["reason"], e.get("crashes")) for e in of_type(journal, "run:requeued")]
+        if run is waited:  # never claimed again
+            assert reasons == [("orphaned", 1)]
+            assert of_type(journal, "step:started") == []
+        else:
+            assert reasons == [("orphaned", 1), ("shutdown", None)]
+    # Both still wait apart from the ordinary queue, each with its one crash.
+    passed = await store.claim("next", ["wsusp_holding"], limit=10, now=time.time(),
+                               lock_ttl=30)
+    assert list(passed) == [] and passed.suspects
+    taken = set()
+    for _ in range(2):
+        again = await store.claim_suspect("next", passed.suspects, now=time.time(), lock_ttl=30)
+        assert again is not None and again.suspect and len(again.crashes) == 1
+        taken.add(again.run_id)
+    assert taken == {first.run_id, second.run_id}
 
 
-async def test_a_suspect_cancelled_while_waiting_for_the_gate_ends_without_running(
+async def test_a_worker_running_a_suspect_alone_is_not_taken_for_a_stalled_one(
+    store: Any,
+) -> None:
+    # A fleet recycles a child with free slots whose claim loop made no progress for
+    # --stall-timeout: one that waits on purpose, for a long suspect, still stamps it.
+    RELEASE["held"] = False
+    client = WorkflowClient(store)
+    run = await client.submit(holding, {"tag": "long"})
+    await make_suspects(store, [run.run_id])
+    worker = reporting_worker(store, [holding], claim_poll_interval=0.05)
+    reporter = REPORTER[-1]
+    async with serving(worker):
+        await await_until(lambda: reporter.names(run.run_id), what="the suspect in its code")
+        began = time.monotonic()
+        ages = []
+        while time.monotonic() - began < 1.0:
+            ages.append(worker.claim_tick_age())
+            await asyncio.sleep(0.05)
+        RELEASE["held"] = True
+        assert await worker.client.result(run.run_id, timeout=30) == "long"
+    assert max(ages) < 0.5, ages
+
+
+async def test_a_suspect_cancelled_while_another_runs_ends_without_running(
     store: Any,
 ) -> None:
     RELEASE["held"] = False
@@ -260,16 +322,40 @@ async def test_a_suspect_cancelled_while_waiting_for_the_gate_ends_without_runni
     worker = reporting_worker(store, [holding])
     async with serving(worker):
         reporter = REPORTER[-1]
-        await await_until(lambda: worker.in_flight == 2
-                          and reporter.user_code & {first.run_id, second.run_id},
+        await await_until(lambda: reporter.user_code & {first.run_id, second.run_id},
                           what="one suspect in its code, the other waiting")
+        assert worker.in_flight == 1
         [running] = reporter.user_code & {first.run_id, second.run_id}
         waiting = second if running == first.run_id else first
         assert await client.cancel(waiting.run_id)
-        await await_until(
-            lambda: worker.in_flight == 1, timeout=30, what="the waiting suspect cancelled")
+        assert (await client.get(waiting.run_id)).status is RunStatus.CANCELLED
         RELEASE["held"] = True
         assert await worker.client.result(running, timeout=30) in ("first", "second")
-    info = await client.get(waiting.run_id)
-    assert info.status is RunStatus.CANCELLED
-    assert of_type(await client.events(waiting.run_id), "step:started") == []
+    journal = await client.events(waiting.run_id)
+    assert of_type(journal, "step:started") == []
+    assert len(of_type(journal, "run:started")) == 1  # the attempt that crashed only
+
+
+async def test_a_worker_busy_with_a_long_run_passes_suspects_over_and_keeps_claiming(
+    store: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Waiting for its runs to end to take a suspect is bounded: a worker holding a long run
+    # must not idle its free slots for it; after SUSPECT_DRAIN_S it claims as usual.
+    from pyrula.workflows.worker import claim as claim_loop
+
+    monkeypatch.setattr(claim_loop, "SUSPECT_DRAIN_S", 0.3)
+    RELEASE["held"] = False
+    client = WorkflowClient(store)
+    long_run = await client.submit(holding, {"tag": "long"})
+    worker = reporting_worker(store, [holding, dwelling], max_concurrent_runs=4)
+    async with serving(worker):
+        await await_until(lambda: worker.in_flight == 1, what="the long run held")
+        suspect = await client.submit(dwelling, {"tag": "s", "suspect": False})
+        await make_suspects(store, [suspect.run_id])
+        later = await client.submit(dwelling, {"tag": "later", "suspect": False})
+        # Claimed beside the long run once the drain gave up, the suspect still waiting.
+        assert await worker.client.result(later.run_id, timeout=20) == "later"
+        assert (await client.get(suspect.run_id)).status is RunStatus.QUEUED
+        RELEASE["held"] = True
+        assert await worker.client.result(long_run.run_id, timeout=20) == "long"
+        assert await worker.client.result(suspect.run_id, timeout=40) == "s"

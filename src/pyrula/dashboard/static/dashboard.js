@@ -74,9 +74,15 @@
 
   function pad(n) { return (n < 10 ? "0" : "") + n; }
 
-  function fmtTime(epoch) {
-    if (epoch === null || epoch === undefined) { return "-"; }
-    var d = new Date(epoch * 1000);
+  // Every instant the JSON routes answer is ISO-8601 UTC ("2026-12-01T16:40:00.123Z");
+  // the page draws with epoch seconds.
+  function secs(iso) {
+    return iso === null || iso === undefined ? null : Date.parse(iso) / 1000;
+  }
+
+  function fmtTime(iso) {
+    if (iso === null || iso === undefined) { return "-"; }
+    var d = new Date(iso);
     return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
       pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
   }
@@ -175,7 +181,7 @@
       svg.appendChild(t);
       return;
     }
-    var now = points.length ? points[points.length - 1].at : Date.now() / 1000;
+    var now = points.length ? secs(points[points.length - 1].at) : Date.now() / 1000;
     var top = 0;
     points.forEach(function (p) {
       lines.forEach(function (line) { var v = p[line.key]; if (v !== null && v > top) { top = v; } });
@@ -205,8 +211,8 @@
       }
       points.forEach(function (p) {
         var v = p[line.key];
-        if (v === null || v === undefined || now - p.at > window) { flush(); return; }
-        segment.push(x(p.at).toFixed(1) + "," + y(v).toFixed(1));
+        if (v === null || v === undefined || now - secs(p.at) > window) { flush(); return; }
+        segment.push(x(secs(p.at)).toFixed(1) + "," + y(v).toFixed(1));
       });
       flush();
       var last = points.length ? points[points.length - 1][line.key] : null;
@@ -276,7 +282,7 @@
       $("newer").disabled = runsPage.index === 0;
       $("page-label").textContent = "page " + (runsPage.index + 1);
       fill($("runs").tBodies[0], body.runs.map(function (r) {
-        var took = r.finished_at && r.created_at ? fmtSeconds(r.finished_at - r.created_at) : "-";
+        var took = r.finished_at && r.created_at ? fmtSeconds(secs(r.finished_at) - secs(r.created_at)) : "-";
         return el("tr", { "data-run": r.run_id }, el("td", null, runLink(r.run_id)),
           el("td", { text: r.workflow }), el("td", null, pill(r.status)),
           el("td", { text: r.owner || "-" }), el("td", { text: r.attempt }),
@@ -357,9 +363,21 @@
     $("run-params").textContent = JSON.stringify(run.params, null, 2);
     var failed = run.error !== null && run.error !== undefined;
     $("run-outcome-title").textContent = failed ? "Error" : "Result";
-    $("run-outcome").textContent = failed ? JSON.stringify(run.error, null, 2)
+    $("run-outcome").textContent = failed ? errorText(run.error)
       : (run.status === "completed" ? JSON.stringify(run.result, null, 2) : "(not ended)");
     drawTimeline(run);
+  }
+
+  // A run's error as a reader wants it: the one-line cause, its traceback as lines of
+  // text (not one escaped JSON string), then whatever else its detail holds.
+  function errorText(error) {
+    var detail = Object.assign({}, error.detail || {});
+    var trace = typeof detail.traceback === "string" ? detail.traceback : null;
+    delete detail.traceback;
+    var text = error.code + ": " + error.error_type + ": " + error.message;
+    if (Object.keys(detail).length) { text += "\n\n" + JSON.stringify(detail, null, 2); }
+    if (trace) { text += "\n\n" + trace.replace(/\s+$/, ""); }
+    return text;
   }
 
   function drawTimeline(run) {
@@ -370,11 +388,12 @@
     var first = null, last = null;
     var now = Date.now() / 1000;
     entries.forEach(function (e) {
-      var start = e.start, end = e.end === null || e.end === undefined ? (e.kind === "attempt" ? e.start : now) : e.end;
+      var start = secs(e.start), end = e.end === null || e.end === undefined ? (e.kind === "attempt" ? start : now) : secs(e.end);
       if (start !== null && start !== undefined) { first = first === null ? start : Math.min(first, start); }
       if (end !== null && end !== undefined) { last = last === null ? end : Math.max(last, end); }
     });
-    if (run.finished_at) { last = Math.max(last || run.finished_at, run.finished_at); }
+    var finished = secs(run.finished_at);
+    if (finished) { last = Math.max(last || finished, finished); }
     var span = Math.max((last || 0) - (first || 0), 1e-3);
     entries.forEach(function (e) {
       if (e.kind === "attempt") {
@@ -384,9 +403,9 @@
           e.after ? el("span", { "class": "why", text: "(" + e.after + ")" }) : null)));
         return;
       }
-      var end = e.end === null || e.end === undefined ? now : e.end;
-      var left = ((e.start - first) / span) * 100;
-      var width = Math.max(((end - e.start) / span) * 100, 0.3);
+      var start = secs(e.start), end = e.end === null || e.end === undefined ? now : secs(e.end);
+      var left = ((start - first) / span) * 100;
+      var width = Math.max(((end - start) / span) * 100, 0.3);
       var label, cls, took;
       if (e.kind === "step") {
         var tries = e.attempts === 1 ? "1 try" : e.attempts + " tries";
@@ -442,7 +461,7 @@
     else { work = loadFleet(); }
     return Promise.resolve(work).then(function () {
       clearBanner();
-      $("updated").textContent = "updated " + fmtTime(Date.now() / 1000).slice(11);
+      $("updated").textContent = "updated " + fmtTime(new Date().toISOString()).slice(11);
     }).catch(function (error) {
       banner("Could not load the " + where.view + " view: " + (error && error.message || error));
     });

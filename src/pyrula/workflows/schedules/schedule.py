@@ -110,7 +110,7 @@ class Schedule:
             )
         window = None if catchup_window is None else _catchup_window(catchup_window)
         try:
-            stored_params = loads(dumps(params))
+            stored_params = loads(dumps({} if params is None else params))
         except TypeError as exc:
             raise ValueError(f"params of schedule {schedule_id!r} are {exc}") from None
         created = _instant(datetime.now(UTC) if created_at is None else created_at, "created_at")

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import (
     AppendResult,
+    Claimed,
     ClaimedRun,
     FinishResult,
     FlowControl,
@@ -30,6 +31,7 @@ from pyrula.workflows.records import (
     RunHandle,
     RunInfo,
     RunStatus,
+    SuspectsAt,
 )
 from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import AsyncAdmin
@@ -141,7 +143,7 @@ class WorkQueue(Protocol):
         now: float,
         lock_ttl: float,
         build: str | None = None,
-    ) -> list[ClaimedRun]:
+    ) -> Claimed:
         """Claim up to ``limit`` queued runs of ``names`` for this worker. Atomic per run.
 
         Picks by deficit round robin across owners (the least-served owner next), FIFO
@@ -149,14 +151,36 @@ class WorkQueue(Protocol):
         takes the lock until ``now + lock_ttl`` and appends ``run:started`` (with
         ``"build": build``, the code the worker serves, unless None). Each run comes with
         its journal after the seq where it last parked (see ClaimedRun).
+
+        Never returns a suspect (see ClaimedRun): a run requeued with a crash counted is
+        queued apart from its owner's queue (still ``queued``), until ``claim_suspect``
+        takes it. ``Claimed.suspects`` says where this claim saw suspects waiting (a
+        sharded store: on the shards it visited).
         """
+        ...
+
+    async def claim_suspect(
+        self,
+        worker_id: str,
+        at: Sequence[SuspectsAt],
+        *,
+        now: float,
+        lock_ttl: float,
+        build: str | None = None,
+    ) -> ClaimedRun | None:
+        """Claim one put-aside suspect (as ``claim`` claims a run) from the first place in
+        ``at`` that holds one whose owner flow control lets start: the one with the most
+        crashes counted (a poison run is found sooner), then the longest-waiting (a sharded
+        store looks at the first 64 waiting on the shard). None if there is none. The
+        caller runs it alone. Atomic."""
         ...
 
     async def claim_run(
         self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
         build: str | None = None,
     ) -> ClaimedRun | None:
-        """Claim this one run if it is queued (as ``claim`` does), else return None."""
+        """Claim this one run if it is queued (as ``claim`` does; a put-aside suspect too,
+        returned with ``suspect`` set), else return None."""
         ...
 
     async def renew(
@@ -274,6 +298,11 @@ class Membership(Protocol):
 
     async def stranded(self, *, now: float) -> list[str]:
         """Names with queued runs that no live worker serves."""
+        ...
+
+    async def served_names(self) -> list[str]:
+        """Every name a worker of this store has ever served (registered), sorted: what a
+        submit of an unknown name is checked against. Kept while the store lives."""
         ...
 
     async def fail_stranded(

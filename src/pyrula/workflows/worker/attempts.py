@@ -23,11 +23,11 @@ from pyrula.workflows.compat import check_replay
 from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
 from pyrula.workflows.events import Event, EventType
+from pyrula.workflows.frames import failing_frame
 from pyrula.workflows.operations import StepObserver
 from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.cache import JournalCache
-from pyrula.workflows.worker.gate import SuspectGate
 from pyrula.workflows.worker.generations import Generation, last_build, refuse
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import backoff_delays
@@ -73,7 +73,6 @@ class AttemptParts:
     runs: HeldRuns
     cache: JournalCache
     user_code: UserCodeTracker
-    gate: SuspectGate
     timers: TimerLoop
     metrics: Metrics
     log: Mapping[str, str]
@@ -95,19 +94,13 @@ class AttemptRunner:
     def start(self, claimed: ClaimedRun) -> None:
         p = self._p
         p.runs.claimed(claimed.run_id, claimed.token)
-        crashes = self._crashes(claimed)
-        if crashes:
+        if claimed.suspect:
+            # Claimed alone (``claim_suspect``): the claim loop claims nothing beside it
+            # until this attempt ends.
             p.user_code.suspect(claimed.run_id, claimed.token)
-        task = asyncio.create_task(
-            self._run(claimed, crashes), name=f"pyrula-attempt:{claimed.run_id}"
-        )
+        task = asyncio.create_task(self._run(claimed), name=f"pyrula-attempt:{claimed.run_id}")
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-
-    def _crashes(self, claimed: ClaimedRun) -> int:
-        """How many crashes counted against the run still count (a suspect has some)."""
-        now, ttl = self._p.clock.now(), self._p.options.poison_retry_ttl_s
-        return sum(1 for t in claimed.crashes if now - t < ttl)
 
     async def _journal_for(self, claimed: ClaimedRun) -> list[Event]:
         p = self._p
@@ -130,7 +123,7 @@ class AttemptRunner:
                 )
         return journal
 
-    async def _run(self, claimed: ClaimedRun, crashes: int) -> None:
+    async def _run(self, claimed: ClaimedRun) -> None:
         p = self._p
         spec = p.specs[claimed.name]
         run_log = {"run_id": claimed.run_id, "workflow": claimed.name,
@@ -153,11 +146,7 @@ class AttemptRunner:
             if p.runs.attach(attempt):
                 attempt.abandon()  # stood down while its journal was being read
             p.generation.hand_back_if_retiring(attempt)  # claimed as the worker retired
-            admission = None
-            if crashes:
-                # A suspect: its code runs apart from the other suspects' (worker.gate).
-                admission = p.gate.enter(claimed.run_id, claimed.token, crashes)
-            outcome = await attempt.run(admission=admission)
+            outcome = await attempt.run()
             await self._after(claimed, outcome, run_log)
         except JournalCorrupt as exc:
             await self._fail_corrupt(claimed, exc, run_log)
@@ -169,7 +158,6 @@ class AttemptRunner:
         finally:
             # A newer attempt of the same run may be in flight here already (this one was
             # stood down): forget only this attempt.
-            p.gate.leave(claimed.run_id, claimed.token)
             p.user_code.attempt_ended(claimed.run_id, claimed.token)
             p.runs.release(claimed.run_id, claimed.token)
             self._rt.capacity.set()
@@ -251,8 +239,14 @@ class AttemptRunner:
         elif kind is OutcomeKind.REQUEUED:
             p.metrics.inc("pyrula.workflows.runs.requeued", reason=outcome.reason or "unknown")
         if kind is OutcomeKind.FAILED and outcome.error is not None:
-            logger.info("run %s failed [%s] %s", claimed.run_id, outcome.error.get("code"),
-                        outcome.error.get("message"), extra=run_log)
+            error = outcome.error
+            where = failing_frame((error.get("detail") or {}).get("traceback"))
+            message, error_type = str(error.get("message")), str(error.get("error_type"))
+            logger.warning("run_failed: run %s of %s failed [%s] %s%s", claimed.run_id,
+                           claimed.name, error.get("code"),
+                           message if error_type in message else f"{error_type}: {message}",
+                           f" (at {where})" if where else "",
+                           extra={"event": "run_failed", **run_log})
         elif kind is OutcomeKind.LOST:
             logger.warning("run %s: lock lost to another attempt; stood down", claimed.run_id,
                            extra={"event": "run_lock_lost", **run_log})

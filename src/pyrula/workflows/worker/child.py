@@ -80,7 +80,9 @@ def _import(target: str) -> Any:
 def main(config: dict[str, Any], conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    logs.configure(config.get("log_format", "text"), config.get("log_level", "INFO"))
+    # The children share the fleet's stderr: each line says which child wrote it.
+    process = {"slot": config["slot"], "pid": os.getpid()} if "slot" in config else None
+    logs.configure(config.get("log_format", "text"), config.get("log_level", "INFO"), process)
     if config.get("cwd") and config["cwd"] not in sys.path:
         sys.path.insert(0, config["cwd"])
     try:
@@ -199,6 +201,7 @@ async def _audit(worker: Any, conn: Connection, build: str) -> None:
 
 def _metrics(worker: Any) -> bytes:
     worker.metrics.set("pyrula.workflows.runs.in_flight", float(worker.in_flight))
+    worker.metrics.set("pyrula.workflows.step_threads.busy", float(worker.step_threads_busy))
     return metrics_message(worker.metrics.samples(), worker.workflow_names)
 
 

@@ -11,6 +11,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
@@ -24,14 +25,24 @@ def default_pool_size() -> int:
     return min(32, (os.cpu_count() or 1) + 4)
 
 
+#: Seconds between two ``user_code_threads_saturated`` warnings of one pool: a full pool
+#: under a backlog is the pool working, so it is counted (``saturations``) and said at most
+#: once a minute, with the count.
+SATURATION_LOG_INTERVAL_S = 60.0
+
+
 class StepPool(Executor):
     """At most ``max_workers`` daemon threads; knows how many calls run.
 
-    ``user_code_threads_saturated`` is logged once each time every thread becomes busy
-    and another call has to wait.
+    Each time every thread becomes busy and another call has to wait counts one
+    saturation (``saturations``, and ``on_saturated`` is called); the warning
+    ``user_code_threads_saturated`` is logged at the first, then at most once every
+    SATURATION_LOG_INTERVAL_S with the count since the last.
     """
 
-    def __init__(self, max_workers: int | None = None, worker_id: str = "") -> None:
+    def __init__(self, max_workers: int | None = None, worker_id: str = "", *,
+                 on_saturated: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.size = max_workers or default_pool_size()
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -40,6 +51,12 @@ class StepPool(Executor):
         self._saturated = False
         self._shutdown = False
         self._worker_id = worker_id
+        self._on_saturated = on_saturated
+        self._clock = clock
+        #: Times every thread was busy and a call had to wait.
+        self.saturations = 0
+        self._logged_at: float | None = None
+        self._logged_count = 0
         self.all_idle = threading.Event()
         self.all_idle.set()
 
@@ -55,11 +72,7 @@ class StepPool(Executor):
                 raise RuntimeError("the sync-step pool is shut down")
             if self._busy >= self.size and not self._saturated:
                 self._saturated = True
-                logger.warning(
-                    "user_code_threads_saturated: all %d sync-step threads are busy; "
-                    "further sync steps wait", self.size,
-                    extra={"event": "user_code_threads_saturated", "worker_id": self._worker_id},
-                )
+                self._saturation()
             self._busy += 1
             self.all_idle.clear()
             # One thread per call in flight, up to the size: counting idle threads instead
@@ -73,6 +86,25 @@ class StepPool(Executor):
                 thread.start()
         self._queue.put((future, fn, args, kwargs))
         return future
+
+    def _saturation(self) -> None:
+        """Count one saturation; warn if none was said for SATURATION_LOG_INTERVAL_S."""
+        self.saturations += 1
+        if self._on_saturated is not None:
+            self._on_saturated()
+        now = self._clock()
+        if self._logged_at is not None and now - self._logged_at < SATURATION_LOG_INTERVAL_S:
+            return
+        since = self.saturations - self._logged_count
+        self._logged_at, self._logged_count = now, self.saturations
+        logger.warning(
+            "user_code_threads_saturated: all %d sync-step threads were busy (%d time%s "
+            "since the last report); further sync steps waited for a thread. Under a "
+            "backlog that is the pool working; if steps wait on I/O, more threads may help",
+            self.size, since, "" if since == 1 else "s",
+            extra={"event": "user_code_threads_saturated", "worker_id": self._worker_id,
+                   "saturations": since},
+        )
 
     def _work(self) -> None:
         while True:

@@ -53,6 +53,9 @@ class Probed(Protocol):
     def in_flight(self) -> int: ...
 
     @property
+    def step_threads_busy(self) -> int: ...
+
+    @property
     def workflow_names(self) -> list[str]: ...
 
     def now(self) -> float:
@@ -134,6 +137,7 @@ class Probes:
     async def metrics(self) -> tuple[int, Any]:
         metrics = self._w.metrics
         metrics.set("pyrula.workflows.runs.in_flight", float(self._w.in_flight))
+        metrics.set("pyrula.workflows.step_threads.busy", float(self._w.step_threads_busy))
         if self._queue_stats is not None:
             await record_queues(metrics, self._queue_stats, self._w.workflow_names,
                                 self._w.now())

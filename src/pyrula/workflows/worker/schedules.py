@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyrula.metrics import Metrics
+from pyrula.timestamps import iso_utc
 from pyrula.workflows.schedules.policy import plan
 from pyrula.workflows.schedules.schedule import Schedule, epoch
 from pyrula.workflows.stores.base import Store
@@ -86,16 +87,17 @@ class ScheduleLoop:
     async def _fire(self, sched: Schedule, now: float) -> None:
         decision = plan(sched, now)
         expected = epoch(sched.next_run_at)
-        extra = {**self._extra(sched), "occurrence": decision.occurrence}
+        occurrence = iso_utc(decision.occurrence)
+        extra = {**self._extra(sched), "occurrence": occurrence}
         if not decision.in_window:
             if await self._advance(sched, expected, decision.next_run_at):
                 self._metrics.inc(SKIPPED, reason="catchup_window")
                 logger.warning(
-                    "schedule_skipped_catchup: schedule %r missed its occurrence at %d by "
-                    "%.0f s, more than its catchup_window (%.0f s); next at %d",
-                    sched.schedule_id, decision.occurrence, now - decision.occurrence,
+                    "schedule_skipped_catchup: schedule %r missed its occurrence at %s by "
+                    "%.0f s, more than its catchup_window (%.0f s); next at %s",
+                    sched.schedule_id, occurrence, now - decision.occurrence,
                     sched.catchup_window.total_seconds() if sched.catchup_window else 0.0,
-                    decision.next_run_at,
+                    iso_utc(decision.next_run_at),
                     extra={"event": "schedule_skipped_catchup", **extra},
                 )
             return
@@ -105,9 +107,9 @@ class ScheduleLoop:
                 if await self._advance(sched, expected, decision.next_run_at):
                     self._metrics.inc(SKIPPED, reason="overlap")
                     logger.info(
-                        "schedule_skipped_overlap: schedule %r did not fire at %d: its "
+                        "schedule_skipped_overlap: schedule %r did not fire at %s: its "
                         "previous run %s is still %s (overlap=skip)",
-                        sched.schedule_id, decision.occurrence, running[0], running[1],
+                        sched.schedule_id, occurrence, running[0], running[1],
                         extra={"event": "schedule_skipped_overlap", "run_id": running[0],
                                **extra},
                     )
@@ -123,8 +125,8 @@ class ScheduleLoop:
             self._metrics.inc(FIRED)
         if moved:
             logger.info(
-                "schedule_fired: schedule %r submitted run %s for its occurrence at %d",
-                sched.schedule_id, handle.run_id, decision.occurrence,
+                "schedule_fired: schedule %r submitted run %s for its occurrence at %s",
+                sched.schedule_id, handle.run_id, occurrence,
                 extra={"event": "schedule_fired", "run_id": handle.run_id, **extra},
             )
 

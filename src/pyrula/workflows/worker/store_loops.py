@@ -31,8 +31,16 @@ class ClockLoop:
         return None
 
 
+#: How soon a worker that holds none of a name's shards tries again, rather than after a
+#: whole ``shard_lease_interval``: after an upgrade the new children start while the old
+#: ones still hold every shard, and lease them as soon as the old ones release them.
+SHARD_RETRY_S = 1.0
+
+
 class ShardLeaseLoop:
-    """Claim and renew this worker's shard leases (a sharded store)."""
+    """Claim and renew this worker's shard leases (a sharded store): every
+    ``shard_lease_interval``, or within ``SHARD_RETRY_S`` while it holds none of a name's
+    shards (a worker holding none scans every shard of the name meanwhile)."""
 
     name = "shard_lease"
 
@@ -48,6 +56,9 @@ class ShardLeaseLoop:
         await self._leases.shard_lease_tick(
             worker_id=self._worker_id, names=self._names, now=now, options=self._options
         )
+        held = self._leases.shards_held(self._worker_id)
+        if any(not held.get(name) for name in self._names):
+            return min(SHARD_RETRY_S, self.interval)
         return None
 
 

@@ -2,8 +2,8 @@
 supervisor, so that a crash is charged only to the runs that could have caused it.
 
 A run is in user code while its workflow body or one of its steps is in progress (see
-``engine.UserCodeMonitor``); not while it waits for its journal, for the suspect gate, or
-(its body) on the store or a durable sleep or wait. The supervisor reads the child's last
+``engine.UserCodeMonitor``); not while it waits for its journal, or (its body) on the
+store or a durable sleep or wait. The supervisor reads the child's last
 report when the child dies. That report must never miss a run that is in user code; it may
 name a run that has just left it. The rules that keep it so, cheaply:
 

@@ -41,7 +41,6 @@ from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.worker.attempts import AttemptParts, AttemptRunner, JournalCacheMismatch
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts, stop_claiming
-from pyrula.workflows.worker.gate import SuspectGate
 from pyrula.workflows.worker.generations import Generation, open_runs_of
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
@@ -87,8 +86,11 @@ class WorkflowWorker:
     of the runs in user code before a run's code goes on; it sends a report built with
     ``user_code_report()`` before it returns (see ``worker.usercode``).
 
-    A claimed run with a crash counted against it (a suspect) waits for the worker's
-    suspect gate before any of its code runs: one suspect in user code at a time.
+    A run with a crash counted against it that has not completed an attempt since (a
+    suspect) runs alone: the store never returns one to an ordinary claim; once the worker
+    learns that suspects wait, it claims nothing more, lets the runs it holds end or park,
+    claims one suspect (``claim_suspect``) and claims nothing else until its attempt ends
+    (``worker.claim``).
 
     ``clock`` defaults to the store's own clock where it has one (a Valkey server's
     ``TIME``, carried forward by the monotonic clock: ``StoreClock``), else the host's: every
@@ -153,7 +155,6 @@ class WorkflowWorker:
         self.generation = Generation(self.build)
         self._on_claimed = on_claimed
         self._user_code = UserCodeTracker(on_user_code)
-        self._gate = SuspectGate()
         self._created = time.monotonic()
         self._pool: StepPool | None = None
         self._renewer: LockRenewer | None = None
@@ -189,6 +190,11 @@ class WorkflowWorker:
     @property
     def in_flight(self) -> int:
         return self._runs.in_flight()
+
+    @property
+    def step_threads_busy(self) -> int:
+        """Sync-step threads running a step now."""
+        return self._pool.busy if self._pool is not None else 0
 
     # --- upgrades (``worker.generations``) -------------------------------------------
 
@@ -288,7 +294,8 @@ class WorkflowWorker:
         if not ready:  # stopped while waiting for the store
             rt.state = WorkerState.STOPPED
             return
-        self._pool = StepPool(worker_id=self.worker_id)
+        self._pool = StepPool(worker_id=self.worker_id, on_saturated=lambda: self.metrics.inc(
+            "pyrula.workflows.step_threads.saturated"))
         self._runner = self._attempt_runner(self._pool)
         self._renewer = LockRenewer(
             store=self.store, clock=self._clock, loop=loop, runs=self._runs, watch=rt,
@@ -335,7 +342,7 @@ class WorkflowWorker:
         return AttemptRunner(AttemptParts(
             specs=self._specs, store=self.store, clock=self._clock, options=o,
             settings=settings, pool=pool, runs=self._runs, cache=self._cache,
-            user_code=self._user_code, gate=self._gate, timers=self._timers,
+            user_code=self._user_code, timers=self._timers,
             metrics=self.metrics, log=self._log, worker_id=self.worker_id,
             generation=self.generation, traces=self._traces,
         ), self._rt)
@@ -404,9 +411,12 @@ class WorkflowWorker:
             self._rt.fail(exc)
 
     def shards(self) -> dict[str, int]:
-        """The shards this worker leases: workflow name -> how many (a sharded store)."""
+        """The shards this worker leases: workflow name -> how many, every name it serves
+        listed (0 before its first lease) on a sharded store; empty on any other."""
         leases = self._caps.shard_leases
-        return dict(leases.shards_held(self.worker_id)) if leases is not None else {}
+        if leases is None:
+            return {}
+        return {**dict.fromkeys(self.workflow_names, 0), **leases.shards_held(self.worker_id)}
 
     # --- shutdown -------------------------------------------------------------------
 

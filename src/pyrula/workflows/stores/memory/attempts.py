@@ -76,6 +76,7 @@ class MemoryAttempts:
             if arrived or run.cancel_requested:
                 return ParkResult(False, last, run.tail(known_seq), run.cancel_requested)
             run.lock_owner = None
+            run.suspect = False  # an attempt that parks has completed
             run.parked_seq = last
             run.status = RunStatus.WAITING if signals else RunStatus.SLEEPING
             run.waiting_for = tuple(signals)
@@ -229,7 +230,8 @@ class MemoryAttempts:
         crash_detail: Mapping[str, Any] | None,
     ) -> RequeueOutcome:
         """Put ``run`` back in its queue; or end it: failed (quarantined) if this crash is
-        one more than ``poison`` allows, cancelled if a cancel was requested."""
+        one more than ``poison`` allows, cancelled if a cancel was requested. A run charged
+        a crash becomes a suspect, queued apart until an attempt of it parks or ends."""
         counted = None
         if crash:
             policy = poison or PoisonPolicy()
@@ -240,6 +242,7 @@ class MemoryAttempts:
                 run.append([error_event(now, error)], now)
                 self._state.end(run, RunStatus.FAILED, now, error=error)
                 return RequeueOutcome(run.run_id, True)
+            run.suspect = True
         if run.cancel_requested:
             run.append([make_event(EventType.RUN_CANCELLED, now)], now)
             self._state.end(run, RunStatus.CANCELLED, now)

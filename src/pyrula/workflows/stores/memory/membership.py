@@ -20,12 +20,18 @@ class MemoryMembership:
     def __init__(self, state: MemoryState) -> None:
         self._state = state
         self._workers: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._served: set[str] = set()
 
     async def register_worker(
         self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
     ) -> None:
         with self._state.lock:
             self._workers[worker_id] = (now + ttl, tuple(names))
+            self._served.update(names)
+
+    async def served_names(self) -> list[str]:
+        with self._state.lock:
+            return sorted(self._served)
 
     async def unregister_worker(self, worker_id: str) -> None:
         with self._state.lock:
@@ -36,8 +42,8 @@ class MemoryMembership:
             served = {n for expires, names in self._workers.values() if expires > now
                       for n in names}
             return sorted(
-                name for name, owners in self._state.queues.items()
-                if name not in served and any(owners.values())
+                name for name in set(self._state.queues) | set(self._state.suspects)
+                if name not in served and self._state.queued(name)
             )
 
     async def fail_stranded(
@@ -46,12 +52,11 @@ class MemoryMembership:
         state = self._state
         failed: list[str] = []
         with state.lock:
-            for queue in list(state.queues.get(name, {}).values()):
-                for run_id in list(queue):
-                    run = state.runs[run_id]
-                    if len(failed) >= limit or run.updated_at > older_than:
-                        continue
-                    run.append([error_event(now, error)], now)
-                    state.end(run, RunStatus.FAILED, now, error=dict(error))
-                    failed.append(run_id)
+            for run_id in state.queued(name):
+                run = state.runs[run_id]
+                if len(failed) >= limit or run.updated_at > older_than:
+                    continue
+                run.append([error_event(now, error)], now)
+                state.end(run, RunStatus.FAILED, now, error=dict(error))
+                failed.append(run_id)
         return failed

@@ -1,6 +1,6 @@
 """The memory store's work queue: submit, claim (deficit round robin over owners, FIFO
-within one, flow control), claim one run by id, wake runs whose timer is due, and the
-queues' depth and age (QueueStats)."""
+within one, flow control), claim one put-aside suspect, claim one run by id, wake runs
+whose timer is due, and the queues' depth and age (QueueStats)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyrula.workflows.events import EventType, make_event
-from pyrula.workflows.records import ClaimedRun, RunHandle, RunStatus
+from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, RunStatus, SuspectsAt
 from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.common import (
     NO_OWNER,
@@ -65,9 +65,12 @@ class MemoryQueue:
         now: float,
         lock_ttl: float,
         build: str | None = None,
-    ) -> list[ClaimedRun]:
+    ) -> Claimed:
         claimed: list[ClaimedRun] = []
         with self._state.lock:
+            # Suspects are never in the owners' queues (MemoryState.enqueue): say where
+            # they wait.
+            waiting = [SuspectsAt(n) for n in names if self._state.suspects.get(n)]
             blocked: set[str] = set()
             progress = True
             while len(claimed) < limit and progress:
@@ -80,7 +83,27 @@ class MemoryQueue:
                         continue
                     progress = True
                     claimed.append(self._take(run, worker_id, now, lock_ttl, build))
-        return claimed
+        return Claimed(claimed, waiting)
+
+    async def claim_suspect(
+        self,
+        worker_id: str,
+        at: Sequence[SuspectsAt],
+        *,
+        now: float,
+        lock_ttl: float,
+        build: str | None = None,
+    ) -> ClaimedRun | None:
+        state = self._state
+        with state.lock:
+            for place in at:
+                waiting = [state.runs[r] for r in state.suspects.get(place.name, ())]
+                # The most crashes first, then the longest-waiting (sorted() is stable).
+                for run in sorted(waiting, key=lambda r: -len(r.crashes)):
+                    if self._flow.allows(run.owner, now):
+                        state.dequeue(run)
+                        return self._take(run, worker_id, now, lock_ttl, build)
+        return None
 
     async def claim_run(
         self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
@@ -115,11 +138,7 @@ class MemoryQueue:
         stats: dict[str, QueueStat] = {}
         with self._state.lock:
             for name in names:
-                queued = [
-                    self._state.runs[run_id].queued_at
-                    for queue in self._state.queues.get(name, {}).values()
-                    for run_id in queue
-                ]
+                queued = [self._state.runs[r].queued_at for r in self._state.queued(name)]
                 stats[name] = QueueStat(len(queued), min(queued) if queued else None)
         return stats
 
@@ -145,6 +164,7 @@ class MemoryQueue:
             start_id=run.start_id,
             created_at=run.created_at,
             crashes=tuple(run.crashes),
+            suspect=run.suspect,
         )
 
     def _pick(self, name: str, now: float, blocked: set[str]) -> RunRecord | None:

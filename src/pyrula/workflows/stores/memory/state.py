@@ -59,6 +59,9 @@ class RunRecord:
     cancel_requested: bool = False
     parked_seq: int = 0
     crashes: list[float] = field(default_factory=list)
+    #: A crash was counted and no attempt has parked or ended the run since: queued, it
+    #: waits in its workflow's ``suspects`` queue, not its owner's.
+    suspect: bool = False
     started_at: float | None = None
     finished_at: float | None = None
     result: Any = None
@@ -107,6 +110,8 @@ class MemoryState:
     ``queues`` maps a workflow name to its owners' FIFOs of run ids; ``served`` counts the
     claims of each owner there, which deficit round robin levels. ``timers`` is a heap of
     (wake_at, run_id), possibly holding stale entries (a run woken or parked again since).
+    ``suspects`` maps a workflow name to the FIFO of its queued suspects, put aside from
+    their owners' queues: only ``claim_suspect`` (or a claim by id) takes them.
     Whoever waits on a run's result is woken when a run ends: a coroutine through
     ``waiters``, a thread blocked in a synchronous call through ``ended``.
     """
@@ -118,6 +123,7 @@ class MemoryState:
         self.queues: dict[str, dict[str, deque[str]]] = {}
         self.served: dict[str, dict[str, float]] = {}
         self.timers: list[tuple[float, str]] = []
+        self.suspects: dict[str, deque[str]] = {}
         self.waiters = ResultWaiters()
         self.ended = threading.Condition(self.lock)
 
@@ -170,6 +176,9 @@ class MemoryState:
         run.wake_at = None
         run.waiting_for = ()
         run.interrupt = None
+        if run.suspect:
+            self.suspects.setdefault(run.name, deque()).append(run.run_id)
+            return
         owners = self.queues.setdefault(run.name, {})
         served = self.served.setdefault(run.name, {})
         if run.owner not in owners or not owners[run.owner]:
@@ -182,13 +191,21 @@ class MemoryState:
         owners.setdefault(run.owner, deque()).append(run.run_id)
 
     def dequeue(self, run: RunRecord) -> None:
-        """Take ``run`` out of its queue, if it is there."""
-        queue = self.queues.get(run.name, {}).get(run.owner)
+        """Take ``run`` out of its queue (or the suspects'), if it is there."""
+        if run.suspect:
+            queue = self.suspects.get(run.name)
+        else:
+            queue = self.queues.get(run.name, {}).get(run.owner)
         if queue is not None:
             try:
                 queue.remove(run.run_id)
             except ValueError:
                 pass
+
+    def queued(self, name: str) -> list[str]:
+        """The ids of every queued run of ``name``: its owners' queues, then its suspects."""
+        ids = [run_id for queue in self.queues.get(name, {}).values() for run_id in queue]
+        return ids + list(self.suspects.get(name, ()))
 
     def end(
         self,
@@ -203,6 +220,7 @@ class MemoryState:
         if run.status is RunStatus.QUEUED:
             self.dequeue(run)
         run.status = status
+        run.suspect = False
         run.result = json_copy(result)
         run.error = json_copy(error)
         run.lock_owner = None

@@ -85,6 +85,7 @@ class MemoryStore(SyncAdmin):
     # the work queue
     submit = _Via("_queue", MemoryQueue.submit)
     claim = _Via("_queue", MemoryQueue.claim)
+    claim_suspect = _Via("_queue", MemoryQueue.claim_suspect)
     claim_run = _Via("_queue", MemoryQueue.claim_run)
     wake_due = _Via("_queue", MemoryQueue.wake_due)
     queue_stats = _Via("_queue", MemoryQueue.queue_stats)
@@ -116,6 +117,7 @@ class MemoryStore(SyncAdmin):
     # membership
     register_worker = _Via("_membership", MemoryMembership.register_worker)
     unregister_worker = _Via("_membership", MemoryMembership.unregister_worker)
+    served_names = _Via("_membership", MemoryMembership.served_names)
     stranded = _Via("_membership", MemoryMembership.stranded)
     fail_stranded = _Via("_membership", MemoryMembership.fail_stranded)
 

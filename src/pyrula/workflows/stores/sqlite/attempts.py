@@ -34,6 +34,7 @@ from pyrula.workflows.stores.sqlite.rows import (
     append_events,
     end_run,
     enqueue,
+    enqueue_suspect,
     fenced_run,
     fenced_update,
     from_json,
@@ -91,8 +92,9 @@ class Attempts:
                     tail = read_journal(conn, run_id, known_seq)
                     return ParkResult(False, last, tail, bool(row["cancel_requested"]))
                 conn.execute(
+                    # An attempt that parks has completed: no longer a suspect.
                     "UPDATE runs SET status=?, lock_owner=NULL, waiting_for=?, interrupt=?, "
-                    "wake_at=?, parked_seq=? WHERE run_id=?",
+                    "wake_at=?, parked_seq=?, suspect_seq=NULL WHERE run_id=?",
                     (
                         (RunStatus.WAITING if signals else RunStatus.SLEEPING).value,
                         to_json(list(signals)) if signals else None,
@@ -128,7 +130,7 @@ class Attempts:
                         conn, run_id, token,
                         "status=?, result=?, error=?, lock_owner=NULL, wake_at=NULL, "
                         "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL, "
-                        "journal_len=journal_len+?",
+                        "suspect_seq=NULL, journal_len=journal_len+?",
                         (status.value, to_json(result), None if error is None else to_json(error),
                          now, now, len(events)),
                         "journal_len",
@@ -292,7 +294,8 @@ def _requeue(
     crash: bool, poison: PoisonPolicy | None, crash_detail: Mapping[str, Any] | None,
 ) -> RequeueOutcome:
     """Put the run of ``row`` back in its queue, or end it: quarantined (FAILED) once a
-    crash brings it past the poison policy's retries, CANCELLED if a cancel is pending."""
+    crash brings it past the poison policy's retries, CANCELLED if a cancel is pending. A
+    run charged a crash, or a suspect already, is queued apart (``enqueue_suspect``)."""
     run_id = row["run_id"]
     counted = None
     if crash:
@@ -310,5 +313,8 @@ def _requeue(
         end_run(conn, run_id, RunStatus.CANCELLED, now)
         return RequeueOutcome(run_id, False)
     append_events(conn, run_id, length, [requeued_event(now, reason, counted, crash_detail)], now)
-    enqueue(conn, run_id, row["name"], row["owner"], now)
+    if counted is not None or row["suspect_seq"] is not None:
+        enqueue_suspect(conn, run_id, now)
+    else:
+        enqueue(conn, run_id, row["name"], row["owner"], now)
     return RequeueOutcome(run_id, False)

@@ -37,6 +37,8 @@ class Membership:
                     "expires=excluded.expires",
                     (worker_id, to_json(list(names)), now + ttl),
                 )
+                conn.executemany("INSERT OR IGNORE INTO meta(key, value) VALUES (?, '1')",
+                                 [(f"served:{name}",) for name in names])
 
         await self._calls.call(op)
 
@@ -46,6 +48,14 @@ class Membership:
                 conn.execute("DELETE FROM workers WHERE worker_id=?", (worker_id,))
 
         await self._calls.call(op)
+
+    async def served_names(self) -> list[str]:
+        def op(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("SELECT key FROM meta WHERE key >= 'served:' AND key < 'served;'"
+                                " ORDER BY key")
+            return [str(row[0])[len("served:"):] for row in rows]
+
+        return await self._calls.call(lambda: self._db.read(op))
 
     async def stranded(self, *, now: float) -> list[str]:
         def op(conn: sqlite3.Connection) -> list[str]:

@@ -1,6 +1,9 @@
 """The SQLite store's work queue: submitting runs, claiming them (fair across owners,
-within their flow-control limits), waking those whose timer fell due, and the queues'
-depth and age (QueueStats)."""
+within their flow-control limits; put-aside suspects one at a time), waking those whose
+timer fell due, and the queues' depth and age (QueueStats).
+
+A queued suspect has no ``queue_seq`` (so the ordinary claim's reads, all by queue_seq,
+never see it) and a ``suspect_seq``, its place among its name's suspects."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Any
 
 from pyrula.workflows.errors import JournalCorrupt, WorkflowNotFound
 from pyrula.workflows.events import Event, EventType, make_event
-from pyrula.workflows.records import ClaimedRun, RunHandle, RunStatus
+from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, RunStatus, SuspectsAt
 from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.common import NO_OWNER, pick_owner, record_params, started_event
 from pyrula.workflows.stores.sqlite.calls import Calls
@@ -74,8 +77,8 @@ class WorkQueue:
         now: float,
         lock_ttl: float,
         build: str | None = None,
-    ) -> list[ClaimedRun]:
-        def op() -> list[ClaimedRun]:
+    ) -> Claimed:
+        def op() -> Claimed:
             claimed: list[ClaimedRun] = []
             with self._db.tx() as conn:
                 flow = conn.execute("SELECT 1 FROM flow_control LIMIT 1").fetchone() is not None
@@ -94,12 +97,41 @@ class WorkQueue:
                         claimed.append(_take(conn, run_id, worker_id, now, lock_ttl, build))
                 for queue in queues:
                     queue.record_served()
-            return claimed
+                waiting = [SuspectsAt(n) for n in names if conn.execute(
+                    "SELECT 1 FROM runs WHERE name=? AND status='queued' "
+                    "AND suspect_seq IS NOT NULL LIMIT 1", (n,)).fetchone()]
+            return Claimed(claimed, waiting)
 
         if not names or limit <= 0:
-            return []
+            return Claimed()
         # A claim of many runs takes milliseconds: only small ones run on the loop.
         return await self._calls.call(op, inline=limit <= _INLINE_CLAIM)
+
+    async def claim_suspect(
+        self,
+        worker_id: str,
+        at: Sequence[SuspectsAt],
+        *,
+        now: float,
+        lock_ttl: float,
+        build: str | None = None,
+    ) -> ClaimedRun | None:
+        def op() -> ClaimedRun | None:
+            with self._db.tx() as conn:
+                flow = conn.execute("SELECT 1 FROM flow_control LIMIT 1").fetchone() is not None
+                for place in at:
+                    rows = conn.execute(
+                        "SELECT run_id, owner, crashes FROM runs WHERE name=? "
+                        "AND status='queued' AND suspect_seq IS NOT NULL ORDER BY suspect_seq",
+                        (place.name,)).fetchall()
+                    # The most crashes first, then the longest-waiting (sorted() is stable).
+                    rows.sort(key=lambda row: -len(from_json(row[2]) or ()))
+                    for run_id, owner, _ in rows:
+                        if not flow or flow_allows(conn, owner, now):
+                            return _take(conn, run_id, worker_id, now, lock_ttl, build)
+            return None
+
+        return await self._calls.call(op, inline=True)
 
     async def claim_run(
         self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
@@ -179,12 +211,12 @@ def _take(
         "UPDATE runs SET status='running', attempt=attempt+1, lock_owner=?, lock_expires=?, "
         "started_at=COALESCE(started_at, ?), queue_seq=NULL, journal_len=journal_len+1, "
         "updated_at=? WHERE run_id=? RETURNING name, params, owner, attempt, journal_len, "
-        "parked_seq, start_id, created_at, crashes",
+        "parked_seq, start_id, created_at, crashes, suspect_seq",
         (worker_id, now + lock_ttl, now, now, run_id),
     ).fetchone()
     if row is None:
         raise WorkflowNotFound(f"no run with id {run_id!r}")
-    name, params, owner, attempt, length, base, start_id, created_at, crashes = row
+    name, params, owner, attempt, length, base, start_id, created_at, crashes, suspect = row
     insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id, build)])
     values: Any = None
     journal: list[Event] = []
@@ -208,6 +240,7 @@ def _take(
         created_at=created_at,
         crashes=tuple(from_json(crashes) or ()),
         journal_error=corrupt,
+        suspect=suspect is not None,
     )
 
 

@@ -22,7 +22,7 @@ RUN_COLUMNS = (
     "run_id, name, owner, params, status, attempt, created_at, updated_at, started_at, "
     "finished_at, result, error, wake_at, waiting_for, interrupt, idempotency_key, start_id, "
     "successor_id, cancel_requested, crashes, lock_owner, lock_expires, journal_len, signal_seq, "
-    "parked_seq"
+    "parked_seq, suspect_seq"
 )
 
 #: The terminal statuses, as an SQL list (``status IN (...)``).
@@ -151,7 +151,7 @@ def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str, now: f
     # The run itself is left out: a new one is inserted as 'queued' before this call.
     active = conn.execute(
         "SELECT 1 FROM runs WHERE name=? AND owner=? AND status='queued' AND run_id!=? "
-        "LIMIT 1",
+        "AND queue_seq IS NOT NULL LIMIT 1",
         (name, owner, run_id),
     ).fetchone()
     if active is None:
@@ -160,7 +160,7 @@ def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str, now: f
         floor = conn.execute(
             "SELECT MIN(s.served) FROM served s WHERE s.name=? AND s.owner!=? AND EXISTS "
             "(SELECT 1 FROM runs r WHERE r.name=s.name AND r.owner=s.owner "
-            "AND r.status='queued')",
+            "AND r.status='queued' AND r.queue_seq IS NOT NULL)",
             (name, owner),
         ).fetchone()[0]
         conn.execute(
@@ -171,6 +171,17 @@ def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str, now: f
     conn.execute(
         "UPDATE runs SET status='queued', queue_seq=?, queued_at=?, lock_owner=NULL, "
         "wake_at=NULL, waiting_for=NULL, interrupt=NULL WHERE run_id=?",
+        (_next_queue_seq(conn), now, run_id),
+    )
+
+
+def enqueue_suspect(conn: sqlite3.Connection, run_id: str, now: float) -> None:
+    """Queue the run (a suspect) apart from its owner's queue: last among the suspects of
+    its name, which only ``claim_suspect`` (or a claim by id) takes. Its queue_seq stays
+    NULL, so an ordinary claim never reads it."""
+    conn.execute(
+        "UPDATE runs SET status='queued', queue_seq=NULL, suspect_seq=?, queued_at=?, "
+        "lock_owner=NULL, wake_at=NULL, waiting_for=NULL, interrupt=NULL WHERE run_id=?",
         (_next_queue_seq(conn), now, run_id),
     )
 
@@ -202,7 +213,8 @@ def end_run(
     """Mark the run ended (its lock, timer and queue place dropped)."""
     conn.execute(
         "UPDATE runs SET status=?, result=?, error=?, lock_owner=NULL, wake_at=NULL, "
-        "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL WHERE run_id=?",
+        "waiting_for=NULL, finished_at=?, updated_at=?, queue_seq=NULL, suspect_seq=NULL "
+        "WHERE run_id=?",
         (status.value, to_json(result), None if error is None else to_json(error), now, now,
          run_id),
     )

@@ -14,9 +14,10 @@ from pyrula.workflows.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
-#: Versions this schema upgrades in place (2 added the schedules table, 3 runs.queued_at).
-ADDITIVE_FROM = frozenset({1, 2})
+SCHEMA_VERSION = 4
+#: Versions this schema upgrades in place (2 added the schedules table, 3 runs.queued_at,
+#: 4 runs.suspect_seq).
+ADDITIVE_FROM = frozenset({1, 2, 3})
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -50,7 +51,8 @@ SCHEMA = (
         journal_len INTEGER NOT NULL DEFAULT 0,
         parked_seq INTEGER NOT NULL DEFAULT 0,
         queue_seq INTEGER,
-        queued_at REAL
+        queued_at REAL,
+        suspect_seq INTEGER
     )""",
     """CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency
         ON runs(name, idempotency_key) WHERE idempotency_key IS NOT NULL""",
@@ -109,6 +111,16 @@ ADDED_COLUMNS = (
     ("runs", "queued_at", "REAL",
      "UPDATE runs SET queued_at=CASE WHEN attempt=0 THEN created_at ELSE updated_at END "
      "WHERE status='queued'"),
+    # Set while the run is a suspect (a crash counted, no attempt completed since): queued,
+    # it waits apart from its owner's queue, in this order. An older pyrula queued every
+    # run in its owner's queue: none is a suspect.
+    ("runs", "suspect_seq", "INTEGER", "SELECT 1"),
+)
+
+#: What is built on the added columns: made once they exist.
+LATE_SCHEMA = (
+    """CREATE INDEX IF NOT EXISTS runs_suspects
+        ON runs(name, suspect_seq) WHERE status = 'queued' AND suspect_seq IS NOT NULL""",
 )
 
 
@@ -143,6 +155,8 @@ def migrate(conn: sqlite3.Connection, path: str) -> None:
                 f"SQLite store {path} has schema version {row[0]}, this pyrula "
                 f"needs {SCHEMA_VERSION}"
             )
+        for statement in LATE_SCHEMA:
+            conn.execute(statement)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -22,6 +22,7 @@ from pyrula.workflows.errors import ConfigurationError
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import (
     AppendResult,
+    Claimed,
     ClaimedRun,
     FinishResult,
     FlowControl,
@@ -32,6 +33,7 @@ from pyrula.workflows.records import (
     RunHandle,
     RunInfo,
     RunStatus,
+    SuspectsAt,
 )
 from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import SyncAdmin
@@ -109,9 +111,16 @@ class SQLiteStore(SyncAdmin):
     async def claim(
         self, worker_id: str, names: Sequence[str], *, limit: int, now: float, lock_ttl: float,
         build: str | None = None,
-    ) -> list[ClaimedRun]:
+    ) -> Claimed:
         return await self._queue.claim(worker_id, names, limit=limit, now=now, lock_ttl=lock_ttl,
                                        build=build)
+
+    async def claim_suspect(
+        self, worker_id: str, at: Sequence[SuspectsAt], *, now: float, lock_ttl: float,
+        build: str | None = None,
+    ) -> ClaimedRun | None:
+        return await self._queue.claim_suspect(worker_id, at, now=now, lock_ttl=lock_ttl,
+                                               build=build)
 
     async def claim_run(
         self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
@@ -235,6 +244,9 @@ class SQLiteStore(SyncAdmin):
 
     async def stranded(self, *, now: float) -> list[str]:
         return await self._membership.stranded(now=now)
+
+    async def served_names(self) -> list[str]:
+        return await self._membership.served_names()
 
     async def fail_stranded(
         self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]

@@ -9,6 +9,7 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:jnl:<id>       list     the journal (event JSON; seq = index + 1)
     <ns>:{<h>.<s>}:q:<owner>      list     FIFO of queued runs of one owner
     <ns>:{<h>.<s>}:active         zset     owners with queued runs -> runs served (DRR)
+    <ns>:{<h>.<s>}:suspects       list     FIFO of queued suspects, apart from the owners'
     <ns>:{<h>.<s>}:timers         zset     parked run -> wake time
     <ns>:{<h>.<s>}:times          zset     running run -> lock expiry; ended run ->
                                            finished_at - ENDED_OFFSET (< 0): reclaims,
@@ -25,6 +26,8 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{flow.<o>}:running       zset     flow-controlled owner's running runs -> expiry
     <ns>:{flow.<o>}:bucket        hash     its start-rate token bucket
     <ns>:meta                     hash     shards:<name> -> shard_count; binding.*; flow:<owner>
+    <ns>:workers                  hash     live worker -> {names, expires} (membership)
+    <ns>:served                   set      every name a worker has served (unknown names)
     <ns>:{schedules}:s:<id>       hash     a schedule: def (JSON), name, paused, next, last_run,
                                            last_run_at
     <ns>:{schedules}:ids          zset     every schedule id (score 0: listed by id)

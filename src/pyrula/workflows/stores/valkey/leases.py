@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from pyrula.workflows.stores.valkey.codec import as_hash, dumps
+from pyrula.workflows.stores.valkey.codec import as_hash, dumps, raise_first
 from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.registry import Registry
 
@@ -71,8 +71,15 @@ class Leases:
         self, worker_id: str, names: Sequence[str], *, now: float, ttl: float
     ) -> None:
         key = f"{self.connection.keys.ns}:workers"
-        await self.connection.call(key, "HSET", key, worker_id,
-                                   dumps({"names": list(names), "expires": now + ttl}))
+        served = f"{self.connection.keys.ns}:served"
+        entry = dumps({"names": list(names), "expires": now + ttl})
+        raise_first(await self.connection.pipeline(
+            [(key, ("HSET", key, worker_id, entry))]
+            + ([(served, ("SADD", served, *names))] if names else [])))
+
+    async def served_names(self) -> list[str]:
+        served = f"{self.connection.keys.ns}:served"
+        return sorted(str(n) for n in await self.connection.read(served, "SMEMBERS", served))
 
     async def unregister_worker(self, worker_id: str) -> None:
         key = f"{self.connection.keys.ns}:workers"

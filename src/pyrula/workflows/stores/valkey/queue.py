@@ -1,6 +1,6 @@
 """The work queue: submitting a run to a shard, claiming runs from the shards the doorbell
-shows (in the order ``shard_choice`` gives), claiming one named run, and waking runs whose
-timers fell due."""
+shows (in the order ``shard_choice`` gives), claiming one put-aside suspect from a shard a
+claim saw it on, claiming one named run, and waking runs whose timers fell due."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from pyrula.errors import JournalCorrupt
 from pyrula.workflows.events import Event
-from pyrula.workflows.records import ClaimedRun, RunHandle
+from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, SuspectsAt
 from pyrula.workflows.stores.common import NO_OWNER, record_params
 from pyrula.workflows.stores.valkey.codec import (
     as_scored,
@@ -56,7 +56,7 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
     does not read is not a reason to fail the claim: the other runs it took start, and
     the worker fails this one (its attempt and lock are taken like theirs)."""
     (run_id, name, params, owner, attempt, start_id, created, base_seq, journal, idem,
-     predecessor, started_at, first_worker, crashes, first_build) = row
+     predecessor, started_at, first_worker, crashes, first_build, suspect) = row
     record = {"name": name, "params": params, "owner": owner, "created_at": created,
               "idem": idem, "predecessor": predecessor, "started_at": started_at,
               "w1": first_worker, "b1": first_build}
@@ -80,6 +80,7 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
         created_at=float(created),
         crashes=tuple(float(t) for t in loads(crashes)),
         journal_error=corrupt,
+        suspect=str(suspect) == "1",
     )
 
 
@@ -155,9 +156,9 @@ class Queue:
         now: float,
         lock_ttl: float,
         build: str | None = None,
-    ) -> list[ClaimedRun]:
+    ) -> Claimed:
         if not names or limit <= 0:
-            return []
+            return Claimed()
         built = build or ""
         conn, bell = self.connection, self.doorbell
         await bell.flush_unring()
@@ -174,12 +175,13 @@ class Queue:
                  if hint else first_round(ordered, limit))
         if not visit:
             bell.forget_rings()  # nothing rung: the next claim reads the doorbell anew
-            return []  # before reserving: a reservation is only given back by the settle
+            return Claimed()  # before reserving: only the settle gives a reservation back
         reserved = await self.flow.reserve(names, limit, now, lock_ttl)
         caps: list[Any] = []
         for owner, (count, _) in reserved.items():
             caps.extend([owner, count])
         claimed: list[ClaimedRun] = []
+        suspects: list[SuspectsAt] = []
         empty: Empty = {}
         fuller: list[tuple[str, int]] = []
         clustered = await conn.clustered()
@@ -188,8 +190,11 @@ class Queue:
             base = conn.keys.base_of(name, shard)
             return base if clustered else (base, conn.keys.ready(name))
 
-        def took(rows: Sequence[Any], left: Any, visit: Visit) -> None:
+        def took(rows: Sequence[Any], left: Any, waiting: Any, visit: Visit) -> None:
             (_, name, shard, rung), share = visit
+            if int(waiting):
+                suspects.append(SuspectsAt(name, shard))
+                left = 1  # the shard stays in the doorbell while suspects wait there
             taken = [claimed_run(row) for row in rows]
             claimed.extend(taken)
             for run in taken:  # flow caps are owner-wide: later shards see what is left
@@ -214,11 +219,11 @@ class Queue:
             self._cursor.update(cursor_after(round_, conn.shard_count))
             if reserved:
                 for visit in round_:
-                    rows, left = await conn.op(
+                    rows, left, waiting = await conn.op(
                         keys_of(visit.candidate.name, visit.candidate.shard), "claim",
                         worker_id, now, now + lock_ttl, visit.share, built, *caps,
                     )
-                    took(rows, left, visit)
+                    took(rows, left, waiting, visit)
                 return
             calls: list[Call] = [
                 (keys_of(c.name, c.shard),
@@ -228,7 +233,7 @@ class Queue:
             for visit, result in zip(round_, await conn.batch(calls), strict=True):
                 if isinstance(result, BaseException):
                     raise result
-                took(result[0], result[1], visit)
+                took(result[0], result[1], result[2], visit)
 
         try:
             await claim_on(visit)
@@ -262,7 +267,37 @@ class Queue:
         bell.defer_unring(empty, now)
         if len(claimed) < limit:
             bell.forget_rings()  # short: the next claim reads the doorbell anew
-        return claimed
+        return Claimed(claimed, suspects)
+
+    async def claim_suspect(
+        self,
+        worker_id: str,
+        at: Sequence[SuspectsAt],
+        *,
+        now: float,
+        lock_ttl: float,
+        build: str | None = None,
+    ) -> ClaimedRun | None:
+        """One script per shard of ``at`` (in order) until one gives a suspect."""
+        conn = self.connection
+        if not at:
+            return None
+        clustered = await conn.clustered()
+        reserved = await self.flow.reserve(sorted({p.name for p in at}), 1, now, lock_ttl)
+        caps: list[Any] = [x for owner, (count, _) in reserved.items() for x in (owner, count)]
+        claimed: list[ClaimedRun] = []
+        try:
+            for place in at:
+                base = conn.keys.base_of(place.name, place.shard)
+                keys = base if clustered else (base, conn.keys.ready(place.name))
+                row = await conn.op(keys, "claim_suspect", worker_id, now, now + lock_ttl,
+                                    build or "", *caps)
+                if row:
+                    claimed.append(claimed_run(row))
+                    break
+        finally:
+            await self.flow.settle(reserved, claimed, now + lock_ttl)
+        return claimed[0] if claimed else None
 
     async def claim_run(
         self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import (
     AppendResult,
+    Claimed,
     ClaimedRun,
     FinishResult,
     FlowControl,
@@ -30,6 +31,7 @@ from pyrula.workflows.records import (
     RunHandle,
     RunInfo,
     RunStatus,
+    SuspectsAt,
 )
 from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import SyncAdmin
@@ -136,9 +138,16 @@ class ValkeyStore(SyncAdmin):
     async def claim(
         self, worker_id: str, names: Sequence[str], *, limit: int, now: float, lock_ttl: float,
         build: str | None = None,
-    ) -> list[ClaimedRun]:
+    ) -> Claimed:
         return await self.queue.claim(worker_id, names, limit=limit, now=now,
                                       lock_ttl=lock_ttl, build=build)
+
+    async def claim_suspect(
+        self, worker_id: str, at: Sequence[SuspectsAt], *, now: float, lock_ttl: float,
+        build: str | None = None,
+    ) -> ClaimedRun | None:
+        return await self.queue.claim_suspect(worker_id, at, now=now, lock_ttl=lock_ttl,
+                                              build=build)
 
     async def claim_run(
         self, run_id: str, worker_id: str, *, now: float, lock_ttl: float,
@@ -283,6 +292,9 @@ class ValkeyStore(SyncAdmin):
 
     async def stranded(self, *, now: float) -> list[str]:
         return await self.leases.stranded(now=now)
+
+    async def served_names(self) -> list[str]:
+        return await self.leases.served_names()
 
     async def shard_map(self, *, now: float) -> dict[str, Any]:
         return await self.leases.shard_map(now=now)

@@ -1,7 +1,9 @@
 -- Shared helpers. Every op takes KEYS[1] = the shard's base key "<ns>:{<tag>}"; every key
 -- an op touches is that base plus a suffix, so it shares the hash tag (one slot).
 -- Suffixes: :run:<id> (hash), :jnl:<id> (list of event JSON), :q:<owner> (FIFO list),
--- :active (zset owner -> served, owners with queued runs),
+-- :active (zset owner -> served, owners with queued runs), :suspects (FIFO list of the
+-- queued suspects, put aside from their owners' queues: the record's field `suspect` is
+-- '1' from a crash counted until an attempt parks or ends the run),
 -- :timers (zset id -> wake_at), :times (zset: a running run -> its lock expiry; an ended
 -- run -> its finish time - ENDED, below every lock expiry), :index (zset id ->
 -- created_at), :idem:<key>, :done:<id>, :chain:<start>.
@@ -63,7 +65,11 @@ end
 local function enqueue(base, id, owner, now, fresh)
   local q = base .. ':q:' .. owner
   local rang = false
-  if redis.call('RPUSH', q, id) == 1 then
+  if not fresh and redis.call('HGET', runk(base, id), 'suspect') == '1' then
+    -- A suspect waits apart, for claim_suspect; the first one rings the shard.
+    q = base .. ':suspects'
+    rang = redis.call('RPUSH', q, id) == 1
+  elseif redis.call('RPUSH', q, id) == 1 then
     -- An owner that (re)appears starts level with the least-served active one: it
     -- neither starves the others nor waits behind the runs it got while alone.
     local low = redis.call('ZRANGE', base .. ':active', 0, 0, 'WITHSCORES')
@@ -84,7 +90,7 @@ end
 
 local function dequeue(base, id, owner)
   local q = base .. ':q:' .. owner
-  redis.call('LREM', q, 1, id)
+  if redis.call('LREM', q, 1, id) == 0 then redis.call('LREM', base .. ':suspects', 1, id) end
   if redis.call('LLEN', q) == 0 then redis.call('ZREM', base .. ':active', owner) end
 end
 
@@ -122,7 +128,8 @@ local function finish_run(base, id, status, now, result, err, ttl, was_running, 
   -- the record's fields of those names (read by the caller's HMGET).
   local run = runk(base, id)
   redis.call('HSET', run, 'status', status, 'result', result, 'error', err, 'lock_owner', '',
-    'wake_at', '', 'waiting_for', '', 'finished_at', now, 'updated_at', now, 'jnl', 1)
+    'wake_at', '', 'waiting_for', '', 'finished_at', now, 'updated_at', now, 'jnl', 1,
+    'suspect', '')
   -- One write moves the run from the running part of :times (its lock expiry) to the
   -- ended part (its finish time - ENDED).
   redis.call('ZADD', base .. ':times', tonumber(now) - ENDED, id)
@@ -151,7 +158,8 @@ local function finish_run(base, id, status, now, result, err, ttl, was_running, 
 end
 
 local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl, detail, ttl)
-  -- A running run goes back to its queue (or ends: quarantined, or cancelled).
+  -- A running run goes back to its queue (or ends: quarantined, or cancelled). Charged a
+  -- crash, or a suspect already, it goes back among the shard's suspects (enqueue).
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'crashes', 'cancel', 'owner', 'idem', 'waiter', 'jnl')
   if not f[6] then redis.call('HSET', run, 'jnl', 1) end
@@ -166,7 +174,7 @@ local function requeue_run(base, id, now, reason, crash, max_retries, retry_ttl,
       if tonumber(now) - t < tonumber(retry_ttl) then live[#live + 1] = t end
     end
     live[#live + 1] = tonumber(now)
-    redis.call('HSET', run, 'crashes', cjson.encode(live))
+    redis.call('HSET', run, 'crashes', cjson.encode(live), 'suspect', '1')
     requeued.crashes = #live
     if #live > tonumber(max_retries) then
       local d = cjson.decode(detail)

@@ -51,9 +51,10 @@ ops.park = function(k, a)
   end
   local status = 'sleeping'
   if n > 0 then status = 'waiting' end
+  -- An attempt that parks has completed: the run is no suspect any more.
   redis.call('HSET', run, 'status', status, 'lock_owner', '', 'parked_seq', len, 'jnl', 1,
     'waiting_for', n > 0 and cjson.encode(waiting) or '', 'interrupt', interrupt,
-    'wake_at', wake_at, 'updated_at', now)
+    'wake_at', wake_at, 'updated_at', now, 'suspect', '')
   redis.call('ZREM', base .. ':times', id)
   if wake_at ~= '' then
     redis.call('ZADD', base .. ':timers', wake_at, id)

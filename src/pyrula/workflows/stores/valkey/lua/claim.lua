@@ -5,7 +5,8 @@ local function take(base, id, worker, now, expires, build)
   -- then records no build). Its entry in :times is the caller's to add.
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
-    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1', 'crashes', 'b1')
+    'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1', 'crashes', 'b1',
+    'suspect')
   local attempt = tonumber(f[7] or '0') + 1
   local fields = {'status', 'running', 'attempt', attempt, 'lock_owner', worker,
     'lock_expires', expires, 'updated_at', now}
@@ -27,7 +28,16 @@ local function take(base, id, worker, now, expires, build)
     journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   end
   return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or '',
-    f[8] or '', f[12] or '', f[13] or '[]', f[14] or ''}
+    f[8] or '', f[12] or '', f[13] or '[]', f[14] or '', f[15] or ''}
+end
+
+local function unring_if_empty(k, base)
+  -- On one server the claim takes a shard it left with nothing queued (suspects included)
+  -- out of the doorbell (a later submit or requeue rings it again).
+  if k[2] and redis.call('EXISTS', base .. ':suspects') == 0
+    and redis.call('ZCARD', base .. ':active') == 0 then
+    redis.call('ZREM', k[2], tonumber(string.match(base, '%.(%d+)}$')))
+  end
 end
 
 local function older(a, b)
@@ -36,15 +46,18 @@ local function older(a, b)
 end
 
 -- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
--- over owners (least served first, oldest head breaking ties), FIFO within an owner.
+-- over owners (least served first, oldest head breaking ties), FIFO within an owner. The
+-- suspects put aside here are never taken (claim_suspect takes them one at a time).
 -- KEYS: base [, the name's doorbell (one server only): a claim that empties the shard
 --       takes it out there (a later submit rings it again)]
 -- ARGV: op, worker, now, lock_expires, limit, build ('' for none), [owner, cap]...
 -- (flow-controlled owners may take at most cap runs; cap 0 blocks the owner)
 -- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
 --           {journal after base_seq}, idempotency_key, predecessor, started_at,
---           first worker, crashes (JSON list of times), first build}...},
---          owners still queued}
+--           first worker, crashes (JSON list of times), first build, suspect ('1')}...},
+--          owners still queued, suspects waiting here}
+-- (a shard that holds suspects only stays in the doorbell, so claims keep visiting it and
+-- tell their workers that suspects wait)
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
   local build = a[6] or ''
@@ -128,10 +141,36 @@ ops.claim = function(k, a)
     locks[#locks + 1] = id
   end
   if #locks > 0 then redis.call('ZADD', base .. ':times', unpack(locks)) end
-  if left == 0 and k[2] then
-    redis.call('ZREM', k[2], tonumber(string.match(base, '%.(%d+)}$')))
+  local suspects = redis.call('LLEN', base .. ':suspects')
+  if left == 0 then unring_if_empty(k, base) end
+  return {out, left, suspects}
+end
+
+-- claim_suspect: of the first 64 suspects put aside on this shard whose owners flow
+-- control lets start, the one with the most crashes (a poison run is found sooner), then
+-- the longest-waiting, for `worker`, which runs it alone.
+-- KEYS: base [, the name's doorbell (one server only), as claim]
+-- ARGV: op, worker, now, lock_expires, build ('' for none), [owner, cap]... (as claim)
+-- returns the run as claim returns each, or nil
+ops.claim_suspect = function(k, a)
+  local base, worker, now, expires = k[1], a[2], a[3], a[4]
+  local caps = {}
+  for i = 6, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
+  local list = base .. ':suspects'
+  local chosen, most = nil, -1
+  for _, id in ipairs(redis.call('LRANGE', list, 0, 63)) do
+    local f = redis.call('HMGET', runk(base, id), 'owner', 'crashes')
+    if caps[f[1]] == nil or caps[f[1]] > 0 then
+      local crashes = #cjson.decode(f[2] or '[]')
+      if crashes > most then chosen, most = id, crashes end
+    end
   end
-  return {out, left}
+  if not chosen then return nil end
+  redis.call('LREM', list, 1, chosen)
+  redis.call('ZADD', base .. ':times', expires, chosen)
+  local row = take(base, chosen, worker, now, expires, a[5] or '')
+  unring_if_empty(k, base)
+  return row
 end
 
 -- claim_run: claim this one run if it is queued.
@@ -145,9 +184,10 @@ ops.claim_run = function(k, a)
   return take(base, id, a[3], a[4], expires, a[6] or '')
 end
 
--- queue_stats: how many runs this shard's queues hold, and since when the longest-waiting
--- of their heads has been claimable (read only). Each owner's FIFO is in the order its
--- runs became claimable, so its head is its oldest; only the heads are read.
+-- queue_stats: how many runs this shard's queues hold (its put-aside suspects too), and
+-- since when the longest-waiting of their heads has been claimable (read only). Each
+-- FIFO is in the order its runs became claimable, so its head is its oldest; only the
+-- heads are read.
 -- KEYS: base
 -- ARGV: op
 -- returns {depth, oldest: the time as the record holds it ('' when nothing is queued)}
@@ -156,8 +196,11 @@ end
 ops.queue_stats = function(k, a)
   local base = k[1]
   local depth, oldest, shown = 0, nil, ''
+  local queues = {base .. ':suspects'}
   for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
-    local q = base .. ':q:' .. owner
+    queues[#queues + 1] = base .. ':q:' .. owner
+  end
+  for _, q in ipairs(queues) do
     local head = redis.call('LRANGE', q, 0, 0)[1]
     if head then
       depth = depth + redis.call('LLEN', q)

@@ -83,8 +83,14 @@ ops.fail_stranded = function(k, a)
   local base, older, now, limit, errj = k[1], tonumber(a[2]), a[3], tonumber(a[4]), a[5]
   local err = cjson.decode(errj)
   local failed = {}
+  local queues = {}
   for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
-    for _, id in ipairs(redis.call('LRANGE', base .. ':q:' .. owner, 0, -1)) do
+    queues[#queues + 1] = {owner, base .. ':q:' .. owner}
+  end
+  queues[#queues + 1] = {'', base .. ':suspects'}  -- dequeue finds a suspect by its id
+  for _, queue in ipairs(queues) do
+    local owner = queue[1]
+    for _, id in ipairs(redis.call('LRANGE', queue[2], 0, -1)) do
       if #failed >= limit then return failed end
       local run = runk(base, id)
       local f = redis.call('HMGET', run, 'updated_at', 'jnl', 'idem', 'waiter', 'started_at')
