@@ -56,6 +56,13 @@ def shared_store_url(url: str) -> str:
     return url
 
 
+def given_as(param: str, flag: str, variable: str) -> str:
+    """How a refusal names an option: its flag, or its variable when that is where the
+    value came from (the one the user must fix)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return variable if source is click.core.ParameterSource.ENVIRONMENT else flag
+
+
 def worker_options_checked(given: dict[str, Any]) -> None:
     """The worker options given as flags, checked here in the parent."""
     try:
@@ -169,7 +176,7 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
     given = {k: v for k, v in worker_options.items() if v is not None}
     worker_options_checked(given)  # bad worker option values fail here, in the parent
     bounds = resolve_bounds(children, min_children, max_children, scale_up_after,
-                            scale_down_after)
+                            scale_down_after, given_as("children", "-n", "PYRULA_CHILDREN"))
     # The most children there can be: the container's memory is shared among them.
     count = bounds.get("max_children") or bounds["children"]
     too_many = refusal("--max" if bounds.get("max_children") else "-n", count,
@@ -187,7 +194,8 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
         store_url=shared_store_url(resolve_store_url(store)),
         namespace=namespace,
         cluster=cluster,
-        health_port=resolve_health_port(health_port),
+        health_port=resolve_health_port(
+            health_port, given_as("health_port", "--health-port", "PYRULA_HEALTH_PORT")),
         health_host=health_host,
         dashboard_actions=dashboard_actions,
         max_runs_per_child=(None if max_runs_per_child in (None, "") else
