@@ -202,3 +202,57 @@ async def test_a_namespace_written_in_another_data_format_is_refused(
         await fresh.submit(NAME, {}, now=time.time())
     with fresh_valkey_server.client(decode_responses=True) as admin:
         assert admin.hget("fresh:meta", "format") == "2"
+
+
+# --- a server that is not there yet -----------------------------------------------------
+
+
+def _readyz(address: tuple[str, int]) -> tuple[int, str]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/readyz",
+                                    timeout=2) as reply:
+            return reply.status, json.loads(reply.read())["status"]
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())["status"]
+
+
+async def test_a_worker_started_before_its_server_waits_for_it_then_serves(
+    tmp_path: Any,
+) -> None:
+    from tests.servers import free_port, start_server
+
+    port = free_port()
+    store = ValkeyStore(url=f"redis://127.0.0.1:{port}", namespace="late", socket_timeout=0.5)
+    worker = make_worker(store, [one_step], health_port=0)
+    with captured_logs("pyrula.store_wait") as logs:
+        async with opened(store):
+            task = asyncio.create_task(worker.run())
+            try:
+                deadline = time.monotonic() + 30
+                while not logs.events("store_unreachable"):
+                    assert time.monotonic() < deadline and not task.done()
+                    await asyncio.sleep(0.05)
+                assert worker.health_address is not None
+                assert await asyncio.to_thread(_readyz, worker.health_address) == (
+                    503, "store_unreachable")
+                server = await asyncio.to_thread(start_server, tmp_path, port=port)
+                try:
+                    while worker.state != "ready":
+                        assert time.monotonic() < deadline + 30 and not task.done()
+                        await asyncio.sleep(0.05)
+                    handle = await worker.client.submit(one_step, {"tag": "late"})
+                    assert await worker.client.result(handle.run_id, timeout=30) is not None
+                finally:
+                    worker.stop()
+                    await task
+                    await asyncio.to_thread(server.stop)
+            finally:
+                if not task.done():
+                    task.cancel()
+    assert len(logs.events("store_unreachable")) == 1  # one line for the whole outage
+    assert len(logs.events("store_reachable")) == 1
