@@ -37,6 +37,10 @@ METRICS_INTERVAL = 1.0
 #: Environment variable naming the modules the fork server preloads (comma-separated;
 #: internal, set by the supervisor's Spawner, read by ``pyrula.supervisor.preload``).
 PRELOAD_ENV = "_PYRULA_FLEET_PRELOAD"
+#: Environment variable with the fork server's app check (JSON ``{"apps", "workflows",
+#: "report"}``; internal): it loads the app as a child would and writes what came of it
+#: (JSON ``{"ok": true}`` or ``{"ok": false, "message", "frames"}``) to ``report``.
+PRELOAD_CHECK_ENV = "_PYRULA_FLEET_PRELOAD_CHECK"
 
 
 class WorkerState(StrEnum):

@@ -48,9 +48,10 @@ def test_a_bad_argument_is_one_line_and_exit_2_and_writes_nothing(
     tmp_path: Path, args: list[str], says: str
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    _refused(_run([*PYRULA, *args, "--store", url], tmp_path), says)
-    store = SQLiteStore(str(tmp_path / "store.db"))
+    store = SQLiteStore(str(tmp_path / "store.db"))  # as the fleet creates it
     try:
+        assert list(SyncWorkflowClient(store).list_runs(limit=10)) == []
+        _refused(_run([*PYRULA, *args, "--store", url], tmp_path), says)
         assert list(SyncWorkflowClient(store).list_runs(limit=10)) == []
     finally:
         store.close()

@@ -3,49 +3,88 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
-from tests.fleet.fleetprocs import Fleets, write_app
-from tests.servers import free_port
+from pyrula.workflows import SyncWorkflowClient, ValkeyStore
+from tests.conftest import wait_until
+from tests.fleet.fleetprocs import APP_MODULE, FLEET, QUICK, Fleet, Fleets, child_env, write_app
+from tests.servers import free_port, start_server
+
+
+def _says_store_unreachable(fleet: Fleet) -> bool:
+    try:
+        code, body = fleet.get("/readyz")
+    except OSError:  # not listening yet
+        return False
+    return code == 503 and json.loads(body)["status"] == "store_unreachable"
 
 EXIT_BOOT_FAILURE = 3  # pyrula.wire.EXIT_BOOT_FAILURE
 
 
-def test_an_app_that_raises_at_import_stops_the_fleet_after_max_boot_failures(
+def test_an_app_that_raises_at_import_is_refused_before_any_child_is_forked(
     fleets: Fleets, tmp_path: Path
 ) -> None:
+    # The fork server loads the app once, before the first fork: a broken app is one
+    # refusal, exit 2, not --max-boot-failures children each failing the same way.
     write_app(tmp_path, 'raise RuntimeError("broken app: boom-4242")\n', module="brokenapp")
     fleet = fleets.start("-n", "1", "--max-boot-failures", "3", app="brokenapp")
-    assert fleet.wait(30) == EXIT_BOOT_FAILURE
+    assert fleet.wait(30) == 2
     log = fleet.log()
-    assert log.count("child_spawned") == 3
-    assert log.count("child_boot_failed: RuntimeError: broken app: boom-4242") == 3
-    assert "fleet_crash_loop: 3 children in a row exited before becoming ready" in log
-    assert "the last one said: RuntimeError: broken app: boom-4242" in log
+    assert "error: --app brokenapp raised at import: brokenapp.py:1: RuntimeError: broken " \
+           "app: boom-4242" in log
+    assert "child_spawned" not in log
+    assert "fleet_crash_loop" not in log
 
 
-def test_a_store_the_children_cannot_reach_stops_the_fleet_after_max_boot_failures(
-    fleets: Fleets,
+def test_a_fleet_started_before_its_store_waits_for_it_then_serves(
+    fleets: Fleets, tmp_path: Path
 ) -> None:
-    # Nothing listens there: the supervisor's own store client connects lazily, each
-    # child fails its startup checks.
-    dead = free_port()
-    url = f"redis://127.0.0.1:{dead}"
-    fleet = fleets.start("-n", "1", "--max-boot-failures", "2", store=url,
-                         port=free_port(avoid=[dead]))
-    assert fleet.wait(60) == EXIT_BOOT_FAILURE
+    # compose or systemd start the fleet and Valkey together: the store may answer later.
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}"
+    fleet = fleets.start("-n", "1", "--namespace", f"boot-wait-{os.getpid()}", *QUICK,
+                         store=url, port=free_port(avoid=[port]))
+    fleet.wait_for_log("store_unreachable:", timeout=30)
+    wait_until(lambda: _says_store_unreachable(fleet), timeout=30,
+               what="/readyz to say the store is unreachable")
+    with start_server(tmp_path, port=port):
+        fleet.wait_ready(1, timeout=60)
+        client = SyncWorkflowClient(ValkeyStore(url=url,
+                                                namespace=f"boot-wait-{os.getpid()}"))
+        handle = client.submit("fa_load", {"tag": "after-the-store"})
+        assert client.result(handle.run_id, timeout=60) is not None
+        fleet.send(signal.SIGTERM)
+        assert fleet.wait(60) == 0
     log = fleet.log()
-    assert log.count("child_spawned") == 2
-    assert log.count("child_boot_failed: StoreUnavailable") == 2
-    assert "fleet_crash_loop: 2 children in a row exited before becoming ready; the last " \
-           "one said: StoreUnavailable" in log
+    assert log.count("store_unreachable:") == 1, log[:3000]  # one line for the outage
+    assert "store_reachable:" in log
+    assert "Traceback" not in log
+    assert "child_boot_failed" not in log
+
+
+def test_a_bounded_store_wait_fails_in_one_line(fleets: Fleets) -> None:
+    dead = free_port()
+    proc = subprocess.run(
+        [*FLEET, "start", "--app", APP_MODULE, "-n", "1", "--health-port", "0",
+         "--store", f"redis://127.0.0.1:{dead}", "--store-wait", "0.5"],
+        cwd=fleets.directory, env=child_env(), capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(
+        f"error: store redis://127.0.0.1:{dead} unreachable for 0.5 s: ")
+    assert "Traceback" not in proc.stderr
+    assert "child_spawned" not in proc.stderr
 
 
 def test_a_store_the_supervisor_cannot_open_is_a_configuration_error(fleets: Fleets) -> None:
     fleet = fleets.start("-n", "1", store="sqlite:///missing-dir/store.db")
     assert fleet.wait(30) == 2
     log = fleet.log()
-    assert "configuration error: SQLite store directory does not exist" in log
+    assert "error: SQLite store directory does not exist" in log
     assert "Traceback" not in log
     assert "child_spawned" not in log
 

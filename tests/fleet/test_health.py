@@ -13,7 +13,7 @@ from pyrula.workflows import SQLiteStore, SyncWorkflowClient
 from tests.fleet.fleetprocs import FLEET, QUICK, Fleets, child_env, ready
 from tests.servers import free_port
 
-STATUS_KEYS = {"status", "children", "shards", "restarts"}
+STATUS_KEYS = {"status", "children", "shards", "restarts", "store"}
 CHILD_KEYS = {"slot", "pid", "worker_id", "state", "shards", "workflows", "in_flight",
               "runs_done", "restarts", "rss_bytes", "generation"}
 SAMPLE = re.compile(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? (-?[0-9.e+]+|\+Inf)$')
@@ -62,8 +62,10 @@ def test_probes_status_shape_metrics_and_the_status_table(
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].startswith("fleet ok  restarts=0")
-    assert lines[1].split()[:4] == ["SLOT", "PID", "STATE", "IN-FLIGHT"]
-    for child, line in zip(status["children"], lines[2:], strict=True):
+    assert lines[1] == f"store {status['store']}"  # which store, absolutely
+    assert status["store"].startswith("sqlite:////")
+    assert lines[2].split()[:4] == ["SLOT", "PID", "STATE", "IN-FLIGHT"]
+    for child, line in zip(status["children"], lines[3:], strict=True):
         words = line.split()
         assert words[:3] == [str(child["slot"]), str(child["pid"]), "ready"]
         assert child["worker_id"] in words
@@ -72,7 +74,8 @@ def test_probes_status_shape_metrics_and_the_status_table(
     assert fleet.wait() == 0
     unreachable = subprocess.run([*FLEET, "status", "--url", fleet.url], env=child_env(),
                                  capture_output=True, text=True, timeout=30)
-    assert unreachable.returncode == 1 and "cannot reach the fleet" in unreachable.stderr
+    assert unreachable.returncode == 1
+    assert unreachable.stderr.startswith(f"error: cannot reach the fleet at {fleet.url}")
 
 
 def test_port_and_web_concurrency_come_from_the_environment(fleets: Fleets) -> None:
@@ -107,7 +110,10 @@ def test_without_store_the_fleet_runs_on_pyrula_db_in_its_directory(
 ) -> None:
     fleet = fleets.start("-n", "2", *QUICK, store=None)
     fleet.wait_ready(2)
-    assert "2 children on sqlite:///pyrula.db" in fleet.log()
+    # The banner names the file absolutely: which one a fleet uses is not a guess.
+    assert f"2 children on sqlite:///{tmp_path / 'pyrula.db'};" in fleet.log()
+    status = fleet.status()
+    assert status is not None and status["store"] == f"sqlite:///{tmp_path / 'pyrula.db'}"
     database = tmp_path / "pyrula.db"
     assert database.exists()
     store = SQLiteStore(database)

@@ -179,7 +179,7 @@ def test_a_hard_limit_not_above_the_soft_one_is_one_line_and_exit_2(tmp_path: Pa
         )
         assert proc.returncode == 2, proc.stderr
         [line] = proc.stderr.strip().splitlines()
-        assert line.startswith("configuration error: --memory-hard-limit (")
+        assert line.startswith("error: --memory-hard-limit (")
         assert "must be above --max-memory-per-child (209715200 bytes)" in line
 
 

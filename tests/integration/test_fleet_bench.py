@@ -398,7 +398,7 @@ def test_workflow_the_fleet_does_not_serve_exits_2_naming_the_served_ones(
     assert proc.returncode == 2, proc.stderr
     assert figures is None and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"pyrula-fleet bench: error: --attach: the fleet at {user_fleet[0]} does not serve "
+        f"error: --attach: the fleet at {user_fleet[0]} does not serve "
         "'grete'; it serves greet: pick one of them with --workflow"]
     # The built-in workflow is checked the same way.
     proc, _ = bench_user(tmp_path, user_fleet)
@@ -425,7 +425,7 @@ def test_workflow_usage_errors_are_one_line_exit_2(tmp_path: Path, args: list[st
     assert proc.returncode == 2, proc.stderr
     assert figures is None
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert proc.stderr.startswith("pyrula-fleet bench: " + message), proc.stderr
+    assert proc.stderr.startswith(message), proc.stderr
 
 
 @pytest.mark.parametrize(("got", "want", "differs"), [

@@ -42,7 +42,7 @@ def test_a_worker_on_a_taken_health_port_says_so_in_one_line(
     assert "Traceback" not in proc.stderr
     assert "Errno" not in proc.stderr
     assert proc.stderr.splitlines()[-1] == \
-        "configuration error: " + IN_USE.format(port=taken_port)
+        "error: " + IN_USE.format(port=taken_port)
 
 
 def test_a_fleet_on_a_taken_health_port_says_so_in_one_line(
@@ -53,7 +53,7 @@ def test_a_fleet_on_a_taken_health_port_says_so_in_one_line(
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
-        f"configuration error: cannot serve the fleet's health probes on 127.0.0.1:"
+        f"error: cannot serve the fleet's health probes on 127.0.0.1:"
         f"{taken_port}: {IN_USE.format(port=taken_port)}; --health-port 0 picks a free one"
     ]
 

@@ -121,8 +121,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
         worker.reap()
 
 
+def create_store(path: Path) -> None:
+    """An empty store at ``path``, as a worker or a fleet creates it."""
+    store = SQLiteStore(str(path))
+    try:
+        SyncWorkflowClient(store).list_runs(limit=1)
+    finally:
+        store.close()
+
+
 @pytest.fixture
 def empty(tmp_path: Path) -> Cli:
+    create_store(tmp_path / "store.db")
     return Cli(tmp_path)
 
 
@@ -157,7 +167,47 @@ def test_a_mistake_is_one_line_and_its_exit_code(
 @pytest.mark.parametrize("command", [["runs", "submit"], ["submit"]])
 def test_submit_to_a_private_memory_store_is_refused(empty: Cli, command: list[str]) -> None:
     proc = empty(*command, "rc_ok", "{}", "--store", "memory://", store=False)
-    _refused(proc, 2, "memory:// is private to this process")
+    _refused(proc, 2, "--store memory://: a memory store is private to one process")
+
+
+# --- the wrong directory ---------------------------------------------------------------
+
+#: Every command that reads, or acts on, what a fleet keeps in its store (none creates one).
+ON_A_STORE = [
+    ["runs"], ["runs", "list"], ["runs", "show", "0" * 32], ["runs", "events", "0" * 32],
+    ["runs", "result", "0" * 32], ["runs", "cancel", "0" * 32], ["runs", "retry", "0" * 32],
+    ["runs", "signal", "0" * 32, "go"], ["runs", "resume", "0" * 32], ["runs", "stuck"],
+    ["runs", "submit", "rc_ok"], ["submit", "rc_ok"], ["get", "0" * 32],
+    ["result", "0" * 32], ["events", "0" * 32], ["signal", "0" * 32, "go"],
+    ["cancel", "0" * 32], ["schedules", "list"], ["schedules", "delete", "s"],
+    ["schedules", "pause", "s"], ["schedules", "resume", "s"], ["schedules", "run-now", "s"],
+    ["schedules", "create", "rc_ok", "--every", "60"], ["db", "check", "--postgres-dsn", "postgresql://127.0.0.1:1/x"],
+]
+
+
+@pytest.mark.parametrize("args", ON_A_STORE, ids=" ".join)
+def test_a_command_where_there_is_no_store_is_refused_and_creates_none(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # The default store (sqlite:///pyrula.db) from a directory that has none: opening it
+    # would create an empty one and answer from it, or leave a run where no worker looks.
+    proc = Cli(tmp_path)(*args, store=False)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.stderr.splitlines() == [
+        f"error: no store at {tmp_path / 'pyrula.db'}: run where your fleet runs, or set "
+        "PYRULA_STORE_URL"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["runs", "list"], ["runs", "show", "0" * 32],
+                                  ["schedules", "list"], ["result", "0" * 32]], ids=" ".join)
+def test_a_memory_store_is_refused_by_every_command_on_a_store(
+    tmp_path: Path, args: list[str]
+) -> None:
+    proc = Cli(tmp_path)(*args, "--store", "memory://", store=False)
+    _refused(proc, 2, "--store memory://: a memory store is private to one process, empty "
+             "in this one")
 
 
 def test_a_timeout_on_a_run_still_going_is_one_line(empty: Cli) -> None:

@@ -40,9 +40,11 @@ def refused(done: subprocess.CompletedProcess[str], code: int, *named: str) -> N
         assert word in lines[0], lines[0]
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    """The store, created as a worker or a fleet creates it (the commands refuse to)."""
     opened = SQLiteStore(tmp_path / STORE_FILE)
+    SyncWorkflowClient(opened).list_runs(limit=1)
     try:
         yield opened
     finally:

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -31,9 +32,9 @@ def _set_policy(server: Server, maxmemory: str, policy: str) -> None:
 
 
 async def _refused_before_any_loop(store: ValkeyStore, error: type[Exception], match: str,
-                                   server: Server | None = None) -> None:
+                                   server: Server | None = None, **options: Any) -> None:
     """run() raises ``error`` and nothing started: no probe, no loop, nothing written."""
-    worker = make_worker(store, [one_step], health_port=0)
+    worker = make_worker(store, [one_step], health_port=0, **options)
     with pytest.raises(error, match=match):
         await worker.run()
     assert worker.health_address is None
@@ -167,10 +168,16 @@ async def test_a_server_that_never_answers_info_raises_store_unavailable(
             with pytest.raises(StoreUnavailable, match="INFO"):
                 await make_worker(store, [one_step]).client.submit(one_step, {"tag": "x"})
 
+        # A starting worker waits for its store as a running one does; --store-wait
+        # bounds the wait for those who would rather fail.
         await asyncio.gather(
-            _refused_before_any_loop(stores[0], StoreUnavailable, "does not answer INFO"),
+            _refused_before_any_loop(stores[0], StoreUnavailable,
+                                     "unreachable for 0.3 s: .*does not answer INFO",
+                                     store_wait=0.3),
             submit(stores[1]),
-            _refused_before_any_loop(stores[2], StoreUnavailable, "does not answer INFO"),
+            _refused_before_any_loop(stores[2], StoreUnavailable,
+                                     "unreachable for 0.3 s: .*does not answer INFO",
+                                     store_wait=0.3),
             submit(stores[3]),
         )
 
@@ -195,3 +202,57 @@ async def test_a_namespace_written_in_another_data_format_is_refused(
         await fresh.submit(NAME, {}, now=time.time())
     with fresh_valkey_server.client(decode_responses=True) as admin:
         assert admin.hget("fresh:meta", "format") == "2"
+
+
+# --- a server that is not there yet -----------------------------------------------------
+
+
+def _readyz(address: tuple[str, int]) -> tuple[int, str]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/readyz",
+                                    timeout=2) as reply:
+            return reply.status, json.loads(reply.read())["status"]
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())["status"]
+
+
+async def test_a_worker_started_before_its_server_waits_for_it_then_serves(
+    tmp_path: Any,
+) -> None:
+    from tests.servers import free_port, start_server
+
+    port = free_port()
+    store = ValkeyStore(url=f"redis://127.0.0.1:{port}", namespace="late", socket_timeout=0.5)
+    worker = make_worker(store, [one_step], health_port=0)
+    with captured_logs("pyrula.store_wait") as logs:
+        async with opened(store):
+            task = asyncio.create_task(worker.run())
+            try:
+                deadline = time.monotonic() + 30
+                while not logs.events("store_unreachable"):
+                    assert time.monotonic() < deadline and not task.done()
+                    await asyncio.sleep(0.05)
+                assert worker.health_address is not None
+                assert await asyncio.to_thread(_readyz, worker.health_address) == (
+                    503, "store_unreachable")
+                server = await asyncio.to_thread(start_server, tmp_path, port=port)
+                try:
+                    while worker.state != "ready":
+                        assert time.monotonic() < deadline + 30 and not task.done()
+                        await asyncio.sleep(0.05)
+                    handle = await worker.client.submit(one_step, {"tag": "late"})
+                    assert await worker.client.result(handle.run_id, timeout=30) is not None
+                finally:
+                    worker.stop()
+                    await task
+                    await asyncio.to_thread(server.stop)
+            finally:
+                if not task.done():
+                    task.cancel()
+    assert len(logs.events("store_unreachable")) == 1  # one line for the whole outage
+    assert len(logs.events("store_reachable")) == 1

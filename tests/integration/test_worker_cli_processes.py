@@ -205,7 +205,7 @@ def test_a_bad_option_value_in_the_environment_fails_the_start(workers: Workers)
     worker = workers.start(env=child_env(PYRULA_CLAIM_POLL_INTERVAL="5s"))
     assert worker.wait() == 2  # as for every ConfigurationError at start
     log = worker.log()
-    assert "configuration error: PYRULA_CLAIM_POLL_INTERVAL" in log
+    assert "error: PYRULA_CLAIM_POLL_INTERVAL" in log
     assert "PYRULA_CLAIM_POLL_INTERVAL" in log and "claim_poll_interval" in log
     assert "'5s'" in log
     assert "worker_started" not in log
@@ -218,7 +218,7 @@ def test_a_cloud_key_without_the_client_fails_the_start_unless_no_cloud(
     refused = workers.start(env=env, name="refused")
     assert refused.wait() == 2
     log = refused.log()
-    assert "configuration error" in log and "pyrula-cloud-client is not installed" in log
+    assert "error: " in log and "pyrula-cloud-client is not installed" in log
     assert "worker_started" not in log
 
     accepted = workers.start("--no-cloud", env=env, name="accepted")

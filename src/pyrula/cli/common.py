@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import json
 import logging
 import os
@@ -12,10 +11,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
+from pyrula.apps import AppError, importable_from
+from pyrula.apps import load as load_app
 from pyrula.config.fleet import resolve_store_url
 from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.config.worker import WorkerOptions
@@ -29,6 +30,8 @@ logger = logging.getLogger(CLI_LOGGER)
 FORCED_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 #: The exit code of a ConfigurationError, whether the options or the store refused.
 CONFIGURATION_ERROR_EXIT = 2
+#: The exit code when what was asked about is missing or failed (an unknown run, no store).
+NOT_FOUND_EXIT = 1
 
 STORE = click.option("--store", "store", default=None, metavar="URL",
                      help="store URL (default $PYRULA_STORE_URL, else sqlite:///pyrula.db)")
@@ -40,32 +43,11 @@ CLUSTER = click.option("--cluster/--no-cluster", default=None,
                        "(default: detect)")
 
 
-def import_target(target: str) -> Any:
-    """Import ``module`` or ``module:attribute`` (the current directory is importable)."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the app's own code failed at import: say what and where
-        raise click.ClickException(
-            f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    if not attr:
-        return module
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise click.ClickException(f"module {module_name!r} has no attribute {attr!r}") from None
-
-
 def load_workflows(apps: tuple[str, ...], workflows: tuple[str, ...]) -> list[Any] | None:
-    """Import the app modules; return the ``--workflow`` functions (None: serve all)."""
-    for app in apps:
-        import_target(app)
-    if not workflows:
-        return None
-    return [import_target(target) for target in workflows]
+    """Import the app modules (the current directory is importable); return the
+    ``--workflow`` functions (None: serve all). Raises ``pyrula.apps.AppError``."""
+    importable_from(os.getcwd())
+    return load_app(apps, workflows)
 
 
 def open_store(url: str | None, namespace: str | None = None, *, archive: bool = True,
@@ -97,16 +79,60 @@ def open_store(url: str | None, namespace: str | None = None, *, archive: bool =
     return archived_if_configured(store) if archive else store
 
 
+def existing_store(url: str | None, namespace: str | None = None, *,
+                   archive: bool = True) -> Any:
+    """The store for a command that reads, or acts on, what a worker or a fleet keeps in
+    it (every command but ``worker`` and ``dev``). Opening a SQLite file that is not there
+    would create an empty store and answer from it (no runs, no such run), or leave a
+    submitted run in a file no worker reads: so a missing file is refused (exit 1), and
+    ``memory://``, always empty in a new process, is refused as a mistake (exit 2)."""
+    from pyrula.config.store_url import sqlite_file
+
+    resolved = resolve_store_url(url)
+    named = f"--store {resolved}" if url is not None else f"PYRULA_STORE_URL={resolved}"
+    if resolved.lower().startswith("memory:"):
+        raise InputError(f"{named}: a memory store is private to one process, empty in this "
+                         "one, and no worker could reach it; name a SQLite file or a Valkey "
+                         "server")
+    path = sqlite_file(resolved)
+    if path is not None and namespace is not None:  # the mistake first, then the file
+        raise InputError(f"--namespace applies to Valkey stores only, not {resolved!r}")
+    if path is not None and not os.path.exists(path):
+        raise Refusal(f"no store at {os.path.abspath(path)}: run where your fleet runs, "
+                      "or set PYRULA_STORE_URL")
+    return open_store(url, namespace, archive=archive)
+
+
 class InputError(click.ClickException):
     """A user's mistake on the command line: one line on stderr, exit 2, no traceback."""
 
     exit_code = CONFIGURATION_ERROR_EXIT
 
 
-def run_group(group: click.Group) -> None:
-    """Run ``group`` as click's standalone mode would, except that a usage error is one
-    line (the mistake and where the help is) instead of click's usage block, and Ctrl-C
-    is exit 130 without a traceback. Returns only by ``sys.exit``."""
+class Refusal(click.ClickException):
+    """What was asked about is missing or failed: one line on stderr, exit 1."""
+
+    exit_code = NOT_FOUND_EXIT
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print ``error: message`` as the one line on stderr and exit with ``code``."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def run_group(group: click.Group) -> NoReturn:
+    """Run ``group`` under the one error contract of ``pyrula`` and ``pyrula-fleet``:
+
+    - a usage or configuration mistake (click's own, an ``InputError``, a
+      ``ConfigurationError``, a value the client refuses) is one line ``error: ...`` on
+      stderr and exit 2;
+    - a thing asked about that is missing or failed is one line ``error: ...``, exit 1;
+    - the app's code raising at import is ``error: ...`` then the app's own frames, exit 2;
+    - Ctrl-C is exit 130; never a traceback of pyrula's own.
+    Returns only by ``sys.exit``."""
+    from pyrula.errors import PayloadTooLarge, PyrulaError
+
     try:
         code = group.main(standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:  # the help is what was asked for
@@ -114,14 +140,23 @@ def run_group(group: click.Group) -> None:
         sys.exit(exc.exit_code)
     except click.UsageError as exc:
         where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        click.echo(f"Error: {exc.format_message()}{where}", err=True)
-        sys.exit(exc.exit_code)
+        fail(f"{exc.format_message()}{where}", CONFIGURATION_ERROR_EXIT)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        fail(exc.format_message(), exc.exit_code)
+    except AppError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(CONFIGURATION_ERROR_EXIT)
     except (click.Abort, KeyboardInterrupt, EOFError):
         click.echo("Aborted!", err=True)
         sys.exit(FORCED_EXIT[signal.SIGINT])
+    except (ConfigurationError, PayloadTooLarge) as exc:
+        fail(str(exc), CONFIGURATION_ERROR_EXIT)
+    except PyrulaError as exc:  # the store is unreachable, a run is missing or has ended
+        fail(str(exc), NOT_FOUND_EXIT)
+    except ValueError as exc:
+        # What the client refuses in its arguments (a signal name, params that are not
+        # JSON): the user's mistake.
+        fail(str(exc), CONFIGURATION_ERROR_EXIT)
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -162,7 +197,16 @@ def worker_options(values: dict[str, Any], **overrides: Any) -> WorkerOptions:
     try:
         return WorkerOptions(**given)
     except ConfigurationError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(flag_named(str(exc))) from None
+
+
+def flag_named(message: str) -> str:
+    """A WorkerOptions refusal as the command line says it: ``health_port must be...``
+    becomes ``--health-port must be...`` (one given by its variable names the variable)."""
+    for field in dataclasses.fields(WorkerOptions):
+        if message.startswith(field.name + " "):
+            return "--" + field.name.replace("_", "-") + message[len(field.name):]
+    return message
 
 
 class _ShutdownSignals:
@@ -256,5 +300,5 @@ def serve(worker: Any, on_start: Callable[[], None] | None = None) -> int:
     try:
         return asyncio.run(main())
     except ConfigurationError as exc:
-        click.echo(f"configuration error: {exc}", err=True)
+        click.echo(f"error: {exc}", err=True)
         return CONFIGURATION_ERROR_EXIT

@@ -7,12 +7,15 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import click
 
 from pyrula import logs
+from pyrula.apps import AppError
+from pyrula.cli.common import InputError, fail, flag_named, json_argument, run_group
 from pyrula.cli.fleet_control import status, upgrade
 from pyrula.config.fleet import (
     FleetOptions,
@@ -22,9 +25,11 @@ from pyrula.config.fleet import (
     resolve_health_port,
     resolve_store_url,
 )
-from pyrula.config.parse import parse_int, redact_url
+from pyrula.config.parse import parse_int
+from pyrula.config.store_url import check_url, shown_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
+from pyrula.supervisor.capacity import host_room, refusal
 from pyrula.supervisor.memory import log_limits, read_cgroup_memory_limit, resolve_limits
 
 logger = logging.getLogger(__name__)
@@ -49,6 +54,21 @@ def shared_store_url(url: str) -> str:
             "(one host) or a Valkey URL such as redis://host:6379"
         )
     return url
+
+
+def given_as(param: str, flag: str, variable: str) -> str:
+    """How a refusal names an option: its flag, or its variable when that is where the
+    value came from (the one the user must fix)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return variable if source is click.core.ParameterSource.ENVIRONMENT else flag
+
+
+def worker_options_checked(given: dict[str, Any]) -> None:
+    """The worker options given as flags, checked here in the parent."""
+    try:
+        WorkerOptions(**given)
+    except ConfigurationError as exc:
+        raise InputError(flag_named(str(exc))) from None
 
 
 def warn_if_oversized(children: int, cpus: int | None) -> None:
@@ -153,52 +173,54 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
           **worker_options: Any) -> None:
     """Start N worker processes and supervise them until SIGTERM/SIGINT."""
     logs.configure(log_format, log_level)
-    try:
-        given = {k: v for k, v in worker_options.items() if v is not None}
-        WorkerOptions(**given)  # bad worker option values fail here, in the parent
-        bounds = resolve_bounds(children, min_children, max_children, scale_up_after,
-                                scale_down_after)
-        # The most children there can be: the container's memory is shared among them.
-        count = bounds.get("max_children") or bounds["children"]
-        memory = resolve_limits(
-            parse_memory(max_memory_per_child),
-            parse_memory(memory_hard_limit, "--memory-hard-limit"),
-            read_cgroup_memory_limit(), count)
-        options = FleetOptions(
-            **bounds,
-            apps=apps,
-            workflows=workflows,
-            store_url=shared_store_url(resolve_store_url(store)),
-            namespace=namespace,
-            cluster=cluster,
-            health_port=resolve_health_port(health_port),
-            health_host=health_host,
-            dashboard_actions=dashboard_actions,
-            max_runs_per_child=(None if max_runs_per_child in (None, "") else
-                                parse_int("--max-runs-per-child", max_runs_per_child, minimum=1)),
-            max_memory_per_child=memory.soft,
-            memory_hard_limit=memory.hard,
-            child_timeout=parse_seconds("--child-timeout", child_timeout, DEFAULTS.child_timeout),
-            stall_timeout=parse_seconds("--stall-timeout", stall_timeout, DEFAULTS.stall_timeout),
-            max_boot_failures=(DEFAULTS.max_boot_failures if max_boot_failures in (None, "")
-                               else parse_int("--max-boot-failures", max_boot_failures,
-                                              minimum=1)),
-            drain_deadline=(None if drain_deadline in (None, "") else
-                            parse_seconds("--drain-deadline", drain_deadline, 0.0)),
-            shutdown_grace=parse_seconds("--shutdown-grace", shutdown_grace,
-                                         DEFAULTS.shutdown_grace, strict=False),
-            cancel_timeout=parse_seconds("--cancel-timeout", cancel_timeout,
-                                         DEFAULTS.cancel_timeout, strict=False),
-            log_format=log_format,
-            log_level=log_level,
-            worker_options=given,
-        )
-        warn_if_oversized(options.max_children or options.children, os.cpu_count())
-        log_limits(memory, count)
-        code = run_fleet(options)
-    except ConfigurationError as exc:  # also what the supervisor's store refuses at start
-        click.echo(f"configuration error: {exc}", err=True)
-        sys.exit(2)
+    given = {k: v for k, v in worker_options.items() if v is not None}
+    worker_options_checked(given)  # bad worker option values fail here, in the parent
+    bounds = resolve_bounds(children, min_children, max_children, scale_up_after,
+                            scale_down_after, given_as("children", "-n", "PYRULA_CHILDREN"))
+    # The most children there can be: the container's memory is shared among them.
+    count = bounds.get("max_children") or bounds["children"]
+    too_many = refusal("--max" if bounds.get("max_children") else "-n", count,
+                       host_room(read_cgroup_memory_limit()))
+    if too_many is not None:
+        raise InputError(too_many)
+    memory = resolve_limits(
+        parse_memory(max_memory_per_child),
+        parse_memory(memory_hard_limit, "--memory-hard-limit"),
+        read_cgroup_memory_limit(), count)
+    options = FleetOptions(
+        **bounds,
+        apps=apps,
+        workflows=workflows,
+        store_url=shared_store_url(resolve_store_url(store)),
+        namespace=namespace,
+        cluster=cluster,
+        health_port=resolve_health_port(
+            health_port, given_as("health_port", "--health-port", "PYRULA_HEALTH_PORT")),
+        health_host=health_host,
+        dashboard_actions=dashboard_actions,
+        max_runs_per_child=(None if max_runs_per_child in (None, "") else
+                            parse_int("--max-runs-per-child", max_runs_per_child, minimum=1)),
+        max_memory_per_child=memory.soft,
+        memory_hard_limit=memory.hard,
+        child_timeout=parse_seconds("--child-timeout", child_timeout, DEFAULTS.child_timeout),
+        stall_timeout=parse_seconds("--stall-timeout", stall_timeout, DEFAULTS.stall_timeout),
+        max_boot_failures=(DEFAULTS.max_boot_failures if max_boot_failures in (None, "")
+                           else parse_int("--max-boot-failures", max_boot_failures,
+                                          minimum=1)),
+        drain_deadline=(None if drain_deadline in (None, "") else
+                        parse_seconds("--drain-deadline", drain_deadline, 0.0)),
+        shutdown_grace=parse_seconds("--shutdown-grace", shutdown_grace,
+                                     DEFAULTS.shutdown_grace, strict=False),
+        cancel_timeout=parse_seconds("--cancel-timeout", cancel_timeout,
+                                     DEFAULTS.cancel_timeout, strict=False),
+        log_format=log_format,
+        log_level=log_level,
+        worker_options=given,
+    )
+    check_url(options.store_url)
+    warn_if_oversized(options.max_children or options.children, os.cpu_count())
+    log_limits(memory, count)
+    code = run_fleet(options)
     sys.exit(code)
 
 
@@ -216,16 +238,23 @@ def run_fleet(options: FleetOptions) -> int:
         "pyrula.workflows.worker.child", "pyrula.workflows.worker.worker",
         "pyrula.workflows.stores.archive", *([backend] if backend else []),
     ]
-    spawner = Spawner(preload=[*runtime, *modules])
-    # The fork server starts (and imports the app) before this process opens anything,
-    # and before it imports asyncio: the two imports run side by side.
-    spawner.warm()
-    import asyncio
+    with tempfile.TemporaryDirectory(prefix="pyrula-fleet-") as scratch:
+        check = {"apps": list(options.apps), "workflows": list(options.workflows),
+                 "cwd": os.getcwd(), "report": os.path.join(scratch, "app-check.json")}
+        spawner = Spawner(preload=[*runtime, *modules], check=check)
+        # The fork server starts (and imports the app) before this process opens anything,
+        # and before it imports asyncio: the two imports run side by side.
+        spawner.warm()
+        import asyncio
 
-    try:
-        return asyncio.run(_serve(options, spawner))
-    finally:
-        spawner.close()
+        try:
+            outcome = spawner.checked()
+            if outcome is not None and not outcome["ok"]:
+                # Refused once, before any child is forked: every child would fail the same.
+                raise AppError(str(outcome["message"]), str(outcome.get("frames") or ""))
+            return asyncio.run(_serve(options, spawner))
+        finally:
+            spawner.close()
 
 
 async def _serve(options: FleetOptions, spawner: Any) -> int:
@@ -257,10 +286,10 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
     dashboard = (f"dashboard on http://{shown}:{port}/"
                  + ("" if options.dashboard_actions else " (read-only)")
                  if probes.dashboard else "no dashboard (pip install 'pyrula[http]')")
-    logs.announce(f"pyrula-fleet: {size} on "
-                  f"{redact_url(options.store_url)}; health on http://{host}:{port} "
+    where = shown_url(options.store_url)
+    logs.announce(f"pyrula-fleet: {size} on {where}; health on http://{host}:{port} "
                   f"(/livez /readyz /status /metrics); {dashboard}", "fleet_banner",
-                  store=redact_url(options.store_url), health=f"http://{host}:{port}")
+                  store=where, health=f"http://{host}:{port}")
     try:
         return await supervisor.run()
     finally:
@@ -387,8 +416,7 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
     try:
         figures = run_bench(config)
     except BenchError as exc:
-        click.echo(f"pyrula-fleet bench: error: {exc}", err=True)
-        sys.exit(exc.code)
+        fail(str(exc), exc.code)
     if json_path == "-":
         click.echo(json.dumps(figures, indent=2))
     else:
@@ -405,17 +433,11 @@ def bench(ctx: click.Context, children: int, runs: int, steps: int, store: str |
 
 def _bench_error(message: str) -> NoReturn:
     """A usage error of the bench: one line on stderr, exit 2."""
-    click.echo(f"pyrula-fleet bench: error: {message}", err=True)
-    sys.exit(2)
+    raise InputError(message)
 
 
 def _json_flag(flag: str, text: str) -> Any:
-    from pyrula.cli.common import InputError, json_argument
-
-    try:
-        return json_argument(flag, text)
-    except InputError as exc:
-        _bench_error(exc.message)
+    return json_argument(flag, text)
 
 
 cli.add_command(status)
@@ -423,4 +445,4 @@ cli.add_command(upgrade)
 
 
 def main() -> None:
-    cli()
+    run_group(cli)

@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+from urllib.parse import urlsplit
 
 import click
 
+from pyrula.cli.common import InputError, fail
 from pyrula.config.fleet import resolve_health_port
+
+
+def fleet_url(url: str | None) -> str:
+    """``--url``, else the health port on this host; a URL that is not http(s) is a
+    usage mistake."""
+    if url is None:
+        return f"http://127.0.0.1:{resolve_health_port(None)}"
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+        raise InputError(f"--url {url!r}: expected the fleet's health URL, such as "
+                         "http://127.0.0.1:8081")
+    return url
 
 
 def unreachable(exc: BaseException) -> str:
@@ -41,13 +53,12 @@ def status(url: str | None, as_json: bool) -> None:
     import urllib.error
     import urllib.request
 
-    base = url or f"http://127.0.0.1:{resolve_health_port(None)}"
+    base = fleet_url(url)
     try:
         with urllib.request.urlopen(base.rstrip("/") + "/status", timeout=5) as reply:
             body = json.loads(reply.read())
     except (urllib.error.URLError, OSError) as exc:
-        click.echo(f"cannot reach the fleet at {base}: {unreachable(exc)}", err=True)
-        sys.exit(1)
+        fail(f"cannot reach the fleet at {base}: {unreachable(exc)}", 1)
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
@@ -57,6 +68,8 @@ def status(url: str | None, as_json: bool) -> None:
                 if body.get("unleased") else "")
     click.echo(f"fleet {body['status']}{sizing}  restarts={body['restarts']}  "
                f"shards={json.dumps(body['shards'])}{unleased}")
+    if body.get("store"):
+        click.echo(f"store {body['store']}")
     for gen in body.get("generations") or []:
         held = gen.get("open_runs")
         why = ("" if gen["state"] != "retiring" else
@@ -83,21 +96,18 @@ def upgrade(url: str | None) -> None:
     import urllib.error
     import urllib.request
 
-    base = url or f"http://127.0.0.1:{resolve_health_port(None)}"
+    base = fleet_url(url)
     try:
         with urllib.request.urlopen(base.rstrip("/") + "/livez", timeout=5) as reply:
             pid = int(json.loads(reply.read())["pid"])
     except (urllib.error.URLError, OSError) as exc:
-        click.echo(f"cannot reach the fleet at {base}: {unreachable(exc)}", err=True)
-        sys.exit(1)
+        fail(f"cannot reach the fleet at {base}: {unreachable(exc)}", 1)
     except (ValueError, KeyError) as exc:
-        click.echo(f"cannot reach the fleet at {base}: {exc}", err=True)
-        sys.exit(1)
+        fail(f"cannot reach the fleet at {base}: {exc}", 1)
     try:
         os.kill(pid, signal.SIGUSR2)
     except OSError as exc:  # another host's fleet, or another user's
-        click.echo(f"cannot signal the fleet (pid {pid}) from here: {exc}; run this on the "
-                   "fleet's host", err=True)
-        sys.exit(1)
+        fail(f"cannot signal the fleet (pid {pid}) from here: {exc}; run this on the "
+             "fleet's host", 1)
     click.echo(f"upgrade started: fleet pid {pid} loads the code anew; follow it with "
                "pyrula-fleet status")

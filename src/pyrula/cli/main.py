@@ -11,12 +11,13 @@ from typing import Any
 import click
 
 from pyrula import logs
+from pyrula.apps import AppError
 from pyrula.cli import runs
 from pyrula.cli.common import (
     CLUSTER,
-    CONFIGURATION_ERROR_EXIT,
     NAMESPACE,
     STORE,
+    existing_store,
     load_workflows,
     open_store,
     option_flags,
@@ -27,7 +28,7 @@ from pyrula.cli.common import (
 from pyrula.cli.runs import runs as runs_group
 from pyrula.cli.schedules import schedules
 from pyrula.config.fleet import resolve_store_url
-from pyrula.config.parse import redact_url
+from pyrula.config.store_url import shown_url
 
 LOG_FORMAT = click.option(
     "--log-format", type=click.Choice(["text", "json"]), default="text",
@@ -69,13 +70,12 @@ def _worker_command(dev: bool) -> Any:
         before = _tree_files(os.getcwd()) if dev else {}
         try:
             chosen = load_workflows(apps, workflows)
-        except click.ClickException as exc:
-            if not dev:
+        except AppError as exc:
+            if not dev or not exc.frames:  # not the code: the flags name the wrong thing
                 raise
             # A code change broke the import: say so, and restart on the next change
             # instead of leaving the developer without a worker.
-            click.echo(f"{exc.format_message()}\nwaiting for a change to the code...",
-                       err=True)
+            click.echo(f"{exc.render()}\nwaiting for a change to the code...", err=True)
             _wait_for_any_change(before)
             _restart()
         overrides: dict[str, Any] = {}
@@ -87,7 +87,8 @@ def _worker_command(dev: bool) -> Any:
                                 workflows=chosen, options=opts, cloud=cloud)
         archived = (f" (archived to {worker.store.archive.where()})"
                     if isinstance(worker.store, ArchivingStore) else "")
-        where = redact_url(resolve_store_url(store))
+        where = shown_url(resolve_store_url(store))
+        worker.store_shown = where
         logs.announce(f"pyrula worker {worker.worker_id} on {where}{archived} serving "
                       f"{', '.join(worker.workflow_names)}", "worker_banner",
                       worker_id=worker.worker_id, store=where)
@@ -297,13 +298,13 @@ def db_check(store: str | None, namespace: str | None, postgres_dsn: str | None,
     from pyrula.errors import ArchiveSchemaMismatch, StoreUnavailable
 
     archive = _archive(postgres_dsn, schema)
-    live = open_store(store, namespace, archive=False)
+    live = existing_store(store, namespace, archive=False)
     failed = False
     try:
         live.ping()
         click.echo(f"store ok: {live!r}")
     except StoreUnavailable as exc:
-        click.echo(f"store unreachable: {exc}", err=True)
+        click.echo(f"error: store unreachable: {exc}", err=True)
         failed = True
     finally:
         live.close()
@@ -311,33 +312,14 @@ def db_check(store: str | None, namespace: str | None, postgres_dsn: str | None,
         status = _on_archive(archive, lambda a: a.check())
         click.echo(f"archive ok: {archive.where()} {status}")
     except ArchiveSchemaMismatch as exc:
-        click.echo(f"archive schema mismatch: {exc}", err=True)
+        click.echo(f"error: archive schema mismatch: {exc}", err=True)
         failed = True
     except StoreUnavailable as exc:
-        click.echo(f"archive unreachable: {exc}", err=True)
+        click.echo(f"error: archive unreachable: {exc}", err=True)
         failed = True
     if failed:
         sys.exit(1)
 
 
 def main() -> None:
-    from pyrula.errors import ConfigurationError, PayloadTooLarge, PyrulaError
-
-    try:
-        run_group(cli)
-    except ConfigurationError as exc:
-        # The same words and exit code as a ConfigurationError raised by worker.run().
-        click.echo(f"configuration error: {exc}", err=True)
-        sys.exit(CONFIGURATION_ERROR_EXIT)
-    except PayloadTooLarge as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(CONFIGURATION_ERROR_EXIT)
-    except PyrulaError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except ValueError as exc:
-        # What the client refuses in its arguments (a signal name, params that are not
-        # JSON): the user's mistake, so one line and the usage error's exit code.
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(CONFIGURATION_ERROR_EXIT)
-
+    run_group(cli)

@@ -17,9 +17,15 @@ from typing import Any
 
 import click
 
-from pyrula.cli.common import NAMESPACE, STORE, InputError, json_argument, open_store
+from pyrula.cli.common import (
+    NAMESPACE,
+    STORE,
+    InputError,
+    Refusal,
+    existing_store,
+    json_argument,
+)
 from pyrula.cli.timeline import describe, iso, timeline
-from pyrula.config.fleet import resolve_store_url
 from pyrula.timestamps import iso_utc_or_none, readable_event
 
 logger = logging.getLogger(__name__)
@@ -27,16 +33,14 @@ logger = logging.getLogger(__name__)
 JSON = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 
 
-class RunRefusal(click.ClickException):
+class RunRefusal(Refusal):
     """The run asked about failed, is missing, or has not ended: one line, exit 1."""
-
-    exit_code = 1
 
 
 def client(store: str | None, namespace: str | None) -> Any:
     from pyrula.workflows import SyncWorkflowClient
 
-    return SyncWorkflowClient(open_store(store, namespace))
+    return SyncWorkflowClient(existing_store(store, namespace))
 
 
 def print_json(value: Any) -> None:
@@ -116,9 +120,6 @@ def submit_run(workflow: str, params: str, owner: str | None, idempotency_key: s
                store: str | None, namespace: str | None) -> None:
     """Submit and print ``{"name", "run_id"}``; warn on stderr if no live worker serves
     the workflow yet (the run waits for one)."""
-    if resolve_store_url(store).startswith("memory:"):
-        raise InputError("--store memory:// is private to this process: no worker could "
-                         "ever claim the run; name a SQLite file or a Valkey server")
     value = json_argument("PARAMS", params)
     runs = client(store, namespace)
     handle = runs.submit(workflow, value, owner=owner, idempotency_key=idempotency_key)
@@ -170,8 +171,9 @@ def cancel_run(run_id: str, store: str | None, namespace: str | None) -> bool:
 def list_lines(name: str | None, status: str | None, owner: str | None, limit: int,
                store: str | None, namespace: str | None) -> None:
     """The bare ``pyrula runs`` listing, one line a run as it has always been printed."""
+    wanted = run_status(status)
     for info in client(store, namespace).list_runs(
-        name=name, status=run_status(status), owner=owner, limit=limit
+        name=name, status=wanted, owner=owner, limit=limit
     ):
         click.echo(f"{info.run_id}  {info.name:<24} {info.status.value:<9} "
                    f"attempt={info.attempt} owner={info.owner or '-'}")
@@ -203,8 +205,9 @@ def runs(ctx: click.Context, name: str | None, status: str | None, owner: str | 
 def list_command(workflow: str | None, status: str | None, owner: str | None, limit: int,
                  as_json: bool, store: str | None, namespace: str | None) -> None:
     """List runs, newest first (paged through the store by keyset)."""
+    wanted = run_status(status)  # a mistake in the arguments is said before the store
     rows = list(client(store, namespace).list_runs(
-        name=workflow, status=run_status(status), owner=owner, limit=limit
+        name=workflow, status=wanted, owner=owner, limit=limit
     ))
     if as_json:
         print_json([info_dict(info) for info in rows])

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from pyrula.cli.common import NAMESPACE, STORE, InputError, json_argument, open_store
+from pyrula.cli.common import NAMESPACE, STORE, InputError, existing_store, json_argument
 from pyrula.cli.runs import warn_if_unknown
 from pyrula.errors import ScheduleNotFound
 from pyrula.timestamps import iso_of_datetime
@@ -244,7 +244,7 @@ def run_now(schedule_id: str, as_json: bool, store: str | None,
 
 @contextmanager
 def _store(url: str | None, namespace: str | None) -> Iterator[Any]:
-    opened = open_store(url, namespace)
+    opened = existing_store(url, namespace)
     try:
         yield opened
     finally:

@@ -104,27 +104,31 @@ class FleetOptions:
         return options
 
 
-def resolve_health_port(flag: Any) -> int:
-    """``--health-port``, else ``$PORT`` (as Procfile platforms set it), else 8081."""
+def resolve_health_port(flag: Any, flag_name: str = "--health-port") -> int:
+    """``--health-port``, else ``$PORT`` (as Procfile platforms set it), else 8081.
+    ``flag_name`` is how a refusal names the flag's value (its variable, if it came from
+    one)."""
     raw = flag if flag is not None else env_value("PORT")
     if raw is None:
         return DEFAULT_HEALTH_PORT
-    port = parse_int("--health-port", raw, minimum=0)
+    name = flag_name if flag is not None else "PORT"
+    port = parse_int(name, raw, minimum=0)
     if port > 65535:
-        raise ConfigurationError(f"--health-port must be a TCP port 0..65535, got {raw!r}")
+        raise ConfigurationError(f"{name} must be a TCP port 0..65535, got {raw!r}")
     return port
 
 
-def resolve_children(flag: Any) -> int:
+def resolve_children(flag: Any, flag_name: str = "-n") -> int:
     """``-n``, else ``WEB_CONCURRENCY``, else 2."""
     raw = flag if flag is not None else env_value("WEB_CONCURRENCY")
     if raw is None:
         return FleetOptions.children
-    return parse_int("-n", raw, minimum=1)
+    return parse_int(flag_name if flag is not None else "WEB_CONCURRENCY", raw, minimum=1)
 
 
 def resolve_bounds(
-    children: Any, low: Any, high: Any, up_after: Any, down_after: Any
+    children: Any, low: Any, high: Any, up_after: Any, down_after: Any,
+    children_name: str = "-n",
 ) -> dict[str, Any]:
     """The sizing options of ``pyrula-fleet start``: ``children``, and with elastic sizing
     (``--min`` and ``--max``) the bounds and thresholds. The start size is ``-n`` if given,
@@ -136,8 +140,8 @@ def resolve_bounds(
         for name, raw in (("--scale-up-after", up_after), ("--scale-down-after", down_after)):
             if raw not in (None, ""):
                 raise ConfigurationError(f"{name} needs --min and --max (elastic sizing)")
-        return {"children": resolve_children(children)}
-    start = low if children in (None, "") or low is None else parse_int("-n", children,
+        return {"children": resolve_children(children, children_name)}
+    start = low if children in (None, "") or low is None else parse_int(children_name, children,
                                                                          minimum=1)
     return {
         "children": start if start is not None else FleetOptions.children,

@@ -53,6 +53,9 @@ class WorkerOptions:
     poison_counts_loop_blocked: bool = True
     project: str | None = None
     environment: str | None = None
+    #: How long a starting worker waits for a store that does not answer, then fails
+    #: (seconds; None: as long as it takes, as a running worker does).
+    store_wait: float | None = None
 
     def __post_init__(self) -> None:
         for name in _fields():
@@ -158,8 +161,9 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "poison_counts_loop_blocked": parse_bool,
     "project": _text,
     "environment": _text,
+    "store_wait": _seconds(strict=False),
 }
-_OPTIONAL = {"health_port", "project", "environment"}
+_OPTIONAL = {"health_port", "project", "environment", "store_wait"}
 
 #: Environment variables per option, the first set one wins. The dedicated names
 #: (``PYRULA_WORKER_HEALTH_PORT``...) come before the generic ``PYRULA_<OPTION>``.

@@ -10,6 +10,7 @@ as fresh interpreters instead.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
@@ -22,7 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pyrula.supervisor import trampoline
-from pyrula.wire import PRELOAD_ENV, Heartbeat, WorkerState
+from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV, Heartbeat, WorkerState
 
 PRELOAD_MODULE = "pyrula.supervisor.preload"
 
@@ -100,8 +101,10 @@ class Child:
 class Spawner:
     """Starts children from the fork server (or as fresh interpreters without fork)."""
 
-    def __init__(self, preload: list[str]) -> None:
+    def __init__(self, preload: list[str], check: dict[str, Any] | None = None) -> None:
         self.preload = preload
+        #: What the fork server checks after its preload (``PRELOAD_CHECK_ENV``).
+        self.check = check
         self._retired: list[int] = []  # fork servers replaced by reload(), not yet reaped
         #: The fork server children are forked by now (counts reloads).
         self.server = 0
@@ -115,7 +118,27 @@ class Spawner:
         that fails to import), not by name."""
         if self.method == "forkserver":
             os.environ[PRELOAD_ENV] = ",".join(self.preload)
+            if self.check is not None:
+                os.environ[PRELOAD_CHECK_ENV] = json.dumps(self.check)
             self._ctx.set_forkserver_preload([PRELOAD_MODULE])
+
+    def checked(self, poll: float = 0.01) -> dict[str, Any] | None:
+        """Wait for the fork server's app check (started by ``warm``) and return its
+        report: ``{"ok": true}``, or ``{"ok": false, "message", "frames"}`` when the app
+        cannot load. None where there is no fork server, or no check was asked for."""
+        if self.method != "forkserver" or self.check is None:
+            return None
+        report = str(self.check["report"])
+        server: Any = multiprocessing.forkserver._forkserver  # private state, stable since 3.4
+        while not os.path.exists(report):
+            pid = server._forkserver_pid
+            if pid is None or os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return {"ok": False, "message": "the fork server exited while it loaded the "
+                        "app", "frames": ""}
+            time.sleep(poll)
+        with open(report) as source:
+            outcome: dict[str, Any] = json.load(source)
+        return outcome
 
     def warm(self) -> None:
         """Start the fork server now (it imports the app), before the supervisor opens

@@ -31,6 +31,8 @@ def probe_routes(supervisor: Supervisor) -> dict[str, Handler]:
         if supervisor.draining:
             return 503, {"status": Readiness.DRAINING}
         ready = supervisor.ready_children()
+        if ready == 0 and supervisor.store_waiting:
+            return 503, {"status": Readiness.STORE_UNREACHABLE, "ready_children": 0}
         if ready == 0:
             return 503, {"status": Readiness.STARTING, "ready_children": 0}
         serving = supervisor.serving_children()

@@ -12,8 +12,12 @@ Imports: multiprocessing's fork server imports its preload modules by name and s
 only an ``ImportError``; anything else an app raises at import (a bad setting, a
 ``RuntimeError`` of its own) would kill it, and every spawn after it would fail. So the fork
 server preloads this module instead, which imports the modules named in ``PRELOAD_ENV`` and
-lets their errors go: each child imports the app again, fails the same way and reports it
-as a boot failure, and the crash-loop rule stops the fleet with that error.
+lets their errors go. Then it loads the app exactly as a child will (``pyrula.apps.load``:
+``--app`` modules, ``--workflow`` targets) and writes what came of it to the report file
+``PRELOAD_CHECK_ENV`` names: the supervisor reads it before it forks the first child, so an
+app that cannot load is refused once, with the app's own frames, instead of by every child
+in a crash loop. (After a reload the report is not read: a new fork server's children
+report a failure as boot failures, and the crash-loop rule stops the fleet.)
 
 Imported only in the fork server (never by the supervisor, which must not import the app).
 """
@@ -21,10 +25,23 @@ Imported only in the fork server (never by the supervisor, which must not import
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
+import sys
+from typing import Any
 
-from pyrula.wire import PRELOAD_ENV
+from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV
+
+
+def _one_line(kind: type[BaseException], exc: BaseException, tb: object) -> None:
+    """The fork server dies of what it cannot do (a fork the host refuses: EAGAIN under
+    RLIMIT_NPROC, ENOMEM): one line, not multiprocessing's traceback; the supervisor, whose
+    next spawn fails, kills the children and says what happened."""
+    sys.stderr.write(f"fork_server_exited: {kind.__name__}: {exc}\n")
+
+
+sys.excepthook = _one_line
 
 for _signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
     signal.signal(_signum, signal.SIG_IGN)
@@ -34,3 +51,32 @@ for _name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
         importlib.import_module(_name)
     except BaseException:  # reported by each child, which imports it again
         pass
+
+
+def _check(spec: dict[str, Any]) -> dict[str, object]:
+    """Load the app as a child would; what came of it, for the report."""
+    from pyrula.apps import AppError, importable_from, load
+
+    importable_from(str(spec.get("cwd") or os.getcwd()))
+    try:
+        load(list(spec.get("apps") or []), list(spec.get("workflows") or []))
+    except AppError as exc:
+        return {"ok": False, "message": str(exc), "frames": exc.frames}
+    except BaseException as exc:  # a child would fail the same way: report it as the app's
+        return {"ok": False, "message": f"{type(exc).__name__}: {exc}", "frames": ""}
+    return {"ok": True}
+
+
+def _report(path: str, outcome: dict[str, object]) -> None:
+    """Write ``outcome`` to ``path`` whole (through a rename: the supervisor polls it)."""
+    try:
+        with open(path + ".tmp", "w") as out:
+            json.dump(outcome, out)
+        os.replace(path + ".tmp", path)
+    except OSError:  # the supervisor is gone, or this is a reload nobody waits for
+        pass
+
+
+if os.environ.get(PRELOAD_CHECK_ENV):
+    _spec = json.loads(os.environ[PRELOAD_CHECK_ENV])
+    _report(str(_spec["report"]), _check(_spec))

@@ -24,9 +24,11 @@ from typing import Any
 import psutil
 
 from pyrula.config.fleet import FleetOptions
-from pyrula.config.parse import redact_url
+from pyrula.config.store_url import shown_url
 from pyrula.config.worker import WorkerOptions
+from pyrula.errors import PyrulaError
 from pyrula.logs import FLEET_LOGGER
+from pyrula.store_wait import until_reachable
 from pyrula.supervisor import upgrades
 from pyrula.supervisor.autoscale import Autoscaler, policy_of
 from pyrula.supervisor.boot import BootReport
@@ -44,6 +46,11 @@ from pyrula.wire import EXIT_BOOT_FAILURE, WorkerState, decode, parse_heartbeat
 logger = logging.getLogger(FLEET_LOGGER)
 
 TICK = 0.1
+
+
+class ForkFailed(PyrulaError):
+    """The host refused to start a child process; the fleet has killed the ones it had."""
+
 #: Signals and the command each one records (the handler does nothing else).
 SIGNAL_COMMANDS = {
     signal.SIGTERM: "stop",
@@ -79,6 +86,10 @@ class Supervisor:
         worker_options = WorkerOptions(**options.child_worker_options).resolve()
         self.recovery = Recovery(store, worker_options.poison_max_retries,
                                  worker_options.poison_retry_ttl_s)
+        #: ``--store-wait``: how long to wait at start for a store that does not answer.
+        self.store_wait = worker_options.store_wait
+        #: Starting, and the store has not answered yet (/readyz: ``store_unreachable``).
+        self.store_waiting = False
         self.policy = RestartPolicy(options.max_boot_failures)
         self.boots = BootReport()
         self.fleet_metrics = FleetMetrics(store)
@@ -122,6 +133,8 @@ class Supervisor:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        if not await self._wait_for_store(loop):
+            return 0
         for signum, command in SIGNAL_COMMANDS.items():
             loop.add_signal_handler(signum, self._commands.put_nowait, (command, signum))
         for index in range(self.desired):
@@ -129,7 +142,7 @@ class Supervisor:
             self._spawn(self.slots[index])
         # Spawned, not ready: ``fleet_ready`` follows once they all are, or boot failures.
         logger.info("fleet_started: %d children spawned (%s), store %s; not ready yet",
-                    self.desired, self.spawner.method, redact_url(self.options.store_url),
+                    self.desired, self.spawner.method, shown_url(self.options.store_url),
                     extra={"event": "fleet_started", "children": self.desired})
         sizing = (None if self.autoscaler is None
                   else loop.create_task(self.autoscaler.run(), name="elastic-sizing"))
@@ -149,6 +162,24 @@ class Supervisor:
                 await asyncio.gather(sizing, return_exceptions=True)
             await self._finish_recoveries()
         return self.exit_code
+
+    async def _wait_for_store(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Before the first fork: wait for the store to answer (``pyrula.store_wait``), as
+        the fleet tolerates its outage once running. False if TERM/INT came meanwhile
+        (nothing was started, so nothing drains); StoreUnavailable past ``--store-wait``."""
+        stop = asyncio.Event()
+        for signum in FORCED_EXIT:
+            loop.add_signal_handler(signum, stop.set)
+        self.store_waiting = True
+        try:
+            return await until_reachable(
+                self.store.aping, where=shown_url(self.options.store_url),
+                bound=self.store_wait, stopping=stop, log={},
+            )
+        finally:
+            self.store_waiting = False
+            for signum in FORCED_EXIT:
+                loop.remove_signal_handler(signum)
 
     @property
     def quitting(self) -> bool:
@@ -174,7 +205,18 @@ class Supervisor:
             await asyncio.gather(*pending, return_exceptions=True)
 
     def _spawn(self, slot: Slot, *, incoming: bool = False) -> Child:
-        child = self.spawner.spawn(slot.index, self.child_config(slot.index))
+        try:
+            child = self.spawner.spawn(slot.index, self.child_config(slot.index))
+        except (OSError, EOFError) as exc:
+            # The host refused a process (RLIMIT_NPROC, memory) and the fork server died
+            # of it (EOF): no later spawn can succeed, and a fleet short of children it
+            # cannot replace is worse than none. Kill what was forked and stop, in one line.
+            forked = self._kill_and_wait("the host refused a new child")
+            raise ForkFailed(
+                f"cannot start child {slot.index + 1} of the fleet: {exc or type(exc).__name__}"
+                f"; killed the {forked} children started so far (is -n above the host's "
+                "process limit, ulimit -u, or its memory?)"
+            ) from None
         child.generation = self.generation
         if self.options.max_runs_per_child:
             # Jitter, so children started together are not recycled together.
@@ -399,6 +441,15 @@ class Supervisor:
 
     # --- the tick ---------------------------------------------------------------
 
+    def _kill_and_wait(self, reason: str) -> int:
+        """SIGKILL every child and wait for each (they may not have set their SIGTERM
+        handler yet: the fork server's SIG_IGN is what they start with). Returns how many."""
+        children = self._children()
+        self._kill_all(reason)
+        for child in children:
+            child.process.join(5.0)
+        return len(children)
+
     def _children(self) -> list[Child]:
         found = [c for s in self.slots.values() for c in (s.child, s.incoming) if c is not None]
         return found + [c for c in self._leaving if c not in found]
@@ -521,11 +572,14 @@ class Supervisor:
 
     def status(self) -> dict[str, Any]:
         o = self.options
-        return upgrades.status(self, fleet_status(
+        body = upgrades.status(self, fleet_status(
             (SlotView(i, s.child, s.restarts) for i, s in self.slots.items()),
             self.desired, self.draining,
             bounds=(o.min_children, o.max_children) if self.autoscaler is not None else None,
         ))
+        # Which store: a SQLite file by its absolute path, a Valkey URL redacted.
+        body["store"] = shown_url(o.store_url)
+        return body
 
     async def metrics(self) -> dict[str, Any]:
         """The fleet's metrics families (``FleetMetrics.families``), with the queues of the

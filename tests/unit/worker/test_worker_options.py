@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "project": None,
     "environment": None,
     "journal_cache_verify": False,
+    "store_wait": None,
 }
 
 #: For each option: a value for ``PYRULA_<OPTION>`` unlike the default, and what it means.
@@ -83,6 +84,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "project": ("shop", "shop"),
     "environment": ("staging", "staging"),
     "journal_cache_verify": ("1", True),
+    "store_wait": ("7.5", 7.5),
 }
 
 

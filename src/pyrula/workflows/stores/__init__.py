@@ -6,13 +6,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pyrula.config.parse import redact_url
+from pyrula.config.store_url import SCHEMES, VALKEY_SCHEMES, check_url, shown_url, sqlite_file
 from pyrula.workflows.errors import ConfigurationError
 from pyrula.workflows.stores.base import Store
-
-#: The URL schemes of the Valkey store (TLS: ``rediss``, ``valkeys``).
-VALKEY_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
-SCHEMES = ("memory", "sqlite", *VALKEY_SCHEMES)
-
 
 #: The module of each scheme's backend (imported by ``store_from_url`` on first use).
 BACKEND_MODULES = {
@@ -35,11 +31,7 @@ def store_from_url(url: str, **options: Any) -> Store:
 
     Raises ConfigurationError for any other scheme.
     """
-    if not isinstance(url, str) or "://" not in url:
-        raise ConfigurationError(
-            f"store URL {redact_url(url)!r} has no scheme; use one of: "
-            + ", ".join(f"{s}://" for s in SCHEMES)
-        )
+    check_url(url, directory=False)  # a missing directory is refused when the file opens
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
         from pyrula.workflows.stores.memory import MemoryStore
@@ -59,4 +51,5 @@ def store_from_url(url: str, **options: Any) -> Store:
     )
 
 
-__all__ = ["SCHEMES", "VALKEY_SCHEMES", "Store", "store_from_url"]
+__all__ = ["SCHEMES", "VALKEY_SCHEMES", "Store", "check_url", "shown_url", "sqlite_file",
+           "store_from_url"]

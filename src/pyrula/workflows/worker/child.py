@@ -58,13 +58,15 @@ def _boot_failed(conn: Connection, message: str, detail: str = "") -> None:
 
 
 def _app_traceback(exc: BaseException) -> str:
-    """The traceback of an error raised while booting, without the import machinery's
-    frames, its innermost frames kept: the app's own line is what the reader needs."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
-              if not frame.filename.startswith("<frozen importlib")
-              and not frame.filename.endswith(os.path.join("importlib", "__init__.py"))]
-    lines = ["Traceback (most recent call last):\n",
-             *traceback.format_list(frames[-BOOT_TRACEBACK_FRAMES:]),
+    """The app's own frames of an error raised while booting (``pyrula.apps.app_frames``:
+    none of pyrula's, none of the import machinery's), its innermost kept, then the
+    exception; empty when no app code was involved (the store refused the child)."""
+    from pyrula.apps import app_frames
+
+    frames = app_frames(exc.__traceback__)
+    if not frames:
+        return ""
+    lines = [*traceback.format_list(frames[-BOOT_TRACEBACK_FRAMES:]),
              *traceback.format_exception_only(exc)]
     return "".join(lines).rstrip("\n")
 
@@ -86,6 +88,7 @@ def main(config: dict[str, Any], conn: Connection) -> None:
     if config.get("cwd") and config["cwd"] not in sys.path:
         sys.path.insert(0, config["cwd"])
     try:
+        from pyrula.config.store_url import shown_url
         from pyrula.config.worker import WorkerOptions
         from pyrula.workflows.stores import store_from_url
         from pyrula.workflows.stores.archive import archived_if_configured
@@ -111,6 +114,7 @@ def main(config: dict[str, Any], conn: Connection) -> None:
 
         worker = WorkflowWorker(store=backend, workflows=chosen, options=options,
                                 on_claimed=report_claim, on_user_code=report_user_code)
+        worker.store_shown = shown_url(config["store_url"])
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
         _boot_failed(conn, f"{type(exc).__name__}: {exc}", _app_traceback(exc))
         return

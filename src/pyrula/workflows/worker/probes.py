@@ -125,7 +125,8 @@ class Probes:
         if not rt.binding_ok:
             return 503, {"status": "store_binding_mismatch", **body}
         if rt.state is WorkerState.STARTING:
-            return 503, {"status": "starting", **body}
+            return 503, {"status": "store_unreachable" if rt.store_waiting else "starting",
+                         **body}
         try:
             await asyncio.wait_for(self._w.store.aping(), PING_TIMEOUT_S)
         except Exception:  # any failure to answer in time means not ready

@@ -23,6 +23,8 @@ class Runtime:
 
     def __init__(self) -> None:
         self.state = WorkerState.STARTING
+        #: Starting, and the store has not answered yet (``store_wait``).
+        self.store_waiting = False
         self.stop_requested = False
         #: False while the store is bound to another project or environment.
         self.binding_ok = True

@@ -28,6 +28,7 @@ from pyrula.errors import ConfigurationError, WorkflowNotFound
 from pyrula.health_http import ProbeServer
 from pyrula.logs import WORKER_FIELDS
 from pyrula.metrics import Metrics
+from pyrula.store_wait import until_reachable
 from pyrula.wire import WorkerState
 from pyrula.workflows.build import serving_build
 from pyrula.workflows.client import WorkflowClient
@@ -119,6 +120,8 @@ class WorkflowWorker:
     ) -> None:
         self.options = o = (options if options is not None else WorkerOptions()).resolve()
         self.store: Store = store if store is not None else _default_store()
+        #: How logs and errors name the store (the CLI sets its URL; else its repr).
+        self.store_shown: str | None = None
         self._caps = capabilities_of(self.store)
         if clock is None:
             server = self._caps.server_clock
@@ -238,6 +241,11 @@ class WorkflowWorker:
         names exactly the runs in user code now). See ``worker.usercode``."""
         return self._user_code.snapshot(heartbeat=heartbeat)
 
+    @property
+    def store_waiting(self) -> bool:
+        """Whether the worker is starting and its store has not answered yet."""
+        return self._rt.store_waiting
+
     async def store_reachable(self) -> bool:
         """Whether the store answers now: a claim that completed within the last
         ``STORE_SEEN_S`` says so at no cost; otherwise a ``ping()`` within 2 s. (What a
@@ -268,8 +276,24 @@ class WorkflowWorker:
         rt = self._rt
         rt.start(loop)
         self._timers.start()
-        await self._prepare_store()
+        # The probes first: while the store does not answer, /readyz says so.
         probe = await self._start_probes()
+        rt.store_waiting = True
+        try:
+            ready = await until_reachable(
+                self._prepare_store, where=self.store_shown or repr(self.store),
+                bound=self.options.store_wait, stopping=rt.stopping, log=self._log,
+            )
+        except BaseException:  # the store refused the worker, or stayed away too long
+            ready = False
+            raise
+        finally:
+            rt.store_waiting = False
+            if not ready:  # nothing started but the probes: close them, serve nothing
+                await self._close_probes(probe)
+        if not ready:  # stopped while waiting for the store
+            rt.state = WorkerState.STOPPED
+            return
         self._pool = StepPool(worker_id=self.worker_id, on_saturated=lambda: self.metrics.inc(
             "pyrula.workflows.step_threads.saturated"))
         self._runner = self._attempt_runner(self._pool)
@@ -350,6 +374,11 @@ class WorkflowWorker:
             self.options.health_host, self.options.health_port
         )
         return probe
+
+    async def _close_probes(self, probe: ProbeServer | None) -> None:
+        if probe is not None:
+            await probe.close()
+            self.health_address = None
 
     def _start_loops(self) -> list[asyncio.Task[None]]:
         o, caps = self.options, self._caps

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar, Self
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pyrula.workflows.errors import ConfigurationError
 from pyrula.workflows.events import Event
@@ -84,12 +84,12 @@ class SQLiteStore(SyncAdmin):
     def from_url(cls, url: str, **options: Any) -> Self:
         """``sqlite:///relative.db``, ``sqlite:////absolute/path.db``; the query may set
         ``synchronous`` (``?synchronous=FULL``: commits survive a power loss too)."""
+        from pyrula.config.store_url import sqlite_file
+
         parts = urlsplit(url)
-        path = unquote(parts.netloc + parts.path)
-        if path.startswith("/") and not parts.netloc:
-            path = path[1:]  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
-        if not path:
-            raise ConfigurationError(f"store URL {url!r} names no SQLite file")
+        path = sqlite_file(url)
+        if path is None:
+            raise ConfigurationError(f"store URL {url!r} is not a SQLite URL")
         for key, values in parse_qs(parts.query, keep_blank_values=True).items():
             if key != "synchronous":
                 raise ConfigurationError(

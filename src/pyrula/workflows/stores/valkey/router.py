@@ -456,7 +456,10 @@ class Router:
                     self._mode.cluster = "cluster_enabled:1" in str(reply)
                     return
             await self._io.sleep(0.2 * (attempt + 1))
-        raise StoreUnavailable(f"Valkey at {self._seed} does not answer INFO: {last}")
+        # Chained to the last failure: whoever waits for the store can tell an outage from
+        # a refusal (a TLS certificate it cannot verify).
+        raise StoreUnavailable(f"Valkey at {self._seed} does not answer INFO: {last}") from (
+            last if isinstance(last, BaseException) else None)
 
     def _unavailable(self, where: Endpoint, exc: BaseException | None) -> StoreUnavailable:
         return StoreUnavailable(f"Valkey at {where}: {exc}")
