@@ -1,0 +1,145 @@
+"""A small pure model of what the public API promises about runs, for the generative tests.
+
+It knows four kinds of workflow (what each name does is drawn): ``echo`` returns its params
+at once, ``gate`` waits for one signal and returns its payload, ``nap`` sleeps its params'
+seconds on the test's clock, ``hold`` runs until the test releases it (a run that stays
+``running``, so it can be cancelled or cut off by a worker's stop). Given which names the
+live workers serve, ``settle`` moves every run as far as the system must move it by itself;
+``expected`` then says the status and result a quiescent store shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrula.workflows import RunStatus
+
+KINDS = ("echo", "gate", "nap", "hold")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What the workflow called ``name`` does; ``signal`` is the name a gate waits for."""
+
+    name: str
+    behaviour: str
+    signal: str = "go"
+
+
+@dataclass
+class ModelRun:
+    run_id: str
+    kind: Kind
+    params: Any
+    owner: str | None
+    idempotency_key: str | None
+    #: Whether an attempt has run the workflow's code (then a nap has its timer).
+    started: bool = False
+    #: The first payload sent under the gate's signal name, boxed (a payload may be None).
+    signal: tuple[Any] | None = None
+    wake_at: float | None = None
+    #: A due nap's timer was fired by a worker (it stays queued until one serves it).
+    woken: bool = False
+    released: bool = False
+    ended: RunStatus | None = None
+    #: How often a signal (of any name) was delivered to it.
+    signals: int = 0
+
+    @property
+    def result(self) -> Any:
+        behaviour = self.kind.behaviour
+        if behaviour == "echo":
+            return {"params": self.params}
+        if behaviour == "gate":
+            return {"signal": self.signal[0] if self.signal else None}
+        if behaviour == "nap":
+            return {"slept": self.params["seconds"]}
+        return {"released": self.params["key"]}
+
+
+@dataclass
+class Model:
+    """Runs by id, what idempotency keys map to, and the time on the test's clock."""
+
+    now: float
+    runs: dict[str, ModelRun] = field(default_factory=dict)
+    keys: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def known(self, name: str, idempotency_key: str | None) -> str | None:
+        """The run a submit with this key returns instead of a new one, if any."""
+        if idempotency_key is None:
+            return None
+        return self.keys.get((name, idempotency_key))
+
+    def submitted(self, run: ModelRun) -> None:
+        self.runs[run.run_id] = run
+        if run.idempotency_key is not None:
+            self.keys[(run.kind.name, run.idempotency_key)] = run.run_id
+
+    def signal(self, run_id: str, name: str, payload: Any) -> bool:
+        """Whether the store accepts the signal (it refuses one for an ended run)."""
+        run = self.runs[run_id]
+        if run.ended is not None:
+            return False
+        run.signals += 1
+        if run.kind.behaviour == "gate" and name == run.kind.signal and run.signal is None:
+            run.signal = (payload,)
+        return True
+
+    def cancel(self, run_id: str) -> bool:
+        """Whether the cancel found the run active. A running run ends once its worker hears."""
+        run = self.runs[run_id]
+        if run.ended is not None:
+            return False
+        run.ended = RunStatus.CANCELLED
+        return True
+
+    def release(self, key: str) -> None:
+        for run in self.runs.values():
+            if run.kind.behaviour == "hold" and run.params["key"] == key:
+                run.released = True
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def running_holds(self, served: Collection[str]) -> list[ModelRun]:
+        return [r for r in self.runs.values() if r.ended is None and r.kind.name in served
+                and r.kind.behaviour == "hold" and not r.released]
+
+    def settle(self, served: Collection[str], any_worker: bool) -> None:
+        """Move every run as the live workers (serving ``served``) must, until it stops."""
+        for run in self.runs.values():
+            if run.ended is not None:
+                continue
+            behaviour = run.kind.behaviour
+            if run.kind.name not in served:
+                if behaviour == "nap" and run.started and any_worker:
+                    assert run.wake_at is not None
+                    run.woken = run.woken or run.wake_at <= self.now
+                continue
+            if behaviour == "nap" and run.wake_at is None:
+                run.wake_at = self.now + run.params["seconds"]
+            run.started = True
+            if (behaviour == "echo" or (behaviour == "gate" and run.signal is not None)
+                    or (behaviour == "nap" and run.wake_at is not None
+                        and run.wake_at <= self.now)
+                    or (behaviour == "hold" and run.released)):
+                run.ended = RunStatus.COMPLETED
+
+    def expected(self, run: ModelRun, served: Collection[str]) -> RunStatus:
+        """The status a quiescent store shows for ``run`` (after ``settle``)."""
+        if run.ended is not None:
+            return run.ended
+        behaviour = run.kind.behaviour
+        served_now = run.kind.name in served
+        if behaviour == "hold":
+            return RunStatus.RUNNING if served_now else RunStatus.QUEUED
+        if not run.started:
+            return RunStatus.QUEUED
+        if behaviour == "gate":
+            return RunStatus.QUEUED if run.signal is not None else RunStatus.WAITING
+        if behaviour == "nap":
+            return RunStatus.QUEUED if run.woken else RunStatus.SLEEPING
+        raise AssertionError(f"an echo run cannot be left {run}")

@@ -1,0 +1,196 @@
+"""Submits, signals, cancels, releases, time passing and workers coming and going, in any
+order Hypothesis chooses, checked against a small model after every step, on every store.
+
+What is drawn: the workflow names, how many there are and what each does (``model.KINDS``),
+the signal a gate waits for, the shard count, owners, idempotency keys (from a small pool,
+so they repeat), params and signal payloads, which names each worker serves and in what
+order (at most two workers at a time), and the order of everything. After every step the
+system must come to rest where the model says: each run's status and result, its owner and
+params, no run held by two workers, a running run held by one, and each journal whole
+(seq 1..n, one ``run:submitted`` first, a terminal event last and once).
+
+Time passes only while no run is running: the test's clock jumps, and a lock held across a
+jump would look lapsed to the next worker that starts.
+
+``PYRULA_FUZZ_EXAMPLES`` and ``PYRULA_FUZZ_STEPS`` raise the counts (``make fuzz``); with
+``CI=true`` the examples are derandomized, so CI sees the same ones every time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from pyrula.errors import RunNotActive
+from pyrula.workflows import RunStatus
+from pyrula.workflows.events import BUILD_SIGNAL, INTERRUPT_SIGNAL
+from tests.generative.harness import Harness, check_journal
+from tests.generative.model import KINDS, Kind, Model, ModelRun
+from tests.generative.strategies import json_values, names, tokens
+
+EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "6"))
+STEPS = int(os.environ.get("PYRULA_FUZZ_STEPS", "12"))
+MAX_WORKERS = 2
+
+signal_names = tokens.filter(lambda s: s not in (INTERRUPT_SIGNAL, BUILD_SIGNAL))
+kinds_drawn = st.lists(names, min_size=1, max_size=4, unique=True).flatmap(
+    lambda ns: st.tuples(*[
+        st.builds(Kind, st.just(n), st.sampled_from(KINDS), signal_names) for n in ns
+    ])
+)
+
+
+class RunsMachine(RuleBasedStateMachine):
+    """The public API (client and workers) against ``Model``; ``new_store`` is bound by the
+    test to its backend's store factory."""
+
+    new_store: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.harness: Harness | None = None
+        self.model = Model(now=0.0)
+        self.keys: list[str] = []
+        self.holds = itertools.count()
+
+    @property
+    def h(self) -> Harness:
+        assert self.harness is not None
+        return self.harness
+
+    @initialize(kinds=kinds_drawn, shard_count=st.sampled_from([1, 2, 3, 64]),
+                keys=st.lists(tokens, min_size=1, max_size=3, unique=True))
+    def setup(self, kinds: tuple[Kind, ...], shard_count: int, keys: list[str]) -> None:
+        self.harness = Harness(type(self).new_store(shard_count=shard_count), kinds)
+        self.model = Model(now=self.h.clock.now())
+        self.keys = keys
+
+    def teardown(self) -> None:
+        if self.harness is not None:
+            self.harness.close()
+
+    # --- what a user does --------------------------------------------------------------
+
+    def _params(self, data: st.DataObject, kind: Kind) -> Any:
+        x = data.draw(json_values, label="x")
+        if kind.behaviour == "nap":
+            return {"seconds": data.draw(st.integers(1, 60), label="seconds"), "x": x}
+        if kind.behaviour == "hold":
+            return {"key": f"hold-{next(self.holds)}", "x": x}
+        return x
+
+    @rule(data=st.data())
+    def submit(self, data: st.DataObject) -> None:
+        kind = data.draw(st.sampled_from(sorted(self.h.kinds.values(), key=lambda k: k.name)))
+        params = self._params(data, kind)
+        owner = data.draw(st.none() | tokens, label="owner")
+        key = data.draw(st.none() | st.sampled_from(self.keys), label="idempotency_key")
+        handle = self.h.call(self.h.client.submit(kind.name, params, owner=owner,
+                                                  idempotency_key=key))
+        assert handle.name == kind.name
+        first = self.model.known(kind.name, key)
+        if first is not None:
+            assert handle.run_id == first, "a repeated idempotency key made a new run"
+            return
+        assert handle.run_id not in self.model.runs
+        self.model.submitted(ModelRun(handle.run_id, kind, params, owner, key))
+
+    def _pick(self, data: st.DataObject) -> ModelRun:
+        run_id = data.draw(st.sampled_from(sorted(self.model.runs)), label="run")
+        return self.model.runs[run_id]
+
+    @precondition(lambda self: self.model.runs)
+    @rule(data=st.data(), payload=json_values)
+    def signal(self, data: st.DataObject, payload: Any) -> None:
+        run = self._pick(data)
+        name = data.draw(st.sampled_from([run.kind.signal]) | signal_names, label="signal")
+        accepted = self.model.signal(run.run_id, name, payload)
+        try:
+            self.h.call(self.h.client.signal(run.run_id, name, payload))
+        except RunNotActive:
+            assert not accepted, f"a signal to active run {run.run_id} was refused"
+        else:
+            assert accepted, f"a signal to ended run {run.run_id} was accepted"
+
+    @precondition(lambda self: self.model.runs)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        run = self._pick(data)
+        active = self.model.cancel(run.run_id)
+        assert self.h.call(self.h.client.cancel(run.run_id)) is active
+
+    @precondition(lambda self: any(r.kind.behaviour == "hold" and not r.released
+                                   for r in self.model.runs.values()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        keys = sorted({r.params["key"] for r in self.model.runs.values()
+                       if r.kind.behaviour == "hold" and not r.released})
+        key = data.draw(st.sampled_from(keys), label="hold")
+        self.model.release(key)
+        self.h.release(key)
+
+    @precondition(lambda self: not self.model.running_holds(self.h.served))
+    @rule(seconds=st.integers(1, 60))
+    def time_passes(self, seconds: int) -> None:
+        self.model.advance(seconds)
+        self.h.clock.advance(seconds)
+
+    @precondition(lambda self: len(self.h.workers) < MAX_WORKERS)
+    @rule(data=st.data())
+    def start_worker(self, data: st.DataObject) -> None:
+        served = data.draw(st.lists(st.sampled_from(sorted(self.h.kinds)), min_size=1,
+                                    unique=True), label="serves")
+        self.h.start_worker(served)
+
+    @precondition(lambda self: self.h.workers)
+    @rule(data=st.data())
+    def stop_worker(self, data: st.DataObject) -> None:
+        live = data.draw(st.sampled_from(self.h.workers), label="worker")
+        self.h.stop_worker(live)
+
+    # --- what must hold ----------------------------------------------------------------
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        if self.harness is None:
+            return
+        infos = self.h.quiesce(self.model)
+        held = self.h.held()
+        for i, a in enumerate(held):
+            for b in held[i + 1:]:
+                assert not set(a) & set(b), f"runs held by two workers: {set(a) & set(b)}"
+        holders = {rid for one in held for rid in one}
+        journals = self.h.events(list(infos))
+        for run_id, info in infos.items():
+            run = self.model.runs[run_id]
+            assert (info.name, info.owner, info.params) == (run.kind.name, run.owner,
+                                                            run.params)
+            assert info.idempotency_key == run.idempotency_key
+            if info.status == RunStatus.RUNNING:
+                assert run_id in holders, f"running run {run_id} is held by no worker"
+            check_journal(run_id, journals[run_id], info.status)
+            types = [e["type"] for e in journals[run_id]]
+            assert types.count("signal:received") == run.signals, f"{run_id}: {types}"
+
+
+def test_runs_agree_with_the_model(new_store: Any) -> None:
+    class Machine(RunsMachine):
+        pass
+
+    Machine.new_store = staticmethod(new_store)
+    run_state_machine_as_test(Machine, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+        derandomize=os.environ.get("CI") == "true",
+    ))
