@@ -157,6 +157,11 @@ class Harness:
             return {run_id: list(await self.client.events(run_id)) for run_id in run_ids}
         return self.call(read())
 
+    def list_runs(self, **filters: Any) -> list[str]:
+        async def read() -> list[str]:
+            return [info.run_id async for info in self.client.list_runs(**filters)]
+        return self.call(read())
+
     def quiesce(self, model: Model) -> dict[str, RunInfo]:
         """Wait until the store shows every run as the model expects (within ``BOUND``);
         the infos read last. Fails naming each run that differs."""

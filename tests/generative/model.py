@@ -35,12 +35,14 @@ class ModelRun:
     params: Any
     owner: str | None
     idempotency_key: str | None
+    created_at: float
     #: Whether an attempt has run the workflow's code (then a nap has its timer).
     started: bool = False
     #: The first payload sent under the gate's signal name, boxed (a payload may be None).
     signal: tuple[Any] | None = None
     wake_at: float | None = None
-    #: A due nap's timer was fired by a worker (it stays queued until one serves it).
+    #: A nap's sleep is over: its timer fell due while a worker ran (which fires it, whatever
+    #: it serves), or ``client.wake`` woke it. It stays queued until a worker serves it.
     woken: bool = False
     released: bool = False
     ended: RunStatus | None = None
@@ -96,6 +98,14 @@ class Model:
         run.ended = RunStatus.CANCELLED
         return True
 
+    def wake(self, run_id: str, served: Collection[str]) -> bool:
+        """Whether ``client.wake`` finds the run sleeping (then its sleep is over)."""
+        run = self.runs[run_id]
+        if self.expected(run, served) is not RunStatus.SLEEPING:
+            return False
+        run.woken = True
+        return True
+
     def release(self, key: str) -> None:
         for run in self.runs.values():
             if run.kind.behaviour == "hold" and run.params["key"] == key:
@@ -123,8 +133,7 @@ class Model:
                 run.wake_at = self.now + run.params["seconds"]
             run.started = True
             if (behaviour == "echo" or (behaviour == "gate" and run.signal is not None)
-                    or (behaviour == "nap" and run.wake_at is not None
-                        and run.wake_at <= self.now)
+                    or (behaviour == "nap" and (run.woken or run.wake_at <= self.now))
                     or (behaviour == "hold" and run.released)):
                 run.ended = RunStatus.COMPLETED
 

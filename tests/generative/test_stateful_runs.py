@@ -22,6 +22,7 @@ import itertools
 import os
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -33,18 +34,20 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from pyrula.errors import RunNotActive
+from pyrula.errors import RunCancelled, RunNotActive
 from pyrula.workflows import RunStatus
-from pyrula.workflows.events import BUILD_SIGNAL, INTERRUPT_SIGNAL
 from tests.generative.harness import Harness, check_journal
 from tests.generative.model import KINDS, Kind, Model, ModelRun
-from tests.generative.strategies import json_values, names, tokens
+from tests.generative.strategies import json_values, names, signal_names, tokens
 
 EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "6"))
+
+#: The workers' own threads draw from ``random`` (jittered backoff, a Valkey claim's first
+#: shard) while Hypothesis draws the next step, which it would take for a strategy's use.
+pytestmark = pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 STEPS = int(os.environ.get("PYRULA_FUZZ_STEPS", "12"))
 MAX_WORKERS = 2
 
-signal_names = tokens.filter(lambda s: s not in (INTERRUPT_SIGNAL, BUILD_SIGNAL))
 kinds_drawn = st.lists(names, min_size=1, max_size=4, unique=True).flatmap(
     lambda ns: st.tuples(*[
         st.builds(Kind, st.just(n), st.sampled_from(KINDS), signal_names) for n in ns
@@ -105,7 +108,7 @@ class RunsMachine(RuleBasedStateMachine):
             assert handle.run_id == first, "a repeated idempotency key made a new run"
             return
         assert handle.run_id not in self.model.runs
-        self.model.submitted(ModelRun(handle.run_id, kind, params, owner, key))
+        self.model.submitted(ModelRun(handle.run_id, kind, params, owner, key, self.model.now))
 
     def _pick(self, data: st.DataObject) -> ModelRun:
         run_id = data.draw(st.sampled_from(sorted(self.model.runs)), label="run")
@@ -130,6 +133,32 @@ class RunsMachine(RuleBasedStateMachine):
         run = self._pick(data)
         active = self.model.cancel(run.run_id)
         assert self.h.call(self.h.client.cancel(run.run_id)) is active
+
+    @precondition(lambda self: self.model.runs)
+    @rule(data=st.data())
+    def wake(self, data: st.DataObject) -> None:
+        run = self._pick(data)
+        sleeping = self.model.wake(run.run_id, self.h.served)
+        assert self.h.call(self.h.client.wake(run.run_id)) is sleeping
+
+    @rule(data=st.data(), limit=st.none() | st.integers(1, 5), page_size=st.integers(1, 4))
+    def list_runs(self, data: st.DataObject, limit: int | None, page_size: int) -> None:
+        """Filters and pages agree with the model: newest first, ties (one instant on the
+        test's clock) broken by run id, however small the pages."""
+        runs = list(self.model.runs.values())
+        name = data.draw(st.none() | st.sampled_from(sorted(self.h.kinds)), label="name")
+        owners = sorted({r.owner for r in runs if r.owner is not None})
+        owner = data.draw(st.none() | st.sampled_from(owners) if owners else st.none(),
+                          label="owner")
+        status = data.draw(st.none() | st.sampled_from(list(RunStatus)), label="status")
+        served = self.h.served
+        wanted = sorted(
+            (r for r in runs if name in (None, r.kind.name) and owner in (None, r.owner)
+             and status in (None, self.model.expected(r, served))),
+            key=lambda r: (r.created_at, r.run_id), reverse=True)
+        listed = self.h.list_runs(name=name, owner=owner, status=status, limit=limit,
+                                  page_size=page_size)
+        assert listed == [r.run_id for r in wanted][:limit], (name, owner, status)
 
     @precondition(lambda self: any(r.kind.behaviour == "hold" and not r.released
                                    for r in self.model.runs.values()))
@@ -180,7 +209,15 @@ class RunsMachine(RuleBasedStateMachine):
             assert info.idempotency_key == run.idempotency_key
             if info.status == RunStatus.RUNNING:
                 assert run_id in holders, f"running run {run_id} is held by no worker"
-            check_journal(run_id, journals[run_id], info.status)
+            journal = journals[run_id]
+            check_journal(run_id, journal, info.status)
+            half = len(journal) // 2
+            assert self.h.call(self.h.client.events(run_id, half)) == journal[half:]
+            if info.status == RunStatus.COMPLETED:
+                assert self.h.call(self.h.client.result(run_id)) == run.result
+            elif info.status == RunStatus.CANCELLED:
+                with pytest.raises(RunCancelled):
+                    self.h.call(self.h.client.result(run_id))
             types = [e["type"] for e in journals[run_id]]
             assert types.count("signal:received") == run.signals, f"{run_id}: {types}"
 
