@@ -79,8 +79,12 @@ class Harness:
             return echo
         if kind.behaviour == "gate":
             async def gate(ctx: WorkflowContext, params: Any) -> Any:
-                return {"signal": await ctx.wait_for_signal(kind.signal)}
+                return {"signal": await ctx.wait_for_signal(kind.signal, kind.timeout)}
             return gate
+        if kind.behaviour == "ask":
+            async def ask(ctx: WorkflowContext, params: Any) -> Any:
+                return {"signal": await ctx.interrupt(params)}
+            return ask
         if kind.behaviour == "nap":
             async def nap(ctx: WorkflowContext, params: Any) -> Any:
                 await ctx.sleep(params["seconds"])

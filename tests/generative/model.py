@@ -1,9 +1,11 @@
 """A small pure model of what the public API promises about runs, for the generative tests.
 
-It knows four kinds of workflow (what each name does is drawn): ``echo`` returns its params
-at once, ``gate`` waits for one signal and returns its payload, ``nap`` sleeps its params'
-seconds on the test's clock, ``hold`` runs until the test releases it (a run that stays
-``running``, so it can be cancelled or cut off by a worker's stop). Given which names the
+It knows five kinds of workflow (what each name does is drawn): ``echo`` returns its params
+at once, ``gate`` waits for one signal (for up to its timeout, if it has one) and returns
+its payload (None when the wait timed out), ``ask`` is a gate on ``ctx.interrupt`` (its
+payload the run's params) that ``client.resume`` answers, ``nap`` sleeps its params' seconds on the
+test's clock, ``hold`` runs until the test releases it (a run that stays ``running``, so
+it can be cancelled or cut off by a worker's stop). Given which names the
 live workers serve, ``settle`` moves every run as far as the system must move it by itself;
 ``expected`` then says the status and result a quiescent store shows.
 """
@@ -15,17 +17,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyrula.workflows import RunStatus
+from pyrula.workflows.events import INTERRUPT_SIGNAL
 
-KINDS = ("echo", "gate", "nap", "hold")
+KINDS = ("echo", "gate", "ask", "nap", "hold")
 
 
 @dataclass(frozen=True)
 class Kind:
-    """What the workflow called ``name`` does; ``signal`` is the name a gate waits for."""
+    """What the workflow called ``name`` does; a gate waits for ``signal``, for at most
+    ``timeout`` seconds if it is not None."""
 
     name: str
     behaviour: str
     signal: str = "go"
+    timeout: int | None = None
+
+    @property
+    def awaits(self) -> str | None:
+        """The signal the run waits for, if it waits for one."""
+        if self.behaviour == "gate":
+            return self.signal
+        return INTERRUPT_SIGNAL if self.behaviour == "ask" else None
 
 
 @dataclass
@@ -38,23 +50,28 @@ class ModelRun:
     created_at: float
     #: Whether an attempt has run the workflow's code (then a nap has its timer).
     started: bool = False
-    #: The first payload sent under the gate's signal name, boxed (a payload may be None).
+    #: The first payload sent under the gate's signal name before its wait timed out,
+    #: boxed (a payload may be None).
     signal: tuple[Any] | None = None
+    #: When a nap's timer, or a gate's timeout, falls due.
     wake_at: float | None = None
+    #: A gate's timeout fired (a worker's timer loop saw it due) before any signal came.
+    fired: bool = False
     #: A nap's sleep is over: its timer fell due while a worker ran (which fires it, whatever
     #: it serves), or ``client.wake`` woke it. It stays queued until a worker serves it.
     woken: bool = False
     released: bool = False
     ended: RunStatus | None = None
-    #: How often a signal (of any name) was delivered to it.
+    #: How many signals (of any name; resumes apart) were delivered to it.
     signals: int = 0
+    resumes: int = 0
 
     @property
     def result(self) -> Any:
         behaviour = self.kind.behaviour
         if behaviour == "echo":
             return {"params": self.params}
-        if behaviour == "gate":
+        if behaviour in ("gate", "ask"):
             return {"signal": self.signal[0] if self.signal else None}
         if behaviour == "nap":
             return {"slept": self.params["seconds"]}
@@ -85,8 +102,11 @@ class Model:
         run = self.runs[run_id]
         if run.ended is not None:
             return False
-        run.signals += 1
-        if run.kind.behaviour == "gate" and name == run.kind.signal and run.signal is None:
+        if name == INTERRUPT_SIGNAL:
+            run.resumes += 1
+        else:
+            run.signals += 1
+        if name == run.kind.awaits and run.signal is None and not run.fired:
             run.signal = (payload,)
         return True
 
@@ -123,19 +143,29 @@ class Model:
         for run in self.runs.values():
             if run.ended is not None:
                 continue
-            behaviour = run.kind.behaviour
-            if run.kind.name not in served:
-                if behaviour == "nap" and run.started and any_worker:
-                    assert run.wake_at is not None
-                    run.woken = run.woken or run.wake_at <= self.now
-                continue
-            if behaviour == "nap" and run.wake_at is None:
-                run.wake_at = self.now + run.params["seconds"]
-            run.started = True
-            if (behaviour == "echo" or (behaviour == "gate" and run.signal is not None)
-                    or (behaviour == "nap" and (run.woken or run.wake_at <= self.now))
-                    or (behaviour == "hold" and run.released)):
+            serving = run.kind.name in served
+            if serving and not run.started:
+                run.started = True
+                seconds = (run.params["seconds"] if run.kind.behaviour == "nap"
+                           else run.kind.timeout if run.kind.behaviour == "gate" else None)
+                run.wake_at = None if seconds is None else self.now + seconds
+            # Any worker's timer loop fires a due timer, whatever names it serves.
+            due = (run.started and run.wake_at is not None and run.wake_at <= self.now
+                   and (serving or any_worker))
+            if due and run.kind.behaviour == "nap":
+                run.woken = True
+            if due and run.kind.behaviour == "gate" and run.signal is None:
+                run.fired = True
+            if serving and self._done(run):
                 run.ended = RunStatus.COMPLETED
+
+    @staticmethod
+    def _done(run: ModelRun) -> bool:
+        behaviour = run.kind.behaviour
+        return (behaviour == "echo"
+                or (behaviour in ("gate", "ask") and (run.signal or run.fired))
+                or (behaviour == "nap" and run.woken)
+                or (behaviour == "hold" and run.released))
 
     def expected(self, run: ModelRun, served: Collection[str]) -> RunStatus:
         """The status a quiescent store shows for ``run`` (after ``settle``)."""
@@ -147,8 +177,8 @@ class Model:
             return RunStatus.RUNNING if served_now else RunStatus.QUEUED
         if not run.started:
             return RunStatus.QUEUED
-        if behaviour == "gate":
-            return RunStatus.QUEUED if run.signal is not None else RunStatus.WAITING
+        if behaviour in ("gate", "ask"):
+            return RunStatus.QUEUED if run.signal or run.fired else RunStatus.WAITING
         if behaviour == "nap":
             return RunStatus.QUEUED if run.woken else RunStatus.SLEEPING
         raise AssertionError(f"an echo run cannot be left {run}")

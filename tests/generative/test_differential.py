@@ -1,5 +1,6 @@
-"""One program of submits, signals, cancels, releases and time passing, drawn by Hypothesis,
-run on every store in the same example: what a user can observe must be the same on each.
+"""One program of submits, signals, resumes, cancels, releases and time passing, drawn by
+Hypothesis, run on every store in the same example: what a user can observe must be the same
+on each.
 
 Per run (in the order the program submitted them): its status, its result and the types of
 its journal's events in order; ids, timestamps and worker ids are left out. The memory
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyrula.errors import RunNotActive
+from pyrula.workflows.events import INTERRUPT_SIGNAL
 from tests.generative.conftest import BACKENDS, StoreFactory, make_factory
 from tests.generative.harness import Harness
 from tests.generative.model import KINDS, Kind, Model, ModelRun
@@ -39,6 +41,7 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("submit"), which, json_values, st.integers(1, 60),
               st.none() | tokens, st.none() | st.integers(0, 2)),
     st.tuples(st.just("signal"), which, st.booleans(), json_values),
+    st.tuples(st.just("resume"), which, json_values),
     st.tuples(st.just("cancel"), which),
     st.tuples(st.just("release"), which),
     st.tuples(st.just("time"), st.integers(1, 60)),
@@ -59,8 +62,8 @@ class Program:
 @st.composite
 def programs(draw: st.DrawFn) -> Program:
     workflow_names = draw(st.lists(names, min_size=1, max_size=4, unique=True))
-    kinds = tuple(Kind(n, draw(st.sampled_from(KINDS)), draw(signal_names))
-                  for n in workflow_names)
+    kinds = tuple(Kind(n, draw(st.sampled_from(KINDS)), draw(signal_names),
+                       draw(st.none() | st.integers(1, 60))) for n in workflow_names)
     serves = draw(st.permutations(workflow_names).flatmap(
         lambda ns: st.integers(1, len(ns)).map(lambda k: tuple(ns[:k]))))
     ops = tuple(draw(operations))
@@ -122,6 +125,12 @@ def apply(harness: Harness, model: Model, program: Program, op: tuple[Any, ...],
         accepted = model.signal(run.run_id, name, op[3])
         try:
             harness.call(client.signal(run.run_id, name, op[3]))
+        except RunNotActive:
+            assert not accepted
+    elif op[0] == "resume":
+        accepted = model.signal(run.run_id, INTERRUPT_SIGNAL, op[2])
+        try:
+            harness.call(client.resume(run.run_id, op[2]))
         except RunNotActive:
             assert not accepted
     elif op[0] == "cancel":

@@ -36,6 +36,7 @@ from hypothesis.stateful import (
 
 from pyrula.errors import RunCancelled, RunNotActive
 from pyrula.workflows import RunStatus
+from pyrula.workflows.events import INTERRUPT_SIGNAL
 from tests.generative.harness import Harness, check_journal
 from tests.generative.model import KINDS, Kind, Model, ModelRun
 from tests.generative.strategies import json_values, names, signal_names, tokens
@@ -50,7 +51,8 @@ MAX_WORKERS = 2
 
 kinds_drawn = st.lists(names, min_size=1, max_size=4, unique=True).flatmap(
     lambda ns: st.tuples(*[
-        st.builds(Kind, st.just(n), st.sampled_from(KINDS), signal_names) for n in ns
+        st.builds(Kind, st.just(n), st.sampled_from(KINDS), signal_names,
+                  st.none() | st.integers(1, 60)) for n in ns
     ])
 )
 
@@ -111,7 +113,9 @@ class RunsMachine(RuleBasedStateMachine):
         self.model.submitted(ModelRun(handle.run_id, kind, params, owner, key, self.model.now))
 
     def _pick(self, data: st.DataObject) -> ModelRun:
-        run_id = data.draw(st.sampled_from(sorted(self.model.runs)), label="run")
+        # In the order of submission: run ids are random, so their order would make the
+        # same draws pick other runs when Hypothesis replays or shrinks an example.
+        run_id = data.draw(st.sampled_from(list(self.model.runs)), label="run")
         return self.model.runs[run_id]
 
     @precondition(lambda self: self.model.runs)
@@ -126,6 +130,18 @@ class RunsMachine(RuleBasedStateMachine):
             assert not accepted, f"a signal to active run {run.run_id} was refused"
         else:
             assert accepted, f"a signal to ended run {run.run_id} was accepted"
+
+    @precondition(lambda self: self.model.runs)
+    @rule(data=st.data(), value=json_values)
+    def resume(self, data: st.DataObject, value: Any) -> None:
+        run = self._pick(data)
+        accepted = self.model.signal(run.run_id, INTERRUPT_SIGNAL, value)
+        try:
+            self.h.call(self.h.client.resume(run.run_id, value))
+        except RunNotActive:
+            assert not accepted, f"a resume of active run {run.run_id} was refused"
+        else:
+            assert accepted, f"a resume of ended run {run.run_id} was accepted"
 
     @precondition(lambda self: self.model.runs)
     @rule(data=st.data())
@@ -220,6 +236,12 @@ class RunsMachine(RuleBasedStateMachine):
                     self.h.call(self.h.client.result(run_id))
             types = [e["type"] for e in journals[run_id]]
             assert types.count("signal:received") == run.signals, f"{run_id}: {types}"
+            assert types.count("interrupt:resumed") == run.resumes, f"{run_id}: {types}"
+            if info.status == RunStatus.WAITING:
+                assert info.waiting_for == (run.kind.awaits,), info
+                assert info.interrupt == (run.params if run.kind.behaviour == "ask" else None)
+            if info.status == RunStatus.SLEEPING:
+                assert info.wake_at == run.wake_at, (info, run)
 
 
 def test_runs_agree_with_the_model(new_store: Any) -> None:
