@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-pythons lint typecheck unit bench soak clean system-deps
+.PHONY: install run test test-pythons lint typecheck unit bench soak fuzz clean system-deps
 
 # The suite runs again on each newer Python, over the subset below: every process, signal,
 # engine, worker and store-contract test (docs/decisions.md, "Tests", says why this subset).
@@ -79,6 +79,14 @@ bench: install
 
 soak: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos tests/fleet
+
+# The generative tests with many more examples and steps (FUZZ_EXAMPLES, FUZZ_STEPS), and no
+# per-test timeout: a run that finds a failure also shrinks it.
+FUZZ_EXAMPLES ?= 200
+FUZZ_STEPS ?= 30
+fuzz: install
+	PYRULA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) PYRULA_FUZZ_STEPS=$(FUZZ_STEPS) \
+		$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider --timeout=0 tests/generative
 
 clean:
 	rm -rf $(VENV) $(addprefix .venv-,$(NEWER_PYTHONS)) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

@@ -42,6 +42,21 @@ class LiveWorker:
     worker: WorkflowWorker
     task: Future[None]
     names: tuple[str, ...]
+    #: The store object it was given: the harness's, or one of its own on the same store.
+    store: Any
+
+
+def other_store(store: Any) -> Any:
+    """Another store object on the same store (as another process opens it), where the
+    backend has one; the memory store is one object."""
+    from pyrula.workflows import SQLiteStore, ValkeyStore
+
+    if isinstance(store, ValkeyStore):
+        conn = store.connection
+        return ValkeyStore(url=conn.url, namespace=conn.namespace, shard_count=conn.shard_count)
+    if isinstance(store, SQLiteStore):
+        return SQLiteStore(store.path)
+    return store
 
 
 class Harness:
@@ -107,8 +122,11 @@ class Harness:
 
     # --- workers -----------------------------------------------------------------------
 
-    def start_worker(self, names: Sequence[str]) -> LiveWorker:
-        worker = WorkflowWorker(store=self.store, workflows=list(names), registry=self.registry,
+    def start_worker(self, names: Sequence[str], separate: bool = False) -> LiveWorker:
+        """A worker serving ``names`` (in that order), through a store object of its own if
+        ``separate``; returned once it serves."""
+        store = other_store(self.store) if separate else self.store
+        worker = WorkflowWorker(store=store, workflows=list(names), registry=self.registry,
                                 options=OPTIONS, cloud=False, clock=self.clock)
         task = asyncio.run_coroutine_threadsafe(worker.run(), self.loop)
         deadline = time.monotonic() + BOUND
@@ -118,7 +136,7 @@ class Harness:
             time.sleep(0.01)
         if task.done():
             task.result()
-        live = LiveWorker(worker, task, tuple(names))
+        live = LiveWorker(worker, task, tuple(names), store)
         self.workers.append(live)
         return live
 
@@ -128,6 +146,8 @@ class Harness:
         self.call(stop())
         live.task.result(30)
         self.workers.remove(live)
+        if live.store is not self.store:
+            self.call(live.store.aclose())
 
     @property
     def served(self) -> set[str]:

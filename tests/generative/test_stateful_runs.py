@@ -1,13 +1,18 @@
-"""Submits, signals, cancels, releases, time passing and workers coming and going, in any
-order Hypothesis chooses, checked against a small model after every step, on every store.
+"""Submits, signals, resumes, cancels, wakes, releases, listings, time passing and workers
+coming and going, in any order Hypothesis chooses, checked against a small model after
+every step, on every store.
 
 What is drawn: the workflow names, how many there are and what each does (``model.KINDS``),
-the signal a gate waits for, the shard count, owners, idempotency keys (from a small pool,
-so they repeat), params and signal payloads, which names each worker serves and in what
-order (at most two workers at a time), and the order of everything. After every step the
-system must come to rest where the model says: each run's status and result, its owner and
-params, no run held by two workers, a running run held by one, and each journal whole
-(seq 1..n, one ``run:submitted`` first, a terminal event last and once).
+the signal a gate waits for and its timeout, the shard count, owners, idempotency keys
+(from a small pool, so they repeat), params, payloads and resume values, which names each
+worker serves and in what order (at most two workers at a time, each through the test's
+store object or one of its own on the same store, as another process would open it), and
+the order of everything. After every step the system must come to rest where the model
+says: each run's status, result, owner and params, what a waiting run waits for and when a
+sleeping one wakes; no run held by two workers, a running run held by one; each journal
+whole (seq 1..n, one ``run:submitted`` first, a terminal event last and once, every signal
+and resume in it once) and read the same from an offset; listings filtered and paged as
+the model says.
 
 Time passes only while no run is running: the test's clock jumps, and a lock held across a
 jump would look lapsed to the next worker that starts.
@@ -41,12 +46,12 @@ from tests.generative.harness import Harness, check_journal
 from tests.generative.model import KINDS, Kind, Model, ModelRun
 from tests.generative.strategies import json_values, names, signal_names, tokens
 
-EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "6"))
-
 #: The workers' own threads draw from ``random`` (jittered backoff, a Valkey claim's first
 #: shard) while Hypothesis draws the next step, which it would take for a strategy's use.
 pytestmark = pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
-STEPS = int(os.environ.get("PYRULA_FUZZ_STEPS", "12"))
+
+EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "8"))
+STEPS = int(os.environ.get("PYRULA_FUZZ_STEPS", "15"))
 MAX_WORKERS = 2
 
 kinds_drawn = st.lists(names, min_size=1, max_size=4, unique=True).flatmap(
@@ -76,11 +81,17 @@ class RunsMachine(RuleBasedStateMachine):
         return self.harness
 
     @initialize(kinds=kinds_drawn, shard_count=st.sampled_from([1, 2, 3, 64]),
-                keys=st.lists(tokens, min_size=1, max_size=3, unique=True))
-    def setup(self, kinds: tuple[Kind, ...], shard_count: int, keys: list[str]) -> None:
+                keys=st.lists(tokens, min_size=1, max_size=3, unique=True), data=st.data())
+    def setup(self, kinds: tuple[Kind, ...], shard_count: int, keys: list[str],
+              data: st.DataObject) -> None:
+        """The store, and a first worker serving some names (or none) from the start."""
         self.harness = Harness(type(self).new_store(shard_count=shard_count), kinds)
         self.model = Model(now=self.h.clock.now())
         self.keys = keys
+        served = data.draw(st.lists(st.sampled_from(sorted(self.h.kinds)), unique=True),
+                           label="first worker serves")
+        if served:
+            self.h.start_worker(served)
 
     def teardown(self) -> None:
         if self.harness is not None:
@@ -96,8 +107,12 @@ class RunsMachine(RuleBasedStateMachine):
             return {"key": f"hold-{next(self.holds)}", "x": x}
         return x
 
-    @rule(data=st.data())
-    def submit(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def submit(self, data: st.DataObject, count: int) -> None:
+        for _ in range(count):
+            self._submit(data)
+
+    def _submit(self, data: st.DataObject) -> None:
         kind = data.draw(st.sampled_from(sorted(self.h.kinds.values(), key=lambda k: k.name)))
         params = self._params(data, kind)
         owner = data.draw(st.none() | tokens, label="owner")
@@ -119,29 +134,23 @@ class RunsMachine(RuleBasedStateMachine):
         return self.model.runs[run_id]
 
     @precondition(lambda self: self.model.runs)
-    @rule(data=st.data(), payload=json_values)
-    def signal(self, data: st.DataObject, payload: Any) -> None:
+    @rule(data=st.data(), payload=json_values, resume=st.booleans())
+    def signal(self, data: st.DataObject, payload: Any, resume: bool) -> None:
+        """A signal (the one its workflow waits for, or another) or a resume."""
         run = self._pick(data)
-        name = data.draw(st.sampled_from([run.kind.signal]) | signal_names, label="signal")
+        if resume:
+            name = INTERRUPT_SIGNAL
+            call = self.h.client.resume(run.run_id, payload)
+        else:
+            name = data.draw(st.sampled_from([run.kind.signal]) | signal_names, label="signal")
+            call = self.h.client.signal(run.run_id, name, payload)
         accepted = self.model.signal(run.run_id, name, payload)
         try:
-            self.h.call(self.h.client.signal(run.run_id, name, payload))
+            self.h.call(call)
         except RunNotActive:
-            assert not accepted, f"a signal to active run {run.run_id} was refused"
+            assert not accepted, f"{name!r} for active run {run.run_id} was refused"
         else:
-            assert accepted, f"a signal to ended run {run.run_id} was accepted"
-
-    @precondition(lambda self: self.model.runs)
-    @rule(data=st.data(), value=json_values)
-    def resume(self, data: st.DataObject, value: Any) -> None:
-        run = self._pick(data)
-        accepted = self.model.signal(run.run_id, INTERRUPT_SIGNAL, value)
-        try:
-            self.h.call(self.h.client.resume(run.run_id, value))
-        except RunNotActive:
-            assert not accepted, f"a resume of active run {run.run_id} was refused"
-        else:
-            assert accepted, f"a resume of ended run {run.run_id} was accepted"
+            assert accepted, f"{name!r} for ended run {run.run_id} was accepted"
 
     @precondition(lambda self: self.model.runs)
     @rule(data=st.data())
@@ -193,11 +202,11 @@ class RunsMachine(RuleBasedStateMachine):
         self.h.clock.advance(seconds)
 
     @precondition(lambda self: len(self.h.workers) < MAX_WORKERS)
-    @rule(data=st.data())
-    def start_worker(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), separate=st.booleans())
+    def start_worker(self, data: st.DataObject, separate: bool) -> None:
         served = data.draw(st.lists(st.sampled_from(sorted(self.h.kinds)), min_size=1,
                                     unique=True), label="serves")
-        self.h.start_worker(served)
+        self.h.start_worker(served, separate)
 
     @precondition(lambda self: self.h.workers)
     @rule(data=st.data())
