@@ -20,6 +20,7 @@ from pyrula.workflows import RunInfo, RunStatus, WorkflowClient, WorkflowContext
 from pyrula.workflows.clock import ManualClock
 from pyrula.workflows.definition import Registry, WorkflowSpec
 from pyrula.workflows.events import TERMINAL_EVENTS
+from tests.conftest import wait_until
 from tests.generative.model import Kind, Model
 from tests.unit.worker.worker_support import fast_options
 
@@ -74,6 +75,10 @@ class Harness:
         self.registry = self._registry()
         self.workers: list[LiveWorker] = []
         self._releases: dict[str, asyncio.Event] = {}
+        #: ``client.result`` calls left waiting, by run id, through a store object of their
+        #: own (a caller in another process learns of the end from the store).
+        self.waiters: dict[str, Future[Any]] = {}
+        self._reader: Any = None
 
     # --- plumbing ----------------------------------------------------------------------
 
@@ -129,11 +134,8 @@ class Harness:
         worker = WorkflowWorker(store=store, workflows=list(names), registry=self.registry,
                                 options=OPTIONS, cloud=False, clock=self.clock)
         task = asyncio.run_coroutine_threadsafe(worker.run(), self.loop)
-        deadline = time.monotonic() + BOUND
-        while worker.state == "starting" and not task.done():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"a worker serving {names} did not start in {BOUND} s")
-            time.sleep(0.01)
+        wait_until(lambda: worker.state != "starting" or task.done(), timeout=BOUND,
+                   interval=0.01, what=f"a worker serving {names} to start")
         if task.done():
             task.result()
         live = LiveWorker(worker, task, tuple(names), store)
@@ -159,12 +161,25 @@ class Harness:
             return [live.worker.held_runs() for live in self.workers]
         return self.call(read())
 
+    def wait_result(self, run_id: str) -> None:
+        """Leave a ``client.result(run_id)`` waiting (on a reader's store object)."""
+        if self._reader is None:
+            self._reader = other_store(self.store)
+        client = WorkflowClient(self._reader, clock=self.clock)
+        self.waiters.setdefault(
+            run_id, asyncio.run_coroutine_threadsafe(client.result(run_id), self.loop))
+
     def close(self) -> None:
         try:
             for live in list(self.workers):
                 self.stop_worker(live)
+            for waiter in self.waiters.values():
+                waiter.cancel()
+            if self._reader is not None and self._reader is not self.store:
+                self.call(self._reader.aclose())
             self.call(self.store.aclose())
         finally:
+            self.call(_cancel_the_rest())
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(30)
             self.loop.close()
@@ -209,6 +224,15 @@ class Harness:
                     + "; ".join(f"{rid} {kind} is {got}, expected {want}"
                                 for rid, kind, got, want in wrong))
             time.sleep(0.02)
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel the loop's other tasks and wait for them, as ``asyncio.run`` does at its end
+    (the waiters left on ``client.result``, a store's watch of run ends)."""
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 def check_journal(run_id: str, events: list[dict[str, Any]], status: RunStatus) -> None:

@@ -147,8 +147,8 @@ def factories(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[s
     out = {}
     for param in BACKENDS:
         backend = param if isinstance(param, str) else param.values[0]
-        factory, stores = make_factory(str(backend), request, tmp_path / str(backend))
         (tmp_path / str(backend)).mkdir()
+        factory, stores = make_factory(str(backend), request, tmp_path / str(backend))
         out[str(backend)] = factory
         made.append(stores)
     try:

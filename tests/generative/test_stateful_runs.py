@@ -42,7 +42,7 @@ from hypothesis.stateful import (
 from pyrula.errors import RunCancelled, RunNotActive
 from pyrula.workflows import RunStatus
 from pyrula.workflows.events import INTERRUPT_SIGNAL
-from tests.generative.harness import Harness, check_journal
+from tests.generative.harness import BOUND, Harness, check_journal
 from tests.generative.model import KINDS, Kind, Model, ModelRun
 from tests.generative.strategies import json_values, names, signal_names, tokens
 
@@ -161,6 +161,12 @@ class RunsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.model.runs)
     @rule(data=st.data())
+    def wait_for_result(self, data: st.DataObject) -> None:
+        """A caller waits on ``client.result``; it must return once the run ends, not before."""
+        self.h.wait_result(self._pick(data).run_id)
+
+    @precondition(lambda self: self.model.runs)
+    @rule(data=st.data())
     def wake(self, data: st.DataObject) -> None:
         run = self._pick(data)
         sleeping = self.model.wake(run.run_id, self.h.served)
@@ -216,11 +222,25 @@ class RunsMachine(RuleBasedStateMachine):
 
     # --- what must hold ----------------------------------------------------------------
 
+    def _check_waiters(self) -> None:
+        for run_id, waiter in self.h.waiters.items():
+            run = self.model.runs[run_id]
+            if run.ended is None:
+                assert not waiter.done(), f"result() of active run {run_id} returned: {waiter}"
+                continue
+            try:
+                got = waiter.result(BOUND)
+            except RunCancelled:
+                assert run.ended == RunStatus.CANCELLED, f"{run_id} ended {run.ended}"
+            else:
+                assert (run.ended, got) == (RunStatus.COMPLETED, run.result), run_id
+
     @invariant()
     def agrees_with_the_model(self) -> None:
         if self.harness is None:
             return
         infos = self.h.quiesce(self.model)
+        self._check_waiters()
         held = self.h.held()
         for i, a in enumerate(held):
             for b in held[i + 1:]:
