@@ -29,7 +29,7 @@ from tests.generative.harness import Harness
 from tests.generative.model import KINDS, Kind, Model, ModelRun
 from tests.generative.strategies import json_values, names, signal_names, tokens
 
-EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "8"))
 
 pytestmark = [pytest.mark.valkey, pytest.mark.cluster, pytest.mark.filterwarnings(
     "ignore:Do not use the `random` module inside strategies")]  # see test_stateful_runs

@@ -50,7 +50,7 @@ from tests.generative.strategies import json_values, names, signal_names, tokens
 #: shard) while Hypothesis draws the next step, which it would take for a strategy's use.
 pytestmark = pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 
-EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "8"))
+EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "10"))
 STEPS = int(os.environ.get("PYRULA_FUZZ_STEPS", "15"))
 MAX_WORKERS = 2
 
