@@ -5,8 +5,9 @@ on each.
 Per run (in the order the program submitted them): its status, its result and the types of
 its journal's events in order; ids, timestamps and worker ids are left out. The memory
 store is the oracle. A worker serving a drawn list of the names starts at a drawn point of
-the program; after each operation the system comes to rest (as the model of
-``test_stateful_runs`` says it must) before the next, so the outcome does not hang on timing.
+the program, which may start others and stop them; after each operation the system comes
+to rest (as the model of ``test_stateful_runs`` says it must) before the next, so the
+outcome does not hang on timing.
 """
 
 from __future__ import annotations
@@ -37,21 +38,26 @@ pytestmark = [pytest.mark.valkey, pytest.mark.cluster, pytest.mark.filterwarning
 #: Which run an operation names: an index taken modulo the runs submitted so far.
 which = st.integers(0, 31)
 
+submits = st.tuples(st.just("submit"), which, json_values, st.integers(1, 60),
+                    st.none() | tokens, st.none() | st.integers(0, 2))
+
 operations = st.lists(st.one_of(
-    st.tuples(st.just("submit"), which, json_values, st.integers(1, 60),
-              st.none() | tokens, st.none() | st.integers(0, 2)),
+    submits,
     st.tuples(st.just("signal"), which, st.booleans(), json_values),
     st.tuples(st.just("resume"), which, json_values),
     st.tuples(st.just("cancel"), which),
     st.tuples(st.just("release"), which),
     st.tuples(st.just("time"), st.integers(1, 60)),
+    st.tuples(st.just("start"), st.lists(st.integers(0, 3), min_size=1, unique=True)),
+    st.tuples(st.just("stop"), st.integers(0, 1)),
 ), max_size=12)
 
 
 @dataclass(frozen=True)
 class Program:
     kinds: tuple[Kind, ...]
-    #: The names the worker serves, in the order it is given them, and when it starts.
+    #: The names the first worker serves, in the order it is given them, and when it
+    #: starts; ``start`` and ``stop`` operations add and stop others (two at most).
     serves: tuple[str, ...]
     worker_at: int
     operations: tuple[tuple[Any, ...], ...]
@@ -66,7 +72,8 @@ def programs(draw: st.DrawFn) -> Program:
                        draw(st.none() | st.integers(1, 60))) for n in workflow_names)
     serves = draw(st.permutations(workflow_names).flatmap(
         lambda ns: st.integers(1, len(ns)).map(lambda k: tuple(ns[:k]))))
-    ops = tuple(draw(operations))
+    # Some runs first, so that what follows has runs to act on.
+    ops = tuple(draw(st.lists(submits, min_size=1, max_size=4)) + draw(operations))
     return Program(kinds, serves, draw(st.integers(0, len(ops))), ops,
                    tuple(draw(st.lists(tokens, min_size=3, max_size=3, unique=True))),
                    draw(signal_names))
@@ -116,6 +123,15 @@ def apply(harness: Harness, model: Model, program: Program, op: tuple[Any, ...],
         if not model.running_holds(harness.served):
             model.advance(op[1])
             harness.clock.advance(op[1])
+        return
+    if op[0] == "start":
+        if len(harness.workers) < 2:
+            harness.start_worker([program.kinds[i % len(program.kinds)].name
+                                  for i in dict.fromkeys(i % len(program.kinds) for i in op[1])])
+        return
+    if op[0] == "stop":
+        if harness.workers:
+            harness.stop_worker(harness.workers[op[1] % len(harness.workers)])
         return
     if not handles:
         return
