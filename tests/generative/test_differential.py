@@ -5,9 +5,9 @@ on each.
 Per run (in the order the program submitted them): its status, its result and the types of
 its journal's events in order; ids, timestamps and worker ids are left out. The memory
 store is the oracle. A worker serving a drawn list of the names starts at a drawn point of
-the program, which may start others and stop them; after each operation the system comes
-to rest (as the model of ``test_stateful_runs`` says it must) before the next, so the
-outcome does not hang on timing.
+the program, which may start another (serving other names) and stop them; after each
+operation the system comes to rest (as the model of ``test_stateful_runs`` says it must)
+before the next, so the outcome does not hang on timing.
 """
 
 from __future__ import annotations
@@ -89,16 +89,26 @@ def run_program(harness: Harness, program: Program) -> list[Outcome]:
     holds = itertools.count()
     for at, op in enumerate(program.operations):
         if at == program.worker_at:
-            harness.start_worker(program.serves)
+            start_worker(harness, list(program.serves))
             harness.quiesce(model)
         apply(harness, model, program, op, handles, holds)
         harness.quiesce(model)
     if program.worker_at == len(program.operations):
-        harness.start_worker(program.serves)
+        start_worker(harness, list(program.serves))
     infos = harness.quiesce(model)
     journals = harness.events(list(infos))
     return [(infos[rid].status.value, infos[rid].result,
              tuple(e["type"] for e in journals[rid])) for rid in handles]
+
+
+def start_worker(harness: Harness, wanted: list[str]) -> None:
+    """Start a worker serving those of ``wanted`` no live worker serves (two at most): with
+    two serving one name, which of them claims a run, and so whether stopping one of them
+    requeues it, would be down to timing."""
+    served = harness.served
+    names = [n for n in dict.fromkeys(wanted) if n not in served]
+    if names and len(harness.workers) < 2:
+        harness.start_worker(names)
 
 
 def apply(harness: Harness, model: Model, program: Program, op: tuple[Any, ...],
@@ -125,9 +135,7 @@ def apply(harness: Harness, model: Model, program: Program, op: tuple[Any, ...],
             harness.clock.advance(op[1])
         return
     if op[0] == "start":
-        if len(harness.workers) < 2:
-            harness.start_worker([program.kinds[i % len(program.kinds)].name
-                                  for i in dict.fromkeys(i % len(program.kinds) for i in op[1])])
+        start_worker(harness, [program.kinds[i % len(program.kinds)].name for i in op[1]])
         return
     if op[0] == "stop":
         if harness.workers:
