@@ -97,10 +97,14 @@ bench: install
 soak: install
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m soak -s tests/chaos tests/fleet
 
-# Randomised fault schedules (tests/chaos/test_fault_schedules.py): FUZZ_RUNS seeds not
-# tried before (from FUZZ_FROM on, drawn here once so both xdist workers collect the same),
-# or exactly SEED, replayed in one process with its output shown: `make fuzz SEED=1234`.
+# `make fuzz`: the randomised fault schedules (tests/chaos/test_fault_schedules.py), FUZZ_RUNS
+# seeds not tried before (from FUZZ_FROM on, drawn here once so both xdist workers collect
+# the same), then the generative tests with many more examples and steps (FUZZ_EXAMPLES,
+# FUZZ_STEPS) and no per-test timeout, so a failure found is also shrunk.
+# `make fuzz SEED=1234` replays that one fault schedule alone, its output shown.
 FUZZ_RUNS ?= 20
+FUZZ_EXAMPLES ?= 200
+FUZZ_STEPS ?= 30
 ifndef FUZZ_FROM
 FUZZ_FROM := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
@@ -109,9 +113,13 @@ fuzz: install system-deps
 		PYRULA_FUZZ_SEED="$(SEED)" $(VENV)/bin/pytest -q -s -p no:cacheprovider \
 			tests/chaos/test_fault_schedules.py -k test_a_fault_schedule; \
 	else \
-		echo "fuzz: $(FUZZ_RUNS) seeds from $(FUZZ_FROM)"; \
+		echo "fuzz: $(FUZZ_RUNS) fault schedules from seed $(FUZZ_FROM)"; \
 		PYRULA_FUZZ_RUNS="$(FUZZ_RUNS)" PYRULA_FUZZ_FROM="$(FUZZ_FROM)" $(VENV)/bin/pytest \
-			-n 2 -q -p no:cacheprovider tests/chaos/test_fault_schedules.py -k test_a_fault_schedule; \
+			-n 2 -q -p no:cacheprovider tests/chaos/test_fault_schedules.py \
+			-k test_a_fault_schedule && \
+		echo "fuzz: the generative tests, $(FUZZ_EXAMPLES) examples of $(FUZZ_STEPS) steps" && \
+		PYRULA_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) PYRULA_FUZZ_STEPS=$(FUZZ_STEPS) \
+			$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider --timeout=0 tests/generative; \
 	fi
 
 clean:

@@ -224,6 +224,25 @@ async def test_read_events_after_seq_returns_only_later_events(store: Store) -> 
     assert await store.read_events(claimed.run_id, 60) == []
 
 
+async def test_read_events_after_the_first_includes_the_start(store: Store) -> None:
+    """Reads from seq 1 or 2 of a young journal (whose first events a store may keep in
+    the run record) return the same events a read from the start does."""
+    queued = await submit(store)
+    assert await store.read_events(queued, 1) == []
+    claimed = await running(store)
+
+    assert types(await store.read_events(claimed.run_id, 1)) == [EventType.RUN_STARTED]
+    assert await store.read_events(claimed.run_id, 1) == (await journal(store, claimed.run_id))[1:]
+    assert await store.read_events(claimed.run_id, 2) == []
+    await store.append(
+        claimed.run_id, claimed.token, [ev(EventType.STEP_STARTED, T0, step="s", call=1)],
+        now=T0, lock_ttl=TTL,
+    )
+    assert seqs(await store.read_events(claimed.run_id, 1)) == [2, 3]
+    assert await store.read_events(claimed.run_id, 1) == (await journal(store, claimed.run_id))[1:]
+    assert seqs(await store.read_events(claimed.run_id, 2)) == [3]
+
+
 async def test_renew_extends_every_held_lock(store: Store) -> None:
     a = await running(store, now=T0, ttl=10.0)
     b = await running(store, now=T0, ttl=10.0)

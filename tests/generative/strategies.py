@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pyrula.workflows import WorkflowContext
 from pyrula.workflows.definition import MAX_NAME_LENGTH, Registry, WorkflowSpec
+from pyrula.workflows.events import BUILD_SIGNAL, INTERRUPT_SIGNAL
 
 #: Any character a name may hold: all but control characters and lone surrogates.
 NAME_CHARS = st.characters(blacklist_categories=("Cc", "Cs"))
@@ -22,6 +23,9 @@ names = st.one_of(
 
 #: Owners and idempotency keys: non-empty strings of the same characters.
 tokens = st.text(NAME_CHARS, min_size=1, max_size=16)
+
+#: Signal names a client may send (the engine's own are refused by ``client.signal``).
+signal_names = tokens.filter(lambda s: s not in (INTERRUPT_SIGNAL, BUILD_SIGNAL))
 
 #: JSON values as params and payloads (floats that JSON keeps exactly).
 json_values = st.recursive(

@@ -233,6 +233,9 @@ class Attempt:
                 return ended
             if deadline is not None and deadline <= self._clock.now():  # it passed meanwhile
                 return await self._fail(self._timeout_error())
+        stop = self._stops.current
+        if stop is not None:  # asked before the code began (a shutdown, a lost lock)
+            return await self._stopped(stop)
         self._task = self._body.start(
             self.spec.fn(WorkflowContext(self._ops), self.params), self._ops
         )

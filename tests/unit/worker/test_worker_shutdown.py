@@ -54,6 +54,15 @@ async def wshut_sync(ctx: WorkflowContext, params: Any) -> Any:
     return await wshut_sync_hold(params["key"])
 
 
+@workflow(name="wshut_await")
+async def wshut_await(ctx: WorkflowContext, params: Any) -> Any:
+    """Awaits a gate in its own code, not in a step: a replay check of it runs until the
+    check's timeout."""
+    ENTERED.add(params["key"])
+    await ASYNC_GATES[params["key"]].wait()
+    return params["key"]
+
+
 @pytest.fixture
 def thread_gates() -> Iterator[list[str]]:
     """Keys of sync gates opened at teardown, so no step thread outlives its test."""
@@ -171,6 +180,33 @@ async def test_runs_past_the_grace_are_requeued_with_reason_shutdown(
             assert await successor.client.result(run.run_id, timeout=10) == key
     finally:
         await stop(successor, task)
+
+
+async def test_a_run_claimed_but_not_begun_at_the_stand_down_is_requeued(store: Any) -> None:
+    """A run whose attempt is still being prepared when the worker stands its runs down
+    (here a replay check, up to a second, of a run another build ran last) is requeued with
+    reason shutdown once prepared, not left running under a lock only orphan recovery,
+    charging a crash, would take back."""
+    key = unique("preparing")
+    async_gate(key)
+    options = fast_options(shutdown_grace=0.1, cancel_timeout=5.0)
+    first = WorkflowWorker(store=store, workflows=[wshut_await], options=options,
+                           build="build-a")
+    task = await start(first)
+    run = await first.client.submit(wshut_await, {"key": key})
+    await await_until(lambda: key in ENTERED, what="the run in its code")
+    await stop(first, task)
+
+    second = WorkflowWorker(store=store, workflows=[wshut_await], options=options,
+                            build="build-b")
+    task = await start(second)
+    await await_until(lambda: run.run_id in second.held_runs(), what="the second claim")
+    await stop(second, task)
+    ASYNC_GATES[key].set()
+
+    assert (await second.client.get(run.run_id)).status is RunStatus.QUEUED
+    events = await second.client.events(run.run_id)
+    assert [e["reason"] for e in of_type(events, "run:requeued")] == ["shutdown", "shutdown"]
 
 
 async def test_a_hung_sync_step_is_logged_and_run_still_returns(

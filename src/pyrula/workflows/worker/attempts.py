@@ -145,6 +145,8 @@ class AttemptRunner:
             )
             if p.runs.attach(attempt):
                 attempt.abandon()  # stood down while its journal was being read
+            elif (reason := p.runs.standing_down) is not None:
+                attempt.stand_down(reason)  # the shutdown stood the others down meanwhile
             p.generation.hand_back_if_retiring(attempt)  # claimed as the worker retired
             outcome = await attempt.run()
             await self._after(claimed, outcome, run_log)

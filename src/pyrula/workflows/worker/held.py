@@ -57,6 +57,8 @@ class HeldRuns:
         #: run id -> token of its newest claim
         self._newest: dict[str, int] = {}
         self._cache = cache
+        #: Why every held run is being stood down (a shutdown past its grace), or None.
+        self._standing_down: str | None = None
 
     # --- the event loop's side -------------------------------------------------------
 
@@ -109,6 +111,20 @@ class HeldRuns:
         """How many held runs have an attempt running."""
         with self._lock:
             return len(self._newest_attempts())
+
+    def stand_down_all(self, reason: str) -> list[Attempt]:
+        """Every held run is to be stood down with ``reason``: the attempts to tell now. A
+        claim whose attempt is still being built (its journal read, a replay check) is
+        told when it attaches, by ``standing_down``; else it would run on unwatched, and
+        leave the run held when the worker exits."""
+        with self._lock:
+            self._standing_down = reason
+            return list(self._newest_attempts().values())
+
+    @property
+    def standing_down(self) -> str | None:
+        """The reason given to ``stand_down_all``, once it was called."""
+        return self._standing_down
 
     def request_cancel(self, run_id: str) -> None:
         """A client asked to cancel the run: tell its newest attempt (on the event loop)."""

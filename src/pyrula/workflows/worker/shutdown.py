@@ -36,7 +36,7 @@ async def drain_runs(runner: AttemptRunner | None, runs: HeldRuns, o: WorkerOpti
                "shutdown: 3/5 cancelling %d runs still in flight", len(pending),
                extra={"event": "shutdown", **log})
     if pending:
-        for attempt in runs.attempts():
+        for attempt in runs.stand_down_all("shutdown"):
             attempt.stand_down("shutdown")
         _, pending = await asyncio.wait(pending, timeout=max(o.cancel_timeout, 0.01))
         for task in pending:  # stuck in a store call: leave it to orphan recovery

@@ -51,12 +51,14 @@ class Reads:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         conn = self.connection
         journal, run = conn.keys.journal(run_id), conn.keys.run(run_id)
-        if after_seq > 0:
+        if after_seq >= 2:
             raw = await conn.read(journal, "LRANGE", journal, after_seq, -1)
             if not raw and not await conn.read(run, "EXISTS", run):
                 raise WorkflowNotFound(f"no run with id {run_id!r}")
             return events(run_id, raw, after_seq + 1)
-        # From the start: the record too, for run:submitted (one round trip).
+        # From the start: the record too, for run:submitted and the first run:started (one
+        # round trip). A read after seq 1 comes this way as well: seq 2 may be only in the
+        # record (its journal entry a placeholder, or no journal list yet).
         record, raw = await conn.pipeline(
             [(run, ("HGETALL", run)), (journal, ("LRANGE", journal, 0, -1))], idempotent=True)
         raise_first((record, raw))
@@ -65,7 +67,7 @@ class Reads:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         if not raw:  # nothing written yet: what the record implies
             raw = ["", ""] if fields.get("w1") else [""]
-        return events(run_id, raw, 1, implied_of(fields))
+        return events(run_id, raw, 1, implied_of(fields))[after_seq:]
 
     async def list_runs(
         self,
