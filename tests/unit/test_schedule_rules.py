@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from pyrula.workflows.schedules import Schedule, idempotency_key
+from pyrula.workflows.schedules.cron import CronExpr
 from pyrula.workflows.schedules.policy import plan
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -134,6 +135,59 @@ def test_the_latest_occurrence_in_the_second_pass_of_a_fall_back() -> None:
 def test_the_latest_occurrence_after_a_spring_forward() -> None:
     sched = cron("30 2 * * *", "Europe/Berlin")
     assert sched.last_at_or_before(utc(2026, 3, 29, 5)) == utc(2026, 3, 29, 1)
+
+
+@pytest.mark.parametrize(
+    ("expr", "at", "latest"),
+    [
+        # At the time itself, else the day before, else the last weekday named.
+        ("0 9 * * *", utc(2026, 3, 10, 9), utc(2026, 3, 10, 9)),
+        ("0 9 * * *", utc(2026, 3, 10, 8), utc(2026, 3, 9, 9)),
+        ("0 9 * * mon", utc(2026, 3, 10, 8), utc(2026, 3, 9, 9)),  # 03-10 is a Tuesday
+        ("0 9 * * wed", utc(2026, 3, 10, 8), utc(2026, 3, 4, 9)),
+        # Back over the months the expression does not name, to the last day it fires.
+        ("0 9 1 2 *", utc(2026, 3, 15), utc(2026, 2, 1, 9)),
+        ("0 9 1 2 *", utc(2026, 1, 15), utc(2025, 2, 1, 9)),
+        ("0 0 31 1 *", utc(2026, 3, 15), utc(2026, 1, 31)),
+        ("0 0 29 2 *", utc(2026, 3, 15), utc(2024, 2, 29)),
+        ("30 23 * 1,3 *", utc(2026, 3, 1, 12), utc(2026, 1, 31, 23, 30)),
+    ],
+)
+def test_the_latest_occurrence_is_found_days_and_months_back(
+        expr: str, at: datetime, latest: datetime) -> None:
+    assert cron(expr).last_at_or_before(at) == latest
+
+
+def test_cron_walls_after_a_time_exclude_it_and_walls_before_include_it() -> None:
+    nine = datetime(2026, 1, 1, 9)
+    expr = CronExpr.parse("0 9,17 * * *")
+    after = expr.walls_after(nine)
+    assert [next(after) for _ in range(3)] == [
+        datetime(2026, 1, 1, 17), datetime(2026, 1, 2, 9), datetime(2026, 1, 2, 17)]
+    before = expr.walls_at_or_before(nine)
+    assert [next(before) for _ in range(3)] == [
+        nine, datetime(2025, 12, 31, 17), datetime(2025, 12, 31, 9)]
+
+
+def test_a_search_back_ends_at_year_one() -> None:
+    walls = CronExpr.parse("0 12 * * *").walls_at_or_before(datetime(1, 1, 3, 11))
+    assert list(walls) == [datetime(1, 1, 2, 12), datetime(1, 1, 1, 12)]
+
+
+@pytest.mark.parametrize(
+    ("expr", "day", "matches"),
+    [
+        ("0 0 1 2 *", date(2026, 2, 1), True),
+        ("0 0 1 2 *", date(2026, 3, 1), False),  # a month it does not name
+        ("0 0 1 2 *", date(2026, 2, 2), False),
+        ("0 0 * 2 mon", date(2026, 2, 2), True),
+        ("0 0 * 2 mon", date(2026, 3, 2), False),
+        ("0 0 13 * fri", date(2026, 3, 6), True),  # both restricted: either
+        ("0 0 13 * fri", date(2026, 3, 7), False),
+    ],
+)
+def test_cron_matches_a_day(expr: str, day: date, matches: bool) -> None:
+    assert CronExpr.parse(expr).matches_day(day) is matches
 
 
 # --- cron fields --------------------------------------------------------------------------
