@@ -1,0 +1,111 @@
+"""When the claim loop claims: at once on a store's doorbell, within a second or so when a
+ring is lost, promptly out of a wait when the worker stops, and in batches under a backlog."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from pyrula.workflows import MemoryStore, WorkflowContext, WorkflowWorker, workflow
+from tests.unit.worker.worker_support import Spy, fast_options, serving, start, stop
+
+
+@workflow(name="wwake_quick")
+async def wwake_quick(ctx: WorkflowContext, params: Any) -> Any:
+    return "done"
+
+
+@workflow(name="wwake_nap")
+async def wwake_nap(ctx: WorkflowContext, params: Any) -> Any:
+    await asyncio.sleep(0.02)
+    return "done"
+
+
+class Bell:
+    """Gives a MemoryStore a doorbell (the ``Doorbell`` capability): submit rings it unless
+    ``ringing`` is off, as a ring lost on the way would be."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.ringing = True
+        self.waits = 0
+        self._rung = asyncio.Event()
+        self._submit = store.submit
+        store.submit = self._submit_and_ring  # type: ignore[method-assign]
+        store.wait_for_work = self.wait_for_work  # type: ignore[attr-defined]
+
+    async def _submit_and_ring(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self._submit(*args, **kwargs)
+        if self.ringing:
+            self._rung.set()
+        return result
+
+    async def wait_for_work(self, names: Any, timeout: float) -> bool:
+        self.waits += 1
+        try:
+            await asyncio.wait_for(self._rung.wait(), timeout)
+        except TimeoutError:
+            return False
+        self._rung.clear()
+        return True
+
+
+async def claimed_after(worker: WorkflowWorker, bell: Bell) -> float:
+    """Seconds from a submit (once the idle claim loop waits on the bell) to its result."""
+    while bell.waits == 0:
+        await asyncio.sleep(0.005)
+    began = time.monotonic()
+    run = await worker.client.submit(wwake_quick, {})
+    assert await worker.client.result(run.run_id, timeout=30) == "done"
+    return time.monotonic() - began
+
+
+async def test_a_ring_wakes_the_claim_loop_however_long_its_poll() -> None:
+    store = MemoryStore()
+    bell = Bell(store)
+    worker = WorkflowWorker(store=store, workflows=[wwake_quick],
+                            options=fast_options(claim_poll_interval=30.0))
+    async with serving(worker):
+        assert await claimed_after(worker, bell) < 5.0
+
+
+async def test_without_a_ring_the_claim_looks_again_within_about_a_second() -> None:
+    store = MemoryStore()
+    bell = Bell(store)
+    bell.ringing = False
+    worker = WorkflowWorker(store=store, workflows=[wwake_quick],
+                            options=fast_options(claim_poll_interval=0.05))
+    async with serving(worker):
+        assert await claimed_after(worker, bell) < 1.8
+
+
+async def test_a_worker_waiting_on_its_doorbell_stops_at_once() -> None:
+    store = MemoryStore()
+    bell = Bell(store)
+    worker = WorkflowWorker(store=store, workflows=[wwake_quick],
+                            options=fast_options(claim_poll_interval=30.0))
+    task = await start(worker)
+    while bell.waits == 0:
+        await asyncio.sleep(0.005)
+    began = time.monotonic()
+    await stop(worker, task)
+    assert time.monotonic() - began < 5.0
+
+
+async def test_under_a_backlog_claims_take_a_quarter_of_the_slots_at_least() -> None:
+    """Eight slots, forty short runs queued: after the first full claim, each claim waits
+    for two slots (a quarter) instead of one store round trip per finished run."""
+    store = MemoryStore()
+    spy = Spy(store, "claim")
+    worker = WorkflowWorker(store=store, workflows=[wwake_nap],
+                            options=fast_options(max_concurrent_runs=8,
+                                                 claim_poll_interval=2.0))
+    runs = [await worker.client.submit(wwake_nap, {}) for _ in range(40)]
+    async with serving(worker):
+        for run in runs:
+            assert await worker.client.result(run.run_id, timeout=30) == "done"
+    batches = [(kwargs["limit"], len(claimed)) for _, kwargs, claimed in spy.of("claim")]
+    taking = [limit for limit, got in batches if got]
+    assert taking[0] == 8
+    assert min(taking) >= 2, batches
+    assert sum(got for _, got in batches) == 40
