@@ -214,6 +214,7 @@ async def test_cancel_a_running_run_takes_effect_at_the_next_boundary(
 
     assert (await runner.client.get(run.run_id)).status is RunStatus.CANCELLED
     assert types(events)[-1] == "run:cancelled"
+    assert events[-1]["ts"] >= events[-2]["ts"], "stamped when the cancel took effect"
     assert step_names(events) == [cancel_myself.__qualname__]
     assert 1 not in SEEN, "no step may start after the cancel was seen"
     assert 2 not in SEEN, "nor in a finally block while the cancelled run unwinds"

@@ -248,6 +248,7 @@ async def test_a_long_backoff_parks_the_run_instead_of_holding_its_slot(
     assert 30.0 <= failed["retry_at"] - clock.now() <= 33.0 + 1e-6
     assert types(events)[-1] == "run:sleeping"
     assert events[-1]["reason"] == "retry"
+    assert events[-1]["ts"] == clock.now()
 
     # Early, nothing is due; at the retry time the timer requeues the run.
     assert await runner.store.wake_due(now=clock.now(), limit=100) == 0
@@ -259,3 +260,26 @@ async def test_a_long_backoff_parks_the_run_instead_of_holding_its_slot(
     assert len(ATTEMPTS) == 2
     assert [e["attempt"] for e in of_type(events, "step:started")] == [1, 2]
 
+
+
+async def test_a_run_woken_early_from_a_retry_backoff_parks_again_on_the_same_retry(
+    timed_runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    """The journal's run:sleeping for the retry is replayed, not written a second time."""
+    runner = timed_runner
+    FAILURES["left"] = 1
+    run = await runner.client.submit("retries.uncaught", {"step": "retries.flaky_long"})
+    await runner.run(run.name, run.run_id)
+    retry_at = (await runner.client.get(run.run_id)).wake_at
+
+    clock.advance(5)
+    assert await runner.client.wake(run.run_id) is True
+    await runner.run(run.name, run.run_id)
+
+    info = await runner.client.get(run.run_id)
+    assert info.status is RunStatus.SLEEPING and info.wake_at == retry_at
+    events = await runner.client.events(run.run_id)
+    assert len(ATTEMPTS) == 1, "the step is not tried again before its retry is due"
+    sleeps = of_type(events, "run:sleeping")
+    assert [(e["reason"], e["call"], e["wake_at"]) for e in sleeps] == [
+        ("retry", 1, retry_at)]
