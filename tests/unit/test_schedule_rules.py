@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from pyrula.workflows.schedules import Schedule, idempotency_key
-from pyrula.workflows.schedules.cron import CronExpr
+from pyrula.workflows.schedules.cron import CronError, CronExpr
 from pyrula.workflows.schedules.policy import plan
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -325,6 +325,48 @@ def test_a_schedule_round_trips_through_its_record() -> None:
 def test_bad_input_is_refused_naming_what_is_wrong(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("*", r"\*").replace("?", r"\?")):
         Schedule.create("report", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("expr", "why"),
+    [
+        ("0 0 L * *", "day-of-month field 'L' uses 'l', which is not supported"),
+        ("0 0 W * *", "day-of-month field 'W' uses 'w', which is not supported"),
+        ("0 0 15W * *", "day-of-month field '15W' uses '15w', which is not supported"),
+        ("0 0 * * 5L", "day-of-week field '5L' uses '5l', which is not supported"),
+        ("0 0 * * 1#2", "day-of-week field '1#2' uses '1#2', which is not supported"),
+        ("x * * * *", "minute field 'x' has 'x', which is not a number"),
+        ("0 0 * foo *", "month field 'foo' has 'foo', which is not a number or a name "
+                        "(jan, feb, mar, apr, may, jun, jul, aug, sep, oct, nov, dec)"),
+        ("0 0 * * funday", "day-of-week field 'funday' has 'funday', which is not a number "
+                           "or a name (sun, mon, tue, wed, thu, fri, sat)"),
+        ("61 * * * *", "minute field '61' has 61, outside 0-59"),
+        ("1,,2 * * * *", "minute field '1,,2' has an empty list item"),
+        ("*/x * * * *", "minute field '*/x' has step 'x'; a step must be a whole number >= 1"),
+        ("*/0 * * * *", "minute field '*/0' has step '0'; a step must be a whole number >= 1"),
+        ("? * * * *", "minute field '?' uses '?', which only the day fields accept"),
+    ],
+)
+def test_a_bad_cron_field_is_refused_saying_what_is_wrong(expr: str, why: str) -> None:
+    with pytest.raises(CronError) as caught:
+        CronExpr.parse(expr)
+    assert str(caught.value) == f"invalid cron expression {expr!r}: {why}"
+
+
+@pytest.mark.parametrize(
+    ("expr", "minutes", "days", "weekdays"),
+    [
+        ("*/1 * * * *", list(range(60)), range(1, 32), range(7)),
+        ("0 0 ? * *", [0], range(1, 32), range(7)),
+        ("0 0 * * ?", [0], range(1, 32), range(7)),
+        ("0 0 1 * sun,7", [0], [1], [0]),
+    ],
+)
+def test_steps_of_one_and_question_marks_in_the_day_fields_are_accepted(
+        expr: str, minutes: list[int], days: range, weekdays: range) -> None:
+    parsed = CronExpr.parse(expr)
+    assert list(parsed.minutes) == minutes
+    assert parsed.days == frozenset(days) and parsed.weekdays == frozenset(weekdays)
 
 
 def test_a_bad_workflow_name_is_refused() -> None:
