@@ -209,6 +209,7 @@ def test_both_day_fields_restricted_match_either() -> None:
         ("0 0 13 * *", [13]),
         ("0 0 */2 * 5", [13, 27]),  # a star-prefixed day field: both must match
         ("0 0 ? * 5", [6, 13, 20, 27]),
+        ("0 0 1 * ?", [1]),  # '?' leaves the day of the week unrestricted, as '*' does
         ("0 0 1,15 * 7", [1, 8, 15, 22]),  # 7 is Sunday; both restricted: either
     ],
 )
@@ -354,6 +355,25 @@ def test_a_bad_cron_field_is_refused_saying_what_is_wrong(expr: str, why: str) -
 
 
 @pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("", "invalid cron expression '': it is empty"),
+        ("@reboot", "invalid cron expression '@reboot': unknown macro '@reboot' (supported: "
+                    "@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly)"),
+        ("* * *", "invalid cron expression '* * *': it has 3 fields, cron needs 5 (minute "
+                  "hour day-of-month month day-of-week)"),
+        ("0 0 30 2 *", "invalid cron expression '0 0 30 2 *': it never fires (no month it "
+                       "names has such a day)"),
+        (5, "cron expression must be a str, got int"),
+    ],
+)
+def test_a_bad_cron_expression_is_refused_saying_why(expr: Any, message: str) -> None:
+    with pytest.raises(CronError) as caught:
+        CronExpr.parse(expr)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
     ("expr", "minutes", "days", "weekdays"),
     [
         ("*/1 * * * *", list(range(60)), range(1, 32), range(7)),
@@ -365,6 +385,7 @@ def test_a_bad_cron_field_is_refused_saying_what_is_wrong(expr: str, why: str) -
 def test_steps_of_one_and_question_marks_in_the_day_fields_are_accepted(
         expr: str, minutes: list[int], days: range, weekdays: range) -> None:
     parsed = CronExpr.parse(expr)
+    assert parsed.text == expr
     assert list(parsed.minutes) == minutes
     assert parsed.days == frozenset(days) and parsed.weekdays == frozenset(weekdays)
 
