@@ -287,6 +287,17 @@ async def test_workflow_timeout_fails_a_parked_run(
     assert raised.value.error["code"] == "timeout"
 
 
+async def test_workflow_timeout_counts_from_the_first_start_not_the_submit(
+    timed_runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    runner = timed_runner
+    run = await runner.client.submit("engine.slow_timeout")
+    clock.advance(30)  # queued for 30 s before a worker starts it
+    started = clock.now()
+    await runner.run(run.name, run.run_id)
+    assert (await runner.client.get(run.run_id)).wake_at == started + 60
+
+
 @step
 async def long_step() -> str:
     await asyncio.sleep(30)
