@@ -167,7 +167,7 @@ def _field(text: str, raw: str, name: str, low: int, high: int, names: dict[str,
         if token in names:
             return names[token]
         if not (token.isascii() and token.isdigit()):
-            if token in ("l", "w") or "#" in token or token.endswith(("l", "w")):
+            if "#" in token or token.endswith(("l", "w")):  # L, W, 15W, 5L, 1#2
                 raise bad(f"uses {token!r}, which is not supported")
             raise bad(f"has {token!r}, which is not a number" + (
                 f" or a name ({', '.join(names)})" if names else ""))
