@@ -136,6 +136,7 @@ def test_saturation_needs_one_queued_run_and_every_slot_busy(inputs: ScalingInpu
     ("inputs", "reason"),
     [
         (WAITING, "oldest queued run waited 3.0 s > --scale-up-after 2 s (500 queued)"),
+        (row(IDLE, size=1, ready=1), "at --min"),
         (row(SATURATED, queued=None, oldest_age=None),
          "every child at max_concurrent_runs (100/100 busy, queue unknown)"),
         (row(WAITING, loop_lag=0.6),
