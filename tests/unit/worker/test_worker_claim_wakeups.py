@@ -18,7 +18,7 @@ async def wwake_quick(ctx: WorkflowContext, params: Any) -> Any:
 
 @workflow(name="wwake_nap")
 async def wwake_nap(ctx: WorkflowContext, params: Any) -> Any:
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(params["s"])
     return "done"
 
 
@@ -92,15 +92,17 @@ async def test_a_worker_waiting_on_its_doorbell_stops_at_once() -> None:
     assert time.monotonic() - began < 5.0
 
 
-async def test_under_a_backlog_claims_take_a_quarter_of_the_slots_at_least() -> None:
-    """Eight slots, forty short runs queued: after the first full claim, each claim waits
-    for two slots (a quarter) instead of one store round trip per finished run."""
+async def test_under_a_backlog_a_claim_waits_for_a_quarter_of_the_slots() -> None:
+    """Eight slots, forty runs queued that end one after another: after the first full
+    claim, each claim waits for two free slots (a quarter) instead of making one store
+    round trip per finished run."""
     store = MemoryStore()
     spy = Spy(store, "claim")
     worker = WorkflowWorker(store=store, workflows=[wwake_nap],
                             options=fast_options(max_concurrent_runs=8,
                                                  claim_poll_interval=2.0))
-    runs = [await worker.client.submit(wwake_nap, {}) for _ in range(40)]
+    runs = [await worker.client.submit(wwake_nap, {"s": 0.01 * (1 + n % 8)})
+            for n in range(40)]
     async with serving(worker):
         for run in runs:
             assert await worker.client.result(run.run_id, timeout=30) == "done"
