@@ -342,6 +342,7 @@ def test_bad_input_is_refused_naming_what_is_wrong(kwargs: dict[str, Any], messa
         ("0 0 * * funday", "day-of-week field 'funday' has 'funday', which is not a number "
                            "or a name (sun, mon, tue, wed, thu, fri, sat)"),
         ("61 * * * *", "minute field '61' has 61, outside 0-59"),
+        ("1-2-3 * * * *", "minute field '1-2-3' has '2-3', which is not a number"),
         ("1,,2 * * * *", "minute field '1,,2' has an empty list item"),
         ("*/x * * * *", "minute field '*/x' has step 'x'; a step must be a whole number >= 1"),
         ("*/0 * * * *", "minute field '*/0' has step '0'; a step must be a whole number >= 1"),
@@ -380,6 +381,7 @@ def test_a_bad_cron_expression_is_refused_saying_why(expr: Any, message: str) ->
         ("0 0 ? * *", [0], range(1, 32), range(7)),
         ("0 0 * * ?", [0], range(1, 32), range(7)),
         ("0 0 1 * sun,7", [0], [1], [0]),
+        ("0 0 5-5 * *", [0], [5], range(7)),  # a range of one day
     ],
 )
 def test_steps_of_one_and_question_marks_in_the_day_fields_are_accepted(
