@@ -29,6 +29,7 @@ class Bell:
     def __init__(self, store: MemoryStore) -> None:
         self.ringing = True
         self.waits = 0
+        self.names: set[tuple[str, ...]] = set()
         self._rung = asyncio.Event()
         self._submit = store.submit
         store.submit = self._submit_and_ring  # type: ignore[method-assign]
@@ -42,6 +43,7 @@ class Bell:
 
     async def wait_for_work(self, names: Any, timeout: float) -> bool:
         self.waits += 1
+        self.names.add(tuple(names))
         try:
             await asyncio.wait_for(self._rung.wait(), timeout)
         except TimeoutError:
@@ -67,6 +69,7 @@ async def test_a_ring_wakes_the_claim_loop_however_long_its_poll() -> None:
                             options=fast_options(claim_poll_interval=30.0))
     async with serving(worker):
         assert await claimed_after(worker, bell) < 5.0
+    assert bell.names == {("wwake_quick",)}, "the bell is asked for the served names"
 
 
 async def test_without_a_ring_the_claim_looks_again_within_about_a_second() -> None:
@@ -77,6 +80,21 @@ async def test_without_a_ring_the_claim_looks_again_within_about_a_second() -> N
                             options=fast_options(claim_poll_interval=0.05))
     async with serving(worker):
         assert await claimed_after(worker, bell) < 1.8
+
+
+async def test_an_idle_claim_loop_waits_on_its_doorbell_not_on_the_store() -> None:
+    """Waits of claim_poll_interval (50 ms) on the bell, a claim about once a second; and
+    each wait counts as the loop turning (a fleet's stall watchdog reads its age)."""
+    store = MemoryStore()
+    bell = Bell(store)
+    spy = Spy(store, "claim")
+    worker = WorkflowWorker(store=store, workflows=[wwake_quick],
+                            options=fast_options(claim_poll_interval=0.05))
+    async with serving(worker):
+        await asyncio.sleep(0.6)
+        assert bell.waits >= 3
+        assert spy.count("claim") <= 2
+        assert worker.claim_tick_age() < 0.5
 
 
 async def test_a_worker_waiting_on_its_doorbell_stops_at_once() -> None:

@@ -7,11 +7,19 @@ from typing import Any
 
 import pytest
 
-from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
+from pyrula.workflows import (
+    RunStatus,
+    StoreUnavailable,
+    WorkflowContext,
+    WorkflowWorker,
+    step,
+    workflow,
+)
 from pyrula.workflows.worker.loops import BACKOFF_MAX, BACKOFF_MIN, backoff_delays
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
     Outage,
+    Spy,
     capture,
     fast_options,
     logged,
@@ -156,3 +164,47 @@ async def test_a_run_that_cannot_read_its_journal_is_requeued(store: Any) -> Non
         await stop(worker, task)
     events = await worker.client.events(run.run_id)
     assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]
+
+
+class LostReply:
+    """The first claim that returns runs runs in the store, then its reply is lost."""
+
+    def __init__(self, store: Any) -> None:
+        self._real = store.claim
+        self._armed = True
+        store.claim = self._claim
+
+    async def _claim(self, *args: Any, **kwargs: Any) -> Any:
+        claimed = await self._real(*args, **kwargs)
+        if self._armed and claimed:
+            self._armed = False
+            raise StoreUnavailable("injected: the claim's reply was lost")
+        return claimed
+
+
+@pytest.mark.usefixtures("quick_backoff")
+async def test_the_runs_of_a_claim_whose_reply_was_lost_are_put_back_once(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Locked by this worker, which never learnt of them: put back before the next claim
+    (not left to lapse and be reclaimed as orphans, charged a crash), counted and logged
+    once, and not again by the claims after it."""
+    capture(caplog)
+    LostReply(store)
+    spy = Spy(store, "claim", "requeue_unheld")
+    worker = WorkflowWorker(store=store, workflows=[wloop_steps], options=fast_options())
+    async with serving(worker):
+        run = await worker.client.submit(wloop_steps, {})
+        assert await worker.client.result(run.run_id, timeout=10) == 2
+        claims = spy.count("claim")
+        await await_until(lambda: spy.count("claim") >= claims + 3, what="three more claims")
+    assert spy.count("requeue_unheld") == 1
+    assert worker.metrics.get("pyrula.workflows.runs.requeued", reason="store_unavailable") == 1
+    [record] = logged(caplog, "run_requeued")
+    assert record.run_id == run.run_id  # type: ignore[attr-defined]
+    assert record.getMessage() == (
+        f"run {run.run_id} requeued: claimed by this worker when the store went away, but "
+        "the claim's reply was lost")
+    events = await worker.client.events(run.run_id)
+    assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]
+    assert (await worker.client.get(run.run_id)).attempt == 2

@@ -285,3 +285,4 @@ async def test_a_claim_that_never_answers_is_cancelled_and_its_runs_put_back(
     assert info.owner is None
     events = await worker.client.events(run.run_id)
     assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]
+    assert worker.metrics.get("pyrula.workflows.runs.requeued", reason="store_unavailable") == 1
