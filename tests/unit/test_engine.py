@@ -108,6 +108,7 @@ async def test_continue_as_new_chains_runs(store_runner: InlineWorkflowRunner) -
     assert info.status is RunStatus.CONTINUED
     continued = last(events, "run:continued")
     assert types(events)[-1] == "run:continued"
+    assert continued["ts"] >= events[-2]["ts"], "stamped when the run continued"
     successor = continued["successor"]
     assert info.successor_id == successor
     nxt = await runner.client.get(successor)

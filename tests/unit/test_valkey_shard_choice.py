@@ -133,7 +133,7 @@ def test_shares_split_as_evenly_as_whole_runs_allow(limit: int, shards: int,
 
 @pytest.mark.parametrize(
     ("limit", "rung", "expected"),
-    [(1, 5, 1), (8, 5, 1), (9, 5, 2), (100, 5, 5), (0, 5, 0), (10, 0, 0)],
+    [(1, 5, 1), (8, 5, 1), (9, 5, 2), (100, 5, 5), (0, 5, 0), (10, 0, 0), (-9, 5, 0)],
 )
 def test_a_first_round_visits_one_shard_per_claim_share(limit: int, rung: int,
                                                         expected: int) -> None:
