@@ -299,6 +299,23 @@ async def test_workflow_timeout_counts_from_the_first_start_not_the_submit(
     assert (await runner.client.get(run.run_id)).wake_at == started + 60
 
 
+@workflow(name="engine.sleep_until_now")
+async def sleep_until_now(ctx: WorkflowContext, params: None) -> str:
+    await ctx.sleep_until(ctx.now())
+    await ctx.sleep(0)
+    return "on time"
+
+
+async def test_a_sleep_until_a_time_that_has_come_does_not_park(
+    timed_runner: InlineWorkflowRunner,
+) -> None:
+    runner = timed_runner
+    run = await runner.client.submit("engine.sleep_until_now")
+    events = await runner.run(run.name, run.run_id)
+    assert await runner.client.result(run.run_id, timeout=5) == "on time"
+    assert "run:sleeping" not in types(events)
+
+
 @step
 async def long_step() -> str:
     await asyncio.sleep(30)
