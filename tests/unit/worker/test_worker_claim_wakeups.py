@@ -128,4 +128,21 @@ async def test_under_a_backlog_a_claim_waits_for_a_quarter_of_the_slots() -> Non
     taking = [limit for limit, got in batches if got]
     assert taking[0] == 8
     assert min(taking) >= 2, batches
+    assert max(limit for limit, _ in batches) <= 8, "never more than the free slots"
     assert sum(got for _, got in batches) == 40
+
+
+async def test_a_worker_with_one_slot_claims_the_next_run_as_its_slot_frees() -> None:
+    """No poll interval (30 s here) between runs: the freed slot wakes the claim."""
+    store = MemoryStore()
+    spy = Spy(store, "claim")
+    worker = WorkflowWorker(store=store, workflows=[wwake_quick],
+                            options=fast_options(max_concurrent_runs=1,
+                                                 claim_poll_interval=30.0))
+    runs = [await worker.client.submit(wwake_quick, {}) for _ in range(3)]
+    began = time.monotonic()
+    async with serving(worker):
+        for run in runs:
+            assert await worker.client.result(run.run_id, timeout=30) == "done"
+        assert time.monotonic() - began < 1.5
+    assert {kwargs["limit"] for _, kwargs, _ in spy.of("claim")} == {1}
