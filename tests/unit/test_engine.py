@@ -307,13 +307,14 @@ async def sleep_until_now(ctx: WorkflowContext, params: None) -> str:
 
 
 async def test_a_sleep_until_a_time_that_has_come_does_not_park(
-    timed_runner: InlineWorkflowRunner,
+    timed_runner: InlineWorkflowRunner, clock: ManualClock
 ) -> None:
     runner = timed_runner
     run = await runner.client.submit("engine.sleep_until_now")
     events = await runner.run(run.name, run.run_id)
     assert await runner.client.result(run.run_id, timeout=5) == "on time"
     assert "run:sleeping" not in types(events)
+    assert (events[-1]["type"], events[-1]["ts"]) == ("run:completed", clock.now())
 
 
 @step
