@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-pythons lint typecheck unit bench soak fuzz clean system-deps
+.PHONY: install run test test-pythons lint typecheck unit bench soak fuzz mutate clean system-deps
 
 # The suite runs again on each newer Python, over the subset below: every process, signal,
 # engine, worker and store-contract test (docs/decisions.md, "Tests", says why this subset).
@@ -122,5 +122,15 @@ fuzz: install system-deps
 			$(VENV)/bin/pytest -n 2 -q -p no:cacheprovider --timeout=0 tests/generative; \
 	fi
 
+# Mutation testing, not part of `make test` (docs/mutation.md): mutmut mutates the modules
+# and runs the tests named in pyproject.toml's [tool.mutmut], then the score per module is
+# printed (it fails under MUTATION_MIN percent). Each run starts afresh: a score is of
+# today's code and tests, not of a cache.
+MUTATION_MIN ?= 90
+mutate: install
+	rm -rf mutants
+	nice -n 10 $(VENV)/bin/mutmut run
+	$(PY) -m tests.mutation_score --min $(MUTATION_MIN)
+
 clean:
-	rm -rf $(VENV) $(addprefix .venv-,$(NEWER_PYTHONS)) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
+	rm -rf mutants $(VENV) $(addprefix .venv-,$(NEWER_PYTHONS)) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

@@ -108,6 +108,7 @@ async def test_continue_as_new_chains_runs(store_runner: InlineWorkflowRunner) -
     assert info.status is RunStatus.CONTINUED
     continued = last(events, "run:continued")
     assert types(events)[-1] == "run:continued"
+    assert continued["ts"] >= events[-2]["ts"], "stamped when the run continued"
     successor = continued["successor"]
     assert info.successor_id == successor
     nxt = await runner.client.get(successor)
@@ -214,6 +215,7 @@ async def test_cancel_a_running_run_takes_effect_at_the_next_boundary(
 
     assert (await runner.client.get(run.run_id)).status is RunStatus.CANCELLED
     assert types(events)[-1] == "run:cancelled"
+    assert events[-1]["ts"] >= events[-2]["ts"], "stamped when the cancel took effect"
     assert step_names(events) == [cancel_myself.__qualname__]
     assert 1 not in SEEN, "no step may start after the cancel was seen"
     assert 2 not in SEEN, "nor in a finally block while the cancelled run unwinds"
@@ -284,6 +286,35 @@ async def test_workflow_timeout_fails_a_parked_run(
     with pytest.raises(RunFailed) as raised:
         await runner.client.result(run.run_id, timeout=5)
     assert raised.value.error["code"] == "timeout"
+
+
+async def test_workflow_timeout_counts_from_the_first_start_not_the_submit(
+    timed_runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    runner = timed_runner
+    run = await runner.client.submit("engine.slow_timeout")
+    clock.advance(30)  # queued for 30 s before a worker starts it
+    started = clock.now()
+    await runner.run(run.name, run.run_id)
+    assert (await runner.client.get(run.run_id)).wake_at == started + 60
+
+
+@workflow(name="engine.sleep_until_now")
+async def sleep_until_now(ctx: WorkflowContext, params: None) -> str:
+    await ctx.sleep_until(ctx.now())
+    await ctx.sleep(0)
+    return "on time"
+
+
+async def test_a_sleep_until_a_time_that_has_come_does_not_park(
+    timed_runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    runner = timed_runner
+    run = await runner.client.submit("engine.sleep_until_now")
+    events = await runner.run(run.name, run.run_id)
+    assert await runner.client.result(run.run_id, timeout=5) == "on time"
+    assert "run:sleeping" not in types(events)
+    assert (events[-1]["type"], events[-1]["ts"]) == ("run:completed", clock.now())
 
 
 @step

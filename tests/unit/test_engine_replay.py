@@ -364,6 +364,17 @@ def test_written_events_get_their_seqs_after_what_others_wrote_between() -> None
     assert replay.first_unconsumed("approved") == arrived
 
 
+def test_events_others_wrote_between_join_the_journal_in_seq_order() -> None:
+    """Two signals arrived while the attempt wrote (read back in any order): the journal
+    holds them in seq order before the attempt's event, and a wait takes the older."""
+    replay = replay_of(waiting(1, "approved"))
+    mine = [step_failed(T0, "charge", 2, 1, "ValueError", "no")]
+    first, second = ({**signal("approved", n), "seq": n} for n in (4, 5))
+    replay.absorb(mine, 6, [second, first])
+    assert [e["seq"] for e in replay.journal] == [1, 2, 3, 4, 5, 6]
+    assert replay.first_unconsumed("approved") == first
+
+
 def test_the_run_started_when_its_first_attempt_did() -> None:
     assert replay_of().started_at() == T0
     assert Replay([], workflow="w", run_id="r").started_at() is None

@@ -117,6 +117,62 @@ def test_decide(inputs: ScalingInputs, desired: int, reason: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("inputs", "desired"),
+    [
+        # One ready child with every slot busy and one run queued: the fleet grows.
+        (row(SATURATED, size=1, ready=1, busy_slots=50, total_slots=50), 2),
+        (row(SATURATED, size=1, ready=1, busy_slots=1, total_slots=1), 2),
+        (row(SATURATED, queued=1), 3),
+        # A ready child that reports no slots (its health not read yet) is not saturated.
+        (row(SATURATED, ready=1, busy_slots=0, total_slots=0), 2),
+    ],
+)
+def test_saturation_needs_one_queued_run_and_every_slot_busy(inputs: ScalingInputs,
+                                                             desired: int) -> None:
+    assert decide(POLICY, inputs).desired == desired
+
+
+@pytest.mark.parametrize(
+    ("inputs", "reason"),
+    [
+        (WAITING, "oldest queued run waited 3.0 s > --scale-up-after 2 s (500 queued)"),
+        (row(IDLE, size=1, ready=1), "at --min"),
+        (row(SATURATED, queued=None, oldest_age=None),
+         "every child at max_concurrent_runs (100/100 busy, queue unknown)"),
+        (row(WAITING, loop_lag=0.6),
+         "oldest queued run waited 3.0 s > --scale-up-after 2 s (500 queued); not growing: "
+         "the supervisor's loop lags 0.60 s > 0.5 s (host overloaded)"),
+        (row(WAITING, claim_tick_age=6.0),
+         "oldest queued run waited 3.0 s > --scale-up-after 2 s (500 queued); not growing: "
+         "children with free slots claimed nothing for 6.0 s (the store holds the queue "
+         "back, not the fleet's capacity)"),
+    ],
+)
+def test_the_logged_reason_reads_whole(inputs: ScalingInputs, reason: str) -> None:
+    """The reason is the text of the fleet_scaled and fleet_scale_held log lines."""
+    assert decide(POLICY, inputs).reason == reason
+
+
+def test_a_decision_carries_the_tick_figures_under_the_logged_names() -> None:
+    """The figures are the fields of the fleet_scaled log record (docs/deployment.md),
+    rounded for a log line: the loop lag to a millisecond, other times to 10 ms."""
+    inputs = row(STEADY, now=NOW + 0.123456, oldest_age=1.23456, idle_for=7.891,
+                 loop_lag=0.012345, claim_tick_age=0.4567, cpu_free=1.23456, starting=1,
+                 memory_free=123, child_rss=45)
+    assert decide(POLICY, inputs).figures == {
+        "size": 2, "ready": 2, "starting": 1, "queued": 0, "oldest_age_s": 1.23,
+        "busy_slots": 50, "total_slots": 100, "idle_for_s": 7.89, "loop_lag_s": 0.012,
+        "claim_tick_age_s": 0.46, "cpu_free_cores": 1.23, "memory_free_bytes": 123,
+        "child_rss_bytes": 45, "since_change_s": 1000.12,
+    }
+    unknown = row(inputs, oldest_age=None, queued=None, claim_tick_age=None, cpu_free=None,
+                  memory_free=None)
+    figures = decide(POLICY, unknown).figures
+    assert [k for k, v in figures.items() if v is None] == [
+        "queued", "oldest_age_s", "claim_tick_age_s", "cpu_free_cores", "memory_free_bytes"]
+
+
+@pytest.mark.parametrize(
     ("policy", "inputs", "desired"),
     [
         # --scale-up-after and --scale-down-after are the policy's, not fixed.

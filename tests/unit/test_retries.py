@@ -248,6 +248,7 @@ async def test_a_long_backoff_parks_the_run_instead_of_holding_its_slot(
     assert 30.0 <= failed["retry_at"] - clock.now() <= 33.0 + 1e-6
     assert types(events)[-1] == "run:sleeping"
     assert events[-1]["reason"] == "retry"
+    assert events[-1]["ts"] == clock.now()
 
     # Early, nothing is due; at the retry time the timer requeues the run.
     assert await runner.store.wake_due(now=clock.now(), limit=100) == 0
@@ -288,3 +289,58 @@ async def test_a_failed_step_keeps_its_own_traceback_in_the_run_error(
     assert "pyrula/workflows" not in trace  # the step's frames, not the engine's
     info = await runner.client.get(run.run_id)
     assert info.error is not None and info.error["detail"]["traceback"] == trace
+
+
+async def test_a_run_woken_early_from_a_retry_backoff_parks_again_on_the_same_retry(
+    timed_runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    """The journal's run:sleeping for the retry is replayed, not written a second time."""
+    runner = timed_runner
+    FAILURES["left"] = 1
+    run = await runner.client.submit("retries.uncaught", {"step": "retries.flaky_long"})
+    await runner.run(run.name, run.run_id)
+    retry_at = (await runner.client.get(run.run_id)).wake_at
+
+    clock.advance(5)
+    assert await runner.client.wake(run.run_id) is True
+    await runner.run(run.name, run.run_id)
+
+    info = await runner.client.get(run.run_id)
+    assert info.status is RunStatus.SLEEPING and info.wake_at == retry_at
+    events = await runner.client.events(run.run_id)
+    assert len(ATTEMPTS) == 1, "the step is not tried again before its retry is due"
+    sleeps = of_type(events, "run:sleeping")
+    assert [(e["reason"], e["call"], e["wake_at"]) for e in sleeps] == [
+        ("retry", 1, retry_at)]
+
+
+@workflow(name="retries.caught_then_sleeps")
+async def caught_then_sleeps(ctx: WorkflowContext, params: None) -> dict[str, Any]:
+    try:
+        await flaky_no_retry(7)
+    except StepFailed as exc:
+        failure = {"step": exc.step, "error_type": exc.error_type, "message": exc.message}
+    await ctx.sleep(60)
+    return failure
+
+
+async def test_a_failed_step_replays_the_failure_it_journaled(
+    timed_runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    """After a park, the step is not run again: its StepFailed comes back from the
+    journal with the step, the error type and the message of the first attempt."""
+    runner = timed_runner
+    FAILURES["left"] = 1
+    run = await runner.client.submit("retries.caught_then_sleeps")
+    await runner.run(run.name, run.run_id)
+    clock.advance(61)
+    assert await runner.store.wake_due(now=clock.now(), limit=100) == 1
+    await runner.run(run.name, run.run_id)
+
+    assert await runner.client.result(run.run_id, timeout=5) == {
+        "step": "retries.flaky_no_retry", "error_type": "ConnectionError",
+        "message": "flaky failure #1"}
+    assert len(ATTEMPTS) == 1
+    failed = of_type(await runner.client.events(run.run_id), "step:failed")
+    assert [(e["step"], e["message"]) for e in failed] == [
+        ("retries.flaky_no_retry", "flaky failure #1")]

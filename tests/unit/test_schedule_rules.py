@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from pyrula.workflows.schedules import Schedule, idempotency_key
+from pyrula.workflows.schedules.cron import CronError, CronExpr
 from pyrula.workflows.schedules.policy import plan
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -136,6 +137,59 @@ def test_the_latest_occurrence_after_a_spring_forward() -> None:
     assert sched.last_at_or_before(utc(2026, 3, 29, 5)) == utc(2026, 3, 29, 1)
 
 
+@pytest.mark.parametrize(
+    ("expr", "at", "latest"),
+    [
+        # At the time itself, else the day before, else the last weekday named.
+        ("0 9 * * *", utc(2026, 3, 10, 9), utc(2026, 3, 10, 9)),
+        ("0 9 * * *", utc(2026, 3, 10, 8), utc(2026, 3, 9, 9)),
+        ("0 9 * * mon", utc(2026, 3, 10, 8), utc(2026, 3, 9, 9)),  # 03-10 is a Tuesday
+        ("0 9 * * wed", utc(2026, 3, 10, 8), utc(2026, 3, 4, 9)),
+        # Back over the months the expression does not name, to the last day it fires.
+        ("0 9 1 2 *", utc(2026, 3, 15), utc(2026, 2, 1, 9)),
+        ("0 9 1 2 *", utc(2026, 1, 15), utc(2025, 2, 1, 9)),
+        ("0 0 31 1 *", utc(2026, 3, 15), utc(2026, 1, 31)),
+        ("0 0 29 2 *", utc(2026, 3, 15), utc(2024, 2, 29)),
+        ("30 23 * 1,3 *", utc(2026, 3, 1, 12), utc(2026, 1, 31, 23, 30)),
+    ],
+)
+def test_the_latest_occurrence_is_found_days_and_months_back(
+        expr: str, at: datetime, latest: datetime) -> None:
+    assert cron(expr).last_at_or_before(at) == latest
+
+
+def test_cron_walls_after_a_time_exclude_it_and_walls_before_include_it() -> None:
+    nine = datetime(2026, 1, 1, 9)
+    expr = CronExpr.parse("0 9,17 * * *")
+    after = expr.walls_after(nine)
+    assert [next(after) for _ in range(3)] == [
+        datetime(2026, 1, 1, 17), datetime(2026, 1, 2, 9), datetime(2026, 1, 2, 17)]
+    before = expr.walls_at_or_before(nine)
+    assert [next(before) for _ in range(3)] == [
+        nine, datetime(2025, 12, 31, 17), datetime(2025, 12, 31, 9)]
+
+
+def test_a_search_back_ends_at_year_one() -> None:
+    walls = CronExpr.parse("0 12 * * *").walls_at_or_before(datetime(1, 1, 3, 11))
+    assert list(walls) == [datetime(1, 1, 2, 12), datetime(1, 1, 1, 12)]
+
+
+@pytest.mark.parametrize(
+    ("expr", "day", "matches"),
+    [
+        ("0 0 1 2 *", date(2026, 2, 1), True),
+        ("0 0 1 2 *", date(2026, 3, 1), False),  # a month it does not name
+        ("0 0 1 2 *", date(2026, 2, 2), False),
+        ("0 0 * 2 mon", date(2026, 2, 2), True),
+        ("0 0 * 2 mon", date(2026, 3, 2), False),
+        ("0 0 13 * fri", date(2026, 3, 6), True),  # both restricted: either
+        ("0 0 13 * fri", date(2026, 3, 7), False),
+    ],
+)
+def test_cron_matches_a_day(expr: str, day: date, matches: bool) -> None:
+    assert CronExpr.parse(expr).matches_day(day) is matches
+
+
 # --- cron fields --------------------------------------------------------------------------
 
 
@@ -155,6 +209,7 @@ def test_both_day_fields_restricted_match_either() -> None:
         ("0 0 13 * *", [13]),
         ("0 0 */2 * 5", [13, 27]),  # a star-prefixed day field: both must match
         ("0 0 ? * 5", [6, 13, 20, 27]),
+        ("0 0 1 * ?", [1]),  # '?' leaves the day of the week unrestricted, as '*' does
         ("0 0 1,15 * 7", [1, 8, 15, 22]),  # 7 is Sunday; both restricted: either
     ],
 )
@@ -271,6 +326,70 @@ def test_a_schedule_round_trips_through_its_record() -> None:
 def test_bad_input_is_refused_naming_what_is_wrong(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("*", r"\*").replace("?", r"\?")):
         Schedule.create("report", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("expr", "why"),
+    [
+        ("0 0 L * *", "day-of-month field 'L' uses 'l', which is not supported"),
+        ("0 0 W * *", "day-of-month field 'W' uses 'w', which is not supported"),
+        ("0 0 15W * *", "day-of-month field '15W' uses '15w', which is not supported"),
+        ("0 0 * * 5L", "day-of-week field '5L' uses '5l', which is not supported"),
+        ("0 0 * * 1#2", "day-of-week field '1#2' uses '1#2', which is not supported"),
+        ("x * * * *", "minute field 'x' has 'x', which is not a number"),
+        ("0 0 * foo *", "month field 'foo' has 'foo', which is not a number or a name "
+                        "(jan, feb, mar, apr, may, jun, jul, aug, sep, oct, nov, dec)"),
+        ("0 0 * * funday", "day-of-week field 'funday' has 'funday', which is not a number "
+                           "or a name (sun, mon, tue, wed, thu, fri, sat)"),
+        ("61 * * * *", "minute field '61' has 61, outside 0-59"),
+        ("1-2-3 * * * *", "minute field '1-2-3' has '2-3', which is not a number"),
+        ("1,,2 * * * *", "minute field '1,,2' has an empty list item"),
+        ("*/x * * * *", "minute field '*/x' has step 'x'; a step must be a whole number >= 1"),
+        ("*/0 * * * *", "minute field '*/0' has step '0'; a step must be a whole number >= 1"),
+        ("? * * * *", "minute field '?' uses '?', which only the day fields accept"),
+    ],
+)
+def test_a_bad_cron_field_is_refused_saying_what_is_wrong(expr: str, why: str) -> None:
+    with pytest.raises(CronError) as caught:
+        CronExpr.parse(expr)
+    assert str(caught.value) == f"invalid cron expression {expr!r}: {why}"
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("", "invalid cron expression '': it is empty"),
+        ("@reboot", "invalid cron expression '@reboot': unknown macro '@reboot' (supported: "
+                    "@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly)"),
+        ("* * *", "invalid cron expression '* * *': it has 3 fields, cron needs 5 (minute "
+                  "hour day-of-month month day-of-week)"),
+        ("0 0 30 2 *", "invalid cron expression '0 0 30 2 *': it never fires (no month it "
+                       "names has such a day)"),
+        (5, "cron expression must be a str, got int"),
+    ],
+)
+def test_a_bad_cron_expression_is_refused_saying_why(expr: Any, message: str) -> None:
+    with pytest.raises(CronError) as caught:
+        CronExpr.parse(expr)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("expr", "minutes", "days", "weekdays"),
+    [
+        ("*/1 * * * *", list(range(60)), range(1, 32), range(7)),
+        ("0 0 ? * *", [0], range(1, 32), range(7)),
+        ("0 0 * * ?", [0], range(1, 32), range(7)),
+        ("0 0 1 * sun,7", [0], [1], [0]),
+        ("0 0 5-5 * *", [0], [5], range(7)),  # a range of one day
+    ],
+)
+def test_steps_of_one_and_question_marks_in_the_day_fields_are_accepted(
+        expr: str, minutes: list[int], days: range, weekdays: range) -> None:
+    parsed = CronExpr.parse(expr)
+    assert parsed.text == expr
+    assert list(parsed.minutes) == minutes
+    assert parsed.days == frozenset(days) and parsed.weekdays == frozenset(weekdays)
 
 
 def test_a_bad_workflow_name_is_refused() -> None:

@@ -133,8 +133,15 @@ def test_shares_split_as_evenly_as_whole_runs_allow(limit: int, shards: int,
 
 @pytest.mark.parametrize(
     ("limit", "rung", "expected"),
-    [(1, 5, 1), (8, 5, 1), (9, 5, 2), (100, 5, 5), (0, 5, 0), (10, 0, 0)],
+    [(1, 5, 1), (8, 5, 1), (9, 5, 2), (100, 5, 5), (0, 5, 0), (10, 0, 0), (-9, 5, 0)],
 )
 def test_a_first_round_visits_one_shard_per_claim_share(limit: int, rung: int,
                                                         expected: int) -> None:
     assert visits(limit, rung) == expected
+
+
+def test_the_shards_of_a_name_no_worker_here_leases_are_other_workers() -> None:
+    found = candidates([(N, [("3", 100.0), ("4", 150)]), ("other", [("3", 200.0)])],
+                       {N: {3}})
+    assert found == [Candidate(OWN, N, 3, 100.0), Candidate(OTHER, N, 4, 150.0),
+                     Candidate(OTHER, "other", 3, 200.0)]

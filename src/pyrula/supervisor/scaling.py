@@ -175,7 +175,8 @@ def _growth_wanted(policy: ScalingPolicy, i: ScalingInputs) -> str | None:
     if i.oldest_age is not None and i.oldest_age > policy.scale_up_after:
         return (f"oldest queued run waited {i.oldest_age:.1f} s > --scale-up-after "
                 f"{policy.scale_up_after:g} s ({i.queued} queued)")
-    saturated = i.ready > 0 and i.total_slots > 0 and i.busy_slots >= i.total_slots
+    # Slots are counted over the ready children: none ready, no slots.
+    saturated = i.total_slots > 0 and i.busy_slots >= i.total_slots
     if saturated and (i.queued is None or i.queued > 0):
         queued = "queue unknown" if i.queued is None else f"{i.queued} queued"
         return f"every child at max_concurrent_runs ({i.busy_slots}/{i.total_slots} busy, " \

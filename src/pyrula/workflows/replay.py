@@ -282,7 +282,7 @@ class Replay:
             # Decide the timeout durably, so a signal arriving later cannot win on replay.
             return WaitDecision(WaitTurn.DECIDE_TIMEOUT, command=woken_by_timeout(now, call))
         wake_at = None if timeout_at is None else float(timeout_at)
-        return WaitDecision(WaitTurn.BLOCK, waiting=waiting, wake_at=wake_at)
+        return WaitDecision(WaitTurn.BLOCK, wake_at=wake_at)
 
     def _take(self, signal: Event) -> WaitDecision:
         self._consumed.add(int(signal["seq"]))

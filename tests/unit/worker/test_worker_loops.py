@@ -9,6 +9,7 @@ import pytest
 
 from pyrula.workflows import (
     RunStatus,
+    StoreUnavailable,
     WorkflowContext,
     WorkflowNotFound,
     WorkflowWorker,
@@ -19,6 +20,7 @@ from pyrula.workflows.worker.loops import BACKOFF_MAX, BACKOFF_MIN, backoff_dela
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
     Outage,
+    Spy,
     capture,
     fast_options,
     logged,
@@ -187,3 +189,49 @@ async def test_an_attempt_whose_run_the_store_lost_stands_down_and_the_scans_go_
         # The run is still there here, its lock lapsing: the orphan scan takes it back.
         assert await worker.client.result(lost.run_id, timeout=10) == 2
     assert [r.getMessage() for r in caplog.records if "no such run" in r.getMessage()]
+
+
+class LostReply:
+    """The first claim that returns runs runs in the store, then its reply is lost."""
+
+    def __init__(self, store: Any) -> None:
+        self._real = store.claim
+        self._armed = True
+        store.claim = self._claim
+
+    async def _claim(self, *args: Any, **kwargs: Any) -> Any:
+        claimed = await self._real(*args, **kwargs)
+        if self._armed and claimed:
+            self._armed = False
+            raise StoreUnavailable("injected: the claim's reply was lost")
+        return claimed
+
+
+@pytest.mark.usefixtures("quick_backoff")
+async def test_the_runs_of_a_claim_whose_reply_was_lost_are_put_back_once(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Locked by this worker, which never learnt of them: put back before the next claim
+    (not left to lapse and be reclaimed as orphans, charged a crash), counted and logged
+    once, and not again by the claims after it."""
+    capture(caplog)
+    LostReply(store)
+    spy = Spy(store, "claim", "requeue_unheld")
+    worker = WorkflowWorker(store=store, workflows=[wloop_steps], options=fast_options())
+    runs = [await worker.client.submit(wloop_steps, {}) for _ in range(2)]  # one claim
+    async with serving(worker):
+        for run in runs:
+            assert await worker.client.result(run.run_id, timeout=10) == 2
+        claims = spy.count("claim")
+        await await_until(lambda: spy.count("claim") >= claims + 3, what="three more claims")
+    assert spy.count("requeue_unheld") == 1
+    assert worker.metrics.get("pyrula.workflows.runs.requeued", reason="store_unavailable") == 2
+    records = logged(caplog, "run_requeued")
+    assert sorted(r.run_id for r in records) == sorted(r.run_id for r in runs)  # type: ignore[attr-defined]
+    assert records[0].getMessage() == (
+        f"run {records[0].run_id} requeued: claimed by this worker when the store went "  # type: ignore[attr-defined]
+        "away, but the claim's reply was lost")
+    for run in runs:
+        events = await worker.client.events(run.run_id)
+        assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]
+        assert (await worker.client.get(run.run_id)).attempt == 2

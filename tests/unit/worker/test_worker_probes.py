@@ -116,6 +116,32 @@ async def test_readyz_says_draining_as_soon_as_stop_is_called(store: Any) -> Non
     assert await worker.client.result(run.run_id, timeout=5) == key
 
 
+async def test_the_claim_loop_is_seen_to_turn_while_idle_and_while_draining(
+    store: Any,
+) -> None:
+    """claim_tick_age() (what a fleet's stall watchdog reads) stays a fresh age between
+    polls of an idle worker and while a stopping worker drains its last run."""
+    key = unique("turning")
+    GATES[key] = asyncio.Event()
+    worker = make_worker(store, claim_poll_interval=0.05, shutdown_grace=10.0)
+    task = await start(worker)
+    ages: list[float] = []
+
+    def sampled(n: int) -> bool:
+        ages.append(worker.claim_tick_age())
+        return len(ages) >= n
+
+    await await_until(lambda: sampled(10), interval=0.03, what="ages while idle")
+    run = await worker.client.submit(wprobe_held, {"key": key})
+    await await_until(lambda: worker.in_flight == 1, what="the run in flight")
+    worker.stop()
+    await await_until(lambda: sampled(20), interval=0.03, what="ages while draining")
+    GATES[key].set()
+    await asyncio.wait_for(task, 30)
+    assert await worker.client.result(run.run_id, timeout=5) == key
+    assert max(ages) < 1.0, ages
+
+
 async def test_readyz_reports_a_store_binding_mismatch(store: Any) -> None:
     await store.bind("shop", "prod")
     spy = Spy(store, "claim")

@@ -14,6 +14,7 @@ from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, w
 from pyrula.workflows.worker.pool import default_pool_size
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
+    Outage,
     capture,
     fast_options,
     logged,
@@ -321,3 +322,22 @@ async def test_a_claim_that_never_answers_is_cancelled_and_its_runs_put_back(
     assert info.owner is None
     events = await worker.client.events(run.run_id)
     assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]
+    assert worker.metrics.get("pyrula.workflows.runs.requeued", reason="store_unavailable") == 1
+
+
+async def test_a_failed_put_back_of_an_unanswered_claim_is_logged_and_the_worker_stops(
+    store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs then lapse and are reclaimed as orphans: the stop goes on, and says why."""
+    from pyrula.workflows.worker import claim as claim_module
+
+    monkeypatch.setattr(claim_module, "CLAIM_STOP_S", 0.2)
+    capture(caplog)
+    _, _, worker, task, run = await _claim_held_back(store, "putback")
+    Outage(store, "requeue_unheld").active = True
+    await stop(worker, task)
+    [record] = [r for r in caplog.records
+                if r.getMessage() == "putting back the runs of an unanswered claim failed"]
+    assert record.levelname == "WARNING"
+    assert record.exc_info is not None and record.exc_info[0].__name__ == "StoreUnavailable"
+    assert record.worker_id == worker.worker_id  # type: ignore[attr-defined]
