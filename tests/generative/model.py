@@ -93,6 +93,8 @@ class Model:
         return self.keys.get((name, idempotency_key))
 
     def submitted(self, run: ModelRun) -> None:
+        if run.params is None:  # a submit without params gives the run {}
+            run.params = {}
         self.runs[run.run_id] = run
         if run.idempotency_key is not None:
             self.keys[(run.kind.name, run.idempotency_key)] = run.run_id

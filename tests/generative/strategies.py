@@ -3,13 +3,23 @@ idempotency keys and JSON payloads, and the private registries their workers ser
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from hypothesis import Phase
 from hypothesis import strategies as st
 
 from pyrula.workflows import WorkflowContext
 from pyrula.workflows.definition import MAX_NAME_LENGTH, Registry, WorkflowSpec
 from pyrula.workflows.events import BUILD_SIGNAL, INTERRUPT_SIGNAL
+
+#: The phases of a generative test: under CI=true, no shrinking. A failing example waits
+#: out the settle bound at each shrink step (and a per-test timeout, raised inside the
+#: example, reads to Hypothesis as one more failure to shrink), so CI reports the example
+#: as found, with what replays it, instead of running out its time; elsewhere a failure
+#: is shrunk to its shortest form.
+PHASES = ([Phase.explicit, Phase.reuse, Phase.generate] if os.environ.get("CI") == "true"
+          else list(Phase))
 
 #: Any character a name may hold: all but control characters and lone surrogates.
 NAME_CHARS = st.characters(blacklist_categories=("Cc", "Cs"))

@@ -28,7 +28,7 @@ from pyrula.workflows.events import INTERRUPT_SIGNAL
 from tests.generative.conftest import BACKENDS, StoreFactory, make_factory
 from tests.generative.harness import Harness
 from tests.generative.model import KINDS, Kind, Model, ModelRun
-from tests.generative.strategies import json_values, names, signal_names, tokens
+from tests.generative.strategies import PHASES, json_values, names, signal_names, tokens
 
 EXAMPLES = int(os.environ.get("PYRULA_FUZZ_EXAMPLES", "8"))
 
@@ -183,7 +183,7 @@ def factories(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[s
                 store.close()
 
 
-@settings(max_examples=EXAMPLES, deadline=None,
+@settings(max_examples=EXAMPLES, deadline=None, phases=PHASES,
           derandomize=os.environ.get("CI") == "true",
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=programs(), shard_count=st.sampled_from([1, 2, 3, 64]))

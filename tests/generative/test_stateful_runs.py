@@ -44,7 +44,7 @@ from pyrula.workflows import RunStatus
 from pyrula.workflows.events import INTERRUPT_SIGNAL
 from tests.generative.harness import BOUND, Harness, check_journal
 from tests.generative.model import KINDS, Kind, Model, ModelRun
-from tests.generative.strategies import json_values, names, signal_names, tokens
+from tests.generative.strategies import PHASES, json_values, names, signal_names, tokens
 
 #: The workers' own threads draw from ``random`` (jittered backoff, a Valkey claim's first
 #: shard) while Hypothesis draws the next step, which it would take for a strategy's use.
@@ -279,6 +279,6 @@ def test_runs_agree_with_the_model(new_store: Any) -> None:
 
     Machine.new_store = staticmethod(new_store)
     run_state_machine_as_test(Machine, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, phases=PHASES,
         derandomize=os.environ.get("CI") == "true",
     ))
