@@ -87,9 +87,11 @@ def test_a_child_stopped_past_its_lock_ttl_loses_its_runs_and_its_late_writes_ar
         for _ in range(stops):
             reclaimed = count_in_log(fleet, "run_reclaimed")
             victim = wait_until(lambda: stop_child(fleet, load), 30, what="a busy child")
-            # Frozen until the other child's orphan scan has taken its runs.
+            # Frozen until the other child's orphan scan has taken its runs: a run on a shard
+            # the frozen child leases is scanned once that lease lapses (shard_lease_ttl,
+            # 30 s), so the wait allows for it.
             fleet.wait_for_log_count("run_reclaimed", reclaimed + victim["in_flight"],
-                                     timeout=30)
+                                     timeout=60)
             lost = count_in_log(fleet, LOCK_LOST)
             resume(victim["pid"], load)
             fleet.wait_for_log_count(LOCK_LOST, lost + 1, timeout=30)

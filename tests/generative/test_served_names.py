@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from pyrula.workflows import RunStatus, WorkflowClient, WorkflowWorker
 from tests.conftest import await_until
+from tests.generative.harness import other_store
 from tests.generative.strategies import echo_registry, names
 from tests.unit.worker.worker_support import fast_options
 
@@ -23,19 +24,6 @@ from tests.unit.worker.worker_support import fast_options
 BOUND = 20.0
 
 served = st.lists(names, min_size=1, max_size=6, unique=True)
-
-
-def other_store(store: Any) -> Any:
-    """Another store object on the same store (a submitting tier of its own), where the
-    backend has one; the memory store is one object."""
-    from pyrula.workflows import SQLiteStore, ValkeyStore
-
-    if isinstance(store, ValkeyStore):
-        conn = store.connection
-        return ValkeyStore(url=conn.url, namespace=conn.namespace, shard_count=conn.shard_count)
-    if isinstance(store, SQLiteStore):
-        return SQLiteStore(store.path)
-    return store
 
 
 @settings(max_examples=12, deadline=None,

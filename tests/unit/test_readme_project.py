@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pyrula.cli.common import import_target
+from pyrula.cli.common import load_workflows
 from pyrula.cli.main import cli
 from pyrula.workflows import SQLiteStore, SyncWorkflowClient
 
@@ -42,11 +42,18 @@ def test_app_imports_a_package_module_from_the_working_directory(
     package = tmp_path / "readme_shop"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "workflows.py").write_text("MARK = 'from the working directory'\n")
+    (package / "workflows.py").write_text(
+        "from pyrula.workflows import workflow\n"
+        "MARK = 'from the working directory'\n"
+        "@workflow(name='readme_shop.order')\n"
+        "async def order(ctx, params):\n"
+        "    return MARK\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     try:
-        assert import_target("readme_shop.workflows").MARK == "from the working directory"
+        # What `--app readme_shop.workflows` does: the working directory is importable.
+        load_workflows(("readme_shop.workflows",), ())
+        assert sys.modules["readme_shop.workflows"].MARK == "from the working directory"
     finally:
         for name in ("readme_shop.workflows", "readme_shop"):
             sys.modules.pop(name, None)
@@ -57,6 +64,10 @@ def test_the_default_store_is_pyrula_db_where_the_command_runs(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PYRULA_STORE_URL", raising=False)
+    refused = CliRunner().invoke(cli, ["submit", "readme_flow", "{}"], catch_exceptions=False)
+    assert refused.exit_code == 1  # no fleet has made a store here: nothing is created
+    assert f"no store at {tmp_path / 'pyrula.db'}" in refused.output
+    SQLiteStore(str(tmp_path / "pyrula.db")).close()  # as a fleet started here makes it
     done = CliRunner().invoke(cli, ["submit", "readme_flow", "{}"], catch_exceptions=False)
     assert done.exit_code == 0, done.output
     run_id = json.loads(done.stdout)["run_id"]
