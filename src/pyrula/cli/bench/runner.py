@@ -243,13 +243,7 @@ class _Bench:
         duration = percentiles(durations)
         kills = killer.kills if killer else []
         upgrades = upgrader.sent if upgrader else []
-        live = {str(c.get("worker_id")) for c in (status or {}).get("children", [])}
-        known = {str(c.get("worker_id")): c["pid"] for c in (status or {}).get("children", [])
-                 if isinstance(c.get("pid"), int)}
-        known.update({str(k["worker_id"]): k["pid"] for k in kills if k.get("worker_id")})
-        killed = {str(k["worker_id"]) for k in kills}
         verification = verify(load.records, config.check)
-        counts = journals.workers if journals else {}
         if config.workflow is None:
             steps_done: int | None = verification.completed * steps
         else:  # the user's workflow: as many steps as its journals recorded
@@ -257,10 +251,6 @@ class _Bench:
         per_run = None
         if commands_before is not None and commands_after is not None:
             per_run = round((commands_after - commands_before) / runs, 1)
-        submit_rate = None
-        if load.first_submit is not None and load.last_submit is not None and runs > 1:
-            span = load.last_submit - load.first_submit
-            submit_rate = round((load.submitted - 1) / span, 1) if span > 0 else None
         return {
             "store": self.url.split("://", 1)[0],
             "children": children,
@@ -281,14 +271,14 @@ class _Bench:
             "mode": config.mode,
             "rate": config.rate,
             "concurrency": config.concurrency,
-            "submit_rate_achieved": submit_rate,
+            "submit_rate_achieved": _submit_rate(load, runs),
             "step_kind": config.step_kind if config.workflow is None else None,
             "payload_bytes": config.payload_bytes if config.workflow is None else None,
             "attached": config.attach,
             "namespace": self.namespace if self.valkey else None,
             "latency_ms": percentiles(latencies),
             "run_duration_ms": duration,
-            "child_shares": child_shares(counts, known, killed, live),
+            "child_shares": _shares(status, kills, journals),
             "shards": shard_balance(status, load.workflow),
             "store_commands_per_run": per_run,
             "store_commands_note": (COMMANDS_NOTE if per_run is not None else
@@ -305,6 +295,27 @@ class _Bench:
             "gave_up": (f"{load.reason} (is the fleet at {config.attach} on this store and "
                         "namespace?)" if load.reason and config.attach else load.reason),
         }
+
+
+def _submit_rate(load: Load, runs: int) -> float | None:
+    """Runs submitted per second, from the first submit to the last."""
+    if load.first_submit is None or load.last_submit is None or runs <= 1:
+        return None
+    span = load.last_submit - load.first_submit
+    return round((load.submitted - 1) / span, 1) if span > 0 else None
+
+
+def _shares(status: dict[str, Any] | None, kills: list[dict[str, Any]],
+            journals: Journals | None) -> list[dict[str, Any]]:
+    """Each child's share of the runs: the children the final status lists, those killed
+    on the way (by pid), from the workers the journals name."""
+    children = (status or {}).get("children", [])
+    live = {str(c.get("worker_id")) for c in children}
+    known = {str(c.get("worker_id")): c["pid"] for c in children
+             if isinstance(c.get("pid"), int)}
+    known.update({str(k["worker_id"]): k["pid"] for k in kills if k.get("worker_id")})
+    killed = {str(k["worker_id"]) for k in kills}
+    return child_shares(journals.workers if journals else {}, known, killed, live)
 
 
 def _nothing() -> None:
