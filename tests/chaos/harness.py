@@ -308,6 +308,20 @@ def count_in_log(fleet: Fleet, text: str) -> int:
     return fleet.log().count(text)
 
 
+def held_by(load: ChaosLoad, worker_id: str) -> list[str]:
+    """The runs of ``load`` still running on an attempt ``worker_id`` started: the runs a
+    frozen worker holds until the rest of the fleet takes them back (a reclaimed run is
+    requeued, then started again by another worker, or has ended)."""
+    held = []
+    for run_id in load.expected:
+        if load._ended(run_id) or load.client.get(run_id).status.value != "running":
+            continue
+        starts = [e for e in load.client.events(run_id) if e["type"] == "run:started"]
+        if starts and starts[-1].get("worker") == worker_id:
+            held.append(run_id)
+    return held
+
+
 # --- a worker's clock moved at run time (libfaketime) -----------------------------------
 
 #: Puts back a working ``time.sleep`` in a process under libfaketime with

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pyrula.workflows import SyncWorkflowClient, ValkeyStore
-from tests.chaos.harness import APP, ChaosLoad, count_in_log, resume, stop_child
+from tests.chaos.harness import APP, ChaosLoad, count_in_log, held_by, resume, stop_child
 from tests.conftest import wait_until
 from tests.fleet.fleetprocs import QUICK, Fleets
 
@@ -89,9 +89,11 @@ def test_a_child_stopped_past_its_lock_ttl_loses_its_runs_and_its_late_writes_ar
             victim = wait_until(lambda: stop_child(fleet, load), 30, what="a busy child")
             # Frozen until the other child's orphan scan has taken its runs: a run on a shard
             # the frozen child leases is scanned once that lease lapses (shard_lease_ttl,
-            # 30 s), so the wait allows for it.
-            fleet.wait_for_log_count("run_reclaimed", reclaimed + victim["in_flight"],
-                                     timeout=60)
+            # 30 s), so the wait allows for it. The runs are read from the store, not from
+            # the victim's last heartbeat, whose in_flight may count a run it ended since.
+            fleet.wait_for_log_count("run_reclaimed", reclaimed + 1, timeout=60)
+            wait_until(lambda v=victim: not held_by(load, v["worker_id"]), 60, interval=0.25,
+                       what=f"the runs of frozen {victim['pid']} reclaimed")
             lost = count_in_log(fleet, LOCK_LOST)
             resume(victim["pid"], load)
             fleet.wait_for_log_count(LOCK_LOST, lost + 1, timeout=30)
