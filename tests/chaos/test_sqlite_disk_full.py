@@ -27,6 +27,7 @@ import pytest
 from pyrula.workflows import SQLiteStore, StoreUnavailable, SyncWorkflowClient
 from tests.chaos.harness import APP, ChaosLoad
 from tests.fleet.fleetprocs import QUICK, Fleets
+from tests.tools import needs_tool
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +41,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
                           capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
+    needs_tool("a full disk (the SQLite disk-full scenario)",
+               None if done.returncode == 0
+               else f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
     try:
         yield mount
     finally:
