@@ -406,6 +406,29 @@ def test_workflow_the_fleet_does_not_serve_exits_2_naming_the_served_ones(
     assert "does not serve 'pyrula.bench'; it serves greet: start it with --app" in proc.stderr
 
 
+def test_a_store_other_than_the_attached_fleets_exits_2_and_creates_nothing(
+        tmp_path: Path, user_fleet: tuple[str, str]) -> None:
+    url, store = user_fleet
+    missing = tmp_path / "elsewhere" / "pyrula.db"
+    missing.parent.mkdir()
+    proc, figures = bench(tmp_path, "--attach", url, "--store", f"sqlite:///{missing}",
+                          "--workflow", "greet", "--runs", "3")
+    assert proc.returncode == 2 and figures is None, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: no store at {missing}: pass the --store the fleet at {url} runs on "
+        "(its /status names it)"]
+    assert not missing.exists()  # no empty store left behind for the next command to read
+
+    other = tmp_path / "other.db"
+    SQLiteStore(str(other)).close()
+    proc, figures = bench(tmp_path, "--attach", url, "--store", f"sqlite:///{other}",
+                          "--workflow", "greet", "--runs", "3")
+    assert proc.returncode == 2 and figures is None, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --attach: the fleet at {url} runs on {store}, the bench on "
+        f"sqlite:///{other}: pass --store {store}"]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--attach", "http://127.0.0.1:9", "--workflow", "greet", "--params", "{word: 1}"],
      "error: --params is not JSON: Expecting property name enclosed in double quotes"),

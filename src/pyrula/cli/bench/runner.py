@@ -29,6 +29,7 @@ from pyrula.cli.bench.measure import (
     verify,
 )
 from pyrula.config.fleet import resolve_store_url
+from pyrula.config.store_url import shown_url, sqlite_file
 from pyrula.supervisor.children import ChildState
 from pyrula.workflows import (
     ConfigurationError,
@@ -74,6 +75,11 @@ class _Bench:
         if self.url.split("://", 1)[0].lower() == "memory":
             raise BenchError("--store memory:// lives in one process: a fleet cannot share it "
                              "(use sqlite:///FILE or redis://HOST:PORT)", code=2)
+        path = sqlite_file(self.url)
+        if self.config.attach and path is not None and not os.path.exists(path):
+            # Opening it would create an empty store no fleet reads: every run would wait.
+            raise BenchError(f"no store at {os.path.abspath(path)}: pass the --store the fleet "
+                             f"at {self.config.attach} runs on (its /status names it)", code=2)
         options: dict[str, Any] = {}
         if self.valkey:
             if self.namespace:
@@ -115,6 +121,7 @@ class _Bench:
             status = await fleet.check(want_kills=config.kill_every is not None
                                        or config.upgrade_every is not None)
             _check_serves(status, config.attach, config.workflow_name)
+            _check_same_store(status, config.attach, self.url)
             children = len(status["children"])
         else:
             bounds = (None if config.min_children is None or config.max_children is None
@@ -357,6 +364,19 @@ def _check_serves(status: dict[str, Any], url: str, workflow: str) -> None:
             f"--attach: the fleet at {url} does not serve {workflow!r}; it serves "
             f"{', '.join(sorted(served))}: {how}", code=2,
         )
+
+
+def _check_same_store(status: dict[str, Any], url: str, store_url: str) -> None:
+    """An attached fleet on a SQLite file other than the bench's is a usage error: its
+    runs would never be claimed. (A Valkey URL may name one server by several hosts, so
+    only SQLite files, named by their absolute paths, are compared.)"""
+    theirs = status.get("store")
+    ours = shown_url(store_url)
+    if not isinstance(theirs, str) or theirs == ours:
+        return
+    if sqlite_file(theirs) is not None or sqlite_file(store_url) is not None:
+        raise BenchError(f"--attach: the fleet at {url} runs on {theirs}, the bench on "
+                         f"{ours}: pass --store {theirs}", code=2)
 
 
 def _note(config: BenchConfig) -> str:
