@@ -14,7 +14,6 @@ import contextvars
 import json
 import logging
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,9 +77,11 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``12:00:00.123 INFO    name: message``; with ``process`` fields (a fleet child's),
-    ``12:00:00.123 INFO    [slot 1 pid 1234] name: message``, so that the lines of the
-    fleet's children, which share its stderr, say which child wrote them."""
+    """``2026-12-01T12:00:00.123Z INFO    name: message``; with ``process`` fields (a fleet
+    child's), ``2026-12-01T12:00:00.123Z INFO    [slot 1 pid 1234] name: message``, so that
+    the lines of the fleet's children, which share its stderr, say which child wrote them.
+    The time is the one form every instant pyrula shows takes (ISO-8601 UTC), never the
+    host's local time: lines from hosts in other zones, or a JSON log, line up."""
 
     def __init__(self, process: Mapping[str, Any] | None = None) -> None:
         tag = " ".join(f"{key} {value}" for key, value in (process or {}).items())
@@ -89,9 +90,7 @@ class TextFormatter(logging.Formatter):
                          "%(name)s: %(message)s")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-        return time.strftime("%H:%M:%S", time.localtime(record.created)) + (
-            f".{int(record.msecs):03d}"
-        )
+        return iso_utc(record.created)
 
 
 def _event_of(message: str) -> str:

@@ -20,7 +20,8 @@ def test_each_childs_drain_lines_name_its_slot_and_pid_in_text(fleets: Fleets) -
         tagged = [line for line in fleet.log().splitlines()
                   if f"[slot {slot} pid {pid}] " in line and "shutdown: 2/5" in line]
         assert len(tagged) == 1, fleet.log()[-4000:]
-        assert re.match(r"\d\d:\d\d:\d\d\.\d{3} INFO +\[slot \d+ pid \d+\] pyrula\.", tagged[0])
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO +"
+                        r"\[slot \d+ pid \d+\] pyrula\.", tagged[0])
     # The supervisor's own lines are not a child's: no tag.
     drain = [line for line in fleet.log().splitlines() if "pyrula.fleet:" in line]
     assert drain and not any("[slot " in line for line in drain)
