@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pyrula.workflows import ConfigurationError, SQLiteStore
+from pyrula.workflows import ConfigurationError, SQLiteStore, SyncWorkflowClient
 from pyrula.workflows.records import PoisonPolicy
 from pyrula.workflows.schedules import Schedule
 from pyrula.workflows.stores.capabilities import QueueStat
@@ -191,3 +191,23 @@ def test_a_claim_does_not_read_every_queued_run(tmp_path: Path) -> None:
         finally:
             store.close()
     assert costs[1] < costs[0] * 1.5, costs
+
+
+def test_create_false_refuses_a_missing_file_and_makes_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError) as refused:
+        SQLiteStore("pyrula.db", create=False)
+    assert str(refused.value).startswith(f"no store at {tmp_path / 'pyrula.db'}: ")
+    assert list(tmp_path.iterdir()) == []  # no empty store left for a reader to find
+
+
+def test_create_false_opens_the_store_a_worker_made(tmp_path: Path) -> None:
+    made = SQLiteStore(tmp_path / "fleet.db")
+    run_id = SyncWorkflowClient(made).submit("wf", {"n": 1}).run_id
+    made.close()
+    store = SQLiteStore(tmp_path / "fleet.db", create=False)
+    try:
+        assert SyncWorkflowClient(store).get(run_id).params == {"n": 1}
+    finally:
+        store.close()

@@ -53,7 +53,12 @@ logger = logging.getLogger(__name__)
 
 class SQLiteStore(SyncAdmin):
     """A store in one SQLite file (WAL). ``SQLiteStore(path)``; ``:memory:`` is refused
-    because it cannot be shared — use MemoryStore for that."""
+    because it cannot be shared — use MemoryStore for that.
+
+    The file is created when it does not exist, as a worker or a fleet wants. A script
+    that only submits to or reads a fleet's store passes ``create=False``: opened from
+    another directory, a relative path would name a new, empty store that no worker reads
+    (its runs would wait forever), so a missing file is refused instead, naming it."""
 
     #: Every call's body is synchronous: under SYNC_DRIVE it runs on the caller's thread.
     sync_driven: ClassVar[bool] = True
@@ -64,7 +69,12 @@ class SQLiteStore(SyncAdmin):
         *,
         busy_timeout: float = 30.0,
         synchronous: str = "NORMAL",
+        create: bool = True,
     ) -> None:
+        if not create and not os.path.exists(path):
+            raise ConfigurationError(
+                f"no store at {os.path.abspath(path)}: open the file your fleet or worker "
+                "runs on (SQLiteStore(create=False) opens an existing store only)")
         self._db = db = Database(
             os.fspath(path), busy_timeout=busy_timeout, synchronous=synchronous
         )
@@ -344,4 +354,4 @@ class SQLiteStore(SyncAdmin):
         await asyncio.get_running_loop().run_in_executor(None, self.close)
 
     def __repr__(self) -> str:
-        return f"SQLiteStore({self.path!r})"
+        return f"SQLiteStore({os.path.abspath(self.path)!r})"
