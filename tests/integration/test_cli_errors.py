@@ -58,7 +58,7 @@ ROWS: list[tuple[str, str, list[str], dict[str, str], str]] = [
     ("pyrula", "dev", ["--workflow", "ceapp"], {},
      "--workflow ceapp: expected MODULE:FUNCTION naming a @workflow"),
     ("pyrula", "events", [RUN, *MEMORY], {}, "--store memory://"),
-    ("pyrula", "get", [RUN, "--store", "nosuch://x"], {}, "unknown store URL scheme"),
+    ("pyrula", "get", [RUN, "--store", "nosuch://x"], {}, "--store: unknown store URL scheme"),
     ("pyrula", "result", [RUN, "--timeout", "soon"], {}, "'--timeout'"),
     ("pyrula", "runs", ["--status", "bogus"], {}, "--status 'bogus' is not a run status"),
     ("pyrula", "runs cancel", [RUN], {"PYRULA_STORE_URL": "memory://"},
@@ -69,7 +69,8 @@ ROWS: list[tuple[str, str, list[str], dict[str, str], str]] = [
     ("pyrula", "runs result", [RUN, "--timeout", "soon"], {}, "'--timeout'"),
     ("pyrula", "runs resume", [RUN, "{bad"], {}, "VALUE_JSON is not JSON"),
     ("pyrula", "runs retry", [RUN, "--bogus"], {}, "No such option '--bogus'"),
-    ("pyrula", "runs show", [RUN, "--store", "nosuch://x"], {}, "unknown store URL scheme"),
+    ("pyrula", "runs show", [RUN, "--store", "nosuch://x"], {},
+     "--store: unknown store URL scheme"),
     ("pyrula", "runs signal", [RUN, "go", "not json"], {}, "PAYLOAD_JSON is not JSON"),
     ("pyrula", "runs stuck", ["--limit", "0"], {}, "'--limit'"),
     ("pyrula", "runs submit", ["ce_hello", "{bad"], {}, "PARAMS is not JSON"),
@@ -112,7 +113,11 @@ ROWS: list[tuple[str, str, list[str], dict[str, str], str]] = [
     ("pyrula-fleet", "start", ["--app", "no_such_app_77", "--health-port", "0"], {},
      "--app no_such_app_77: no module"),
     ("pyrula-fleet", "start", ["--app", "ceapp", "--store", "nosuch://x"], {},
-     "unknown store URL scheme"),
+     "--store: unknown store URL scheme"),
+    ("pyrula-fleet", "start", ["--app", "ceapp"], {"PYRULA_STORE_URL": "nosuch://x"},
+     "PYRULA_STORE_URL: unknown store URL scheme"),
+    ("pyrula-fleet", "start", ["--app", "ceapp", "--store", "sqlite:////no/such/dir/p.db"], {},
+     "--store: SQLite store directory does not exist: /no/such/dir"),
     ("pyrula-fleet", "start", ["--app", "ceapp", "-n", "100000"], {},
      "-n 100000: this host can"),
     ("pyrula-fleet", "start", ["--app", "ceapp", "--shutdown-grace", "soon"], {},
@@ -180,6 +185,43 @@ def test_a_usage_mistake_is_one_error_line_and_exit_2(
     assert lines[0].startswith("error: "), lines[0]
     assert names in lines[0], lines[0]
     assert "child_spawned" not in proc.stderr  # a fleet refuses before it forks
+
+
+#: (program, command path, arguments after it, extra environment, the one line): what was
+#: asked about is missing or failed, exit 1.
+MISSING: list[tuple[str, str, list[str], dict[str, str], str]] = [
+    ("pyrula", "get", [RUN], {}, f"error: no run with id '{RUN}'"),
+    ("pyrula", "runs show", [RUN], {}, f"error: no run with id '{RUN}'"),
+    ("pyrula", "result", [RUN], {}, f"error: no run with id '{RUN}'"),
+    ("pyrula", "schedules delete", ["nosuch"], {},
+     "error: no schedule with id 'nosuch' (see `pyrula schedules list`)"),
+    ("pyrula", "runs list", ["--store", "sqlite:///elsewhere.db"], {},
+     "error: no store at {project}/elsewhere.db: run where your fleet runs, or set "
+     "PYRULA_STORE_URL"),
+    ("pyrula", "runs list", [], {"PYRULA_STORE_URL": "sqlite:///other.db"},
+     "error: no store at {project}/other.db: run where your fleet runs, or set "
+     "PYRULA_STORE_URL"),
+    ("pyrula-fleet", "status", ["--url", "http://127.0.0.1:9"], {},
+     "error: cannot reach the fleet at http://127.0.0.1:9: connection refused (is it "
+     "running? pass --url)"),
+    ("pyrula", "worker", ["--app", "ceapp", "--store", "redis://127.0.0.1:9",
+                          "--store-wait", "0.5", "--health-port", "0"], {},
+     "error: store redis://127.0.0.1:9 unreachable for 0.5 s: "),
+]
+
+
+@pytest.mark.parametrize(("program", "path", "args", "env", "line"), MISSING,
+                         ids=[f"{r[0]} {r[1]} {' '.join(r[2])}".strip() for r in MISSING])
+def test_what_is_missing_or_failed_is_one_error_line_and_exit_1(
+    project: Path, program: str, path: str, args: list[str], env: dict[str, str], line: str
+) -> None:
+    proc = _run(project, program, [*path.split(), *args], env)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    errors = [got for got in proc.stderr.splitlines() if got.startswith("error")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(line.format(project=project)), errors[0]
+    assert not (project / "elsewhere.db").exists() and not (project / "other.db").exists()
 
 
 # --- an app that raises at import ------------------------------------------------------

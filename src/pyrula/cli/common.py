@@ -58,6 +58,8 @@ def open_store(url: str | None, namespace: str | None = None, *, archive: bool =
     from pyrula.workflows.stores import store_from_url
     from pyrula.workflows.stores.archive import archived_if_configured
 
+    checked_store_url(url)
+
     options: dict[str, Any] = {}
     if namespace is not None:
         # click reads the flag or the variable: name both.
@@ -79,6 +81,22 @@ def open_store(url: str | None, namespace: str | None = None, *, archive: bool =
     return archived_if_configured(store) if archive else store
 
 
+def checked_store_url(url: str | None, flag: str = "--store",
+                      variable: str = "PYRULA_STORE_URL") -> str:
+    """The store URL a command uses (``url``, else ``$PYRULA_STORE_URL``, else the
+    default), refused as a usage mistake naming where it came from (the flag or the
+    variable the user must fix) when no store could be opened from it."""
+    from pyrula.config.store_url import check_url
+
+    resolved = resolve_store_url(url)
+    try:
+        check_url(resolved)
+    except ConfigurationError as exc:
+        given = flag if url is not None else variable if os.environ.get(variable) else None
+        raise InputError(f"{given}: {exc}" if given else str(exc)) from None
+    return resolved
+
+
 def existing_store(url: str | None, namespace: str | None = None, *,
                    archive: bool = True) -> Any:
     """The store for a command that reads, or acts on, what a worker or a fleet keeps in
@@ -90,6 +108,8 @@ def existing_store(url: str | None, namespace: str | None = None, *,
 
     resolved = resolve_store_url(url)
     named = f"--store {resolved}" if url is not None else f"PYRULA_STORE_URL={resolved}"
+    if not resolved.lower().startswith("memory:"):
+        checked_store_url(url)
     if resolved.lower().startswith("memory:"):
         raise InputError(f"{named}: a memory store is private to one process, empty in this "
                          "one, and no worker could reach it; name a SQLite file or a Valkey "

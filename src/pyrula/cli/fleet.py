@@ -15,7 +15,14 @@ import click
 
 from pyrula import logs
 from pyrula.apps import AppError
-from pyrula.cli.common import InputError, fail, flag_named, json_argument, run_group
+from pyrula.cli.common import (
+    InputError,
+    checked_store_url,
+    fail,
+    flag_named,
+    json_argument,
+    run_group,
+)
 from pyrula.cli.fleet_control import status, upgrade
 from pyrula.config.fleet import (
     FleetOptions,
@@ -26,7 +33,7 @@ from pyrula.config.fleet import (
     resolve_store_url,
 )
 from pyrula.config.parse import parse_int
-from pyrula.config.store_url import check_url, shown_url
+from pyrula.config.store_url import shown_url
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError
 from pyrula.supervisor.capacity import host_room, refusal
@@ -217,7 +224,7 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
         log_level=log_level,
         worker_options=given,
     )
-    check_url(options.store_url)
+    checked_store_url(store)
     warn_if_oversized(options.max_children or options.children, os.cpu_count())
     log_limits(memory, count)
     code = run_fleet(options)
@@ -280,8 +287,9 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
             f"{options.health_port}: {bind_failure(options.health_host, options.health_port, exc)}"
             "; --health-port 0 picks a free one"
         ) from None
-    size = (f"{options.children} children (elastic {options.min_children}.."
-            f"{options.max_children})" if options.elastic else f"{options.children} children")
+    children = f"{options.children} {'child' if options.children == 1 else 'children'}"
+    size = (f"{children} (elastic {options.min_children}..{options.max_children})"
+            if options.elastic else children)
     shown = f"[{host}]" if ":" in host else host
     dashboard = (f"dashboard on http://{shown}:{port}/"
                  + ("" if options.dashboard_actions else " (read-only)")
