@@ -281,7 +281,7 @@ def test_runs_suspended_across_an_incompatible_upgrade_finish_on_the_old_code(
     shown = subprocess.run([*FLEET, "status", "--url", fleet.url], env=child_env(),
                            capture_output=True, text=True, timeout=30)
     assert shown.returncode == 0, shown.stderr
-    assert "generation 1 retiring: 1 children" in shown.stdout, shown.stdout
+    assert "generation 1 retiring: 1 child," in shown.stdout, shown.stdout
     assert "open runs only its code can replay: 21" in shown.stdout, shown.stdout
 
     fresh = [client.submit("up_wait", {"tag": f"new{i}"}) for i in range(10)]

@@ -75,7 +75,8 @@ def status(url: str | None, as_json: bool) -> None:
         why = ("" if gen["state"] != "retiring" else
                "  open runs only its code can replay: " + ("not counted yet" if held is None
                                                           else str(held)))
-        click.echo(f"generation {gen['id']} {gen['state']}: {gen['children']} children, "
+        many = "child" if gen["children"] == 1 else "children"
+        click.echo(f"generation {gen['id']} {gen['state']}: {gen['children']} {many}, "
                    f"build {gen['build']}{why}")
     click.echo(f"{'SLOT':>4} {'PID':>7} {'STATE':<9} {'IN-FLIGHT':>9} {'DONE':>7} "
                f"{'RESTARTS':>8} {'RSS':>9}  WORKER / SHARDS")

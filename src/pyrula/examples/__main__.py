@@ -150,4 +150,5 @@ if __name__ == "__main__":
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args()
     logs.configure("text", args.log_level)
-    asyncio.run(main(args.db, args.runs, args.embedded))
+    # By its absolute path: which file the fleet uses must not depend on where one reads.
+    asyncio.run(main(os.path.abspath(args.db), args.runs, args.embedded))
