@@ -438,6 +438,7 @@ class SyncLink:
 
     @classmethod
     def open_now(cls, where: Endpoint, options: LinkOptions) -> SyncLink:
+        sock: socket.socket | None = None
         try:
             sock = socket.create_connection((where.host, where.port), timeout=options.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -446,6 +447,8 @@ class SyncLink:
                     sock, server_hostname=where.host if options.check_hostname else None
                 )
         except OSError as exc:  # ssl.SSLError is an OSError
+            if sock is not None:  # connected, then refused (a server dying, a TLS failure)
+                sock.close()
             raise ConnectFailed(f"cannot connect to {where}: {exc or type(exc).__name__}"
                                 ) from exc
         return cls(sock, where, options.timeout)
