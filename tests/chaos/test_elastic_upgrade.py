@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pyrula.workflows import SyncWorkflowClient, ValkeyStore
-from tests.chaos.harness import APP, ChaosLoad
+from tests.chaos.harness import APP, ChaosLoad, busy_child
+from tests.conftest import wait_until
 from tests.fleet.fleetprocs import QUICK, Fleets, child_env, write_app
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ def test_an_elastic_fleet_grows_upgrades_and_shrinks_under_load_losing_nothing(
     write_app(tmp_path, MARK.format(version="v1"), "buildmark")
     store = ValkeyStore(valkey_url, namespace=valkey_namespace)
     try:
-        load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=3, hold=0.03, seed=53)
+        load = ChaosLoad(SyncWorkflowClient(store), tmp_path, steps=3, hold=0.05, seed=53)
         fleet = fleets.start(
             "--min", "1", "--max", "3", "--scale-up-after", "0.5", "--scale-down-after", "2",
             "--max-concurrent-runs", "8", "--namespace", valkey_namespace, "--app",
@@ -42,6 +43,9 @@ def test_an_elastic_fleet_grows_upgrades_and_shrinks_under_load_losing_nothing(
         fleet.wait_ready(1, timeout=60)
         load.submit(200)
         fleet.wait_for_log("fleet_scaled: up", 30)
+        # Runs in flight when the upgrade comes, however fast the first ones went.
+        load.submit(100)
+        wait_until(lambda: busy_child(fleet, load), 30, what="a child with runs in flight")
 
         write_app(tmp_path, MARK.format(version="v2"), "buildmark")
         fleet.send(signal.SIGUSR2)

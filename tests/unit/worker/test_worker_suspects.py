@@ -350,8 +350,18 @@ async def test_a_worker_busy_with_a_long_run_passes_suspects_over_and_keeps_clai
     worker = reporting_worker(store, [holding, dwelling], max_concurrent_runs=4)
     async with serving(worker):
         await await_until(lambda: worker.in_flight == 1, what="the long run held")
-        suspect = await client.submit(dwelling, {"tag": "s", "suspect": False})
-        await make_suspects(store, [suspect.run_id])
+        # The serving worker may claim a run before the dead worker below does: that one
+        # just runs (an ordinary run), and the next is tried until a crash is charged.
+        for _ in range(50):
+            suspect = await client.submit(dwelling, {"tag": "s", "suspect": False})
+            if await store.claim_run(suspect.run_id, "dead", now=time.time(),
+                                     lock_ttl=30) is not None:
+                break
+        else:
+            pytest.fail("the serving worker claimed every run before the dead one could")
+        charged = await store.reclaim_worker("dead", now=time.time(), charge=[suspect.run_id],
+                                             poison=PoisonPolicy(max_retries=100))
+        assert [o.run_id for o in charged] == [suspect.run_id]
         later = await client.submit(dwelling, {"tag": "later", "suspect": False})
         # Claimed beside the long run once the drain gave up, the suspect still waiting.
         assert await worker.client.result(later.run_id, timeout=20) == "later"
