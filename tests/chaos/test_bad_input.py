@@ -36,11 +36,11 @@ def _refused(proc: subprocess.CompletedProcess[str], says: str) -> None:
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["submit", "orders", "{bad"], "PARAMS is not JSON"),
+    (["submit", "orders", "{bad"], "PARAMS_JSON is not JSON"),
     (["submit", "orders", '{"ratio": NaN}'], "NaN is not JSON"),
     (["submit", "orders", "[Infinity]"], "Infinity is not JSON"),
-    (["submit", "orders", "'single'"], "PARAMS is not JSON"),
-    (["signal", "0" * 32, "go", "{bad"], "PAYLOAD is not JSON"),
+    (["submit", "orders", "'single'"], "PARAMS_JSON is not JSON"),
+    (["signal", "0" * 32, "go", "{bad"], "PAYLOAD_JSON is not JSON"),
     (["signal", "0" * 32, "", "1"], "signal name must be a non-empty str"),
     (["submit", "orders", "1", "--namespace", "ns"], "--namespace applies to Valkey stores"),
 ])

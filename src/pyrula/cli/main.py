@@ -179,14 +179,14 @@ cli.add_command(runs_group)
 
 @cli.command("submit")
 @click.argument("workflow")
-@click.argument("params", default="null")
+@click.argument("params", default="{}", metavar="[PARAMS_JSON]")
 @click.option("--owner", default=None)
 @click.option("--idempotency-key", default=None)
 @STORE
 @NAMESPACE
 def submit(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
            store: str | None, namespace: str | None) -> None:
-    """Submit a run of WORKFLOW with PARAMS (JSON) (same as "pyrula runs submit")."""
+    """Submit a run of WORKFLOW with PARAMS_JSON (same as "pyrula runs submit")."""
     runs.submit_run(workflow, params, owner, idempotency_key, store, namespace)
 
 
@@ -222,13 +222,13 @@ def events(run_id: str, store: str | None, namespace: str | None) -> None:
 @cli.command("signal")
 @click.argument("run_id")
 @click.argument("name")
-@click.argument("payload", default="null")
+@click.argument("payload", default="null", metavar="[PAYLOAD_JSON]")
 @STORE
 @NAMESPACE
 def send_signal(run_id: str, name: str, payload: str, store: str | None,
                 namespace: str | None) -> None:
-    """Send signal NAME with PAYLOAD (JSON) to a run (same as "pyrula runs signal")."""
-    runs.send_signal(run_id, name, payload, store, namespace, what="PAYLOAD")
+    """Send signal NAME with PAYLOAD_JSON to a run (same as "pyrula runs signal")."""
+    runs.send_signal(run_id, name, payload, store, namespace, what="PAYLOAD_JSON")
 
 
 @cli.command("cancel")

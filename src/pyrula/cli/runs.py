@@ -120,7 +120,7 @@ def submit_run(workflow: str, params: str, owner: str | None, idempotency_key: s
                store: str | None, namespace: str | None) -> None:
     """Submit and print ``{"name", "run_id"}``; warn on stderr if no live worker serves
     the workflow yet (the run waits for one)."""
-    value = json_argument("PARAMS", params)
+    value = json_argument("PARAMS_JSON", params)
     runs = client(store, namespace)
     handle = runs.submit(workflow, value, owner=owner, idempotency_key=idempotency_key)
     print_json({"name": handle.name, "run_id": handle.run_id})
