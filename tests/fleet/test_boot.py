@@ -84,7 +84,7 @@ def test_a_store_the_supervisor_cannot_open_is_a_configuration_error(fleets: Fle
     fleet = fleets.start("-n", "1", store="sqlite:///missing-dir/store.db")
     assert fleet.wait(30) == 2
     log = fleet.log()
-    assert "error: SQLite store directory does not exist" in log
+    assert "error: --store: SQLite store directory does not exist" in log
     assert "Traceback" not in log
     assert "child_spawned" not in log
 

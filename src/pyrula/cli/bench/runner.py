@@ -70,16 +70,15 @@ class _Bench:
         self.commands_error: str | None = None
         #: The side-effect ledger's directory (absolute: the fleet runs elsewhere).
         self.ledger = os.path.abspath(config.ledger or tmp / "ledger") if config.verify else None
+        path = sqlite_file(self.url)
+        #: The SQLite file the URL names when it does not exist (absolute), else None.
+        self.missing_file = (os.path.abspath(path) if path is not None
+                             and not os.path.exists(path) else None)
 
     def _open_store(self) -> Store:
         if self.url.split("://", 1)[0].lower() == "memory":
             raise BenchError("--store memory:// lives in one process: a fleet cannot share it "
                              "(use sqlite:///FILE or redis://HOST:PORT)", code=2)
-        path = sqlite_file(self.url)
-        if self.config.attach and path is not None and not os.path.exists(path):
-            # Opening it would create an empty store no fleet reads: every run would wait.
-            raise BenchError(f"no store at {os.path.abspath(path)}: pass the --store the fleet "
-                             f"at {self.config.attach} runs on (its /status names it)", code=2)
         options: dict[str, Any] = {}
         if self.valkey:
             if self.namespace:
@@ -92,7 +91,19 @@ class _Bench:
         except Exception as exc:
             raise BenchError(f"cannot open the store {self.url}: {exc}", code=2) from None
 
+    async def _refuse_a_missing_store(self, attach: str) -> None:
+        """Opening a SQLite file that is not there would create an empty store no fleet
+        reads, and every run would wait: refused, once the fleet is known to answer (a
+        fleet that does not is the first thing to say)."""
+        if self.missing_file is None:
+            return
+        await AttachedFleet(attach).check(want_kills=False)
+        raise BenchError(f"no store at {self.missing_file}: pass the --store the fleet "
+                         f"at {attach} runs on (its /status names it)", code=2)
+
     async def run(self) -> dict[str, Any]:
+        if self.config.attach:
+            await self._refuse_a_missing_store(self.config.attach)
         store = self._open_store()
         try:
             try:
