@@ -28,6 +28,7 @@ import asyncio
 import select
 import socket
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -283,7 +284,7 @@ class AsyncLink(asyncio.Protocol):
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             raise ConnectFailed(f"cannot connect to {where}: {exc or type(exc).__name__}"
                                 ) from exc
-        await _handshake(link, options, where)
+        await _handshake_or_close(link, options, where)
         return link
 
     # protocol callbacks
@@ -410,6 +411,17 @@ def _resolve(request: _Pending, replies: list[Any]) -> None:
         request.future.set_result(replies)
 
 
+async def _handshake_or_close(link: Link, options: LinkOptions, where: Endpoint) -> None:
+    """``_handshake``, closing the connection if it fails (a server dying just after the
+    connect, a refused password): a link nobody holds is closed here, not left to the
+    garbage collector, which may reach its socket first and find it open."""
+    try:
+        await _handshake(link, options, where)
+    except BaseException:
+        link.close()
+        raise
+
+
 async def _handshake(link: Link, options: LinkOptions, where: Endpoint) -> None:
     hello = options.handshake()
     if not hello:
@@ -427,6 +439,13 @@ async def _handshake(link: Link, options: LinkOptions, where: Endpoint) -> None:
 # --- blocking sockets ---------------------------------------------------------------
 
 
+def _close_socket(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
 class SyncLink:
     """One blocking connection, for a synchronous caller on one thread."""
 
@@ -435,6 +454,12 @@ class SyncLink:
         self._where = where
         self._timeout = timeout
         self._reader = _reader()
+        # A thread's link goes with the thread (its thread-local router is dropped then),
+        # sometimes inside a reference cycle (an exception's frames holding it), which the
+        # collector frees in no set order: a ``__del__`` here could run after the socket's
+        # own finalizer had found it open. A finalizer holds the socket until this link is
+        # gone and closes it first.
+        self._closer = weakref.finalize(self, _close_socket, sock)
 
     @classmethod
     def open_now(cls, where: Endpoint, options: LinkOptions) -> SyncLink:
@@ -456,7 +481,7 @@ class SyncLink:
     @classmethod
     async def open(cls, where: Endpoint, options: LinkOptions) -> SyncLink:
         link = cls.open_now(where, options)
-        await _handshake(link, options, where)
+        await _handshake_or_close(link, options, where)
         return link
 
     @property
@@ -515,16 +540,8 @@ class SyncLink:
         return replies
 
     def close(self) -> None:
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:
-                pass
-
-    def __del__(self) -> None:
-        # A thread's link goes with the thread (its thread-local router is dropped then).
-        self.close()
+        self._sock = None
+        self._closer()  # closes the socket, once
 
 
 # --- the I/O a router runs on -------------------------------------------------------
