@@ -142,6 +142,27 @@ async def test_the_claim_loop_is_seen_to_turn_while_idle_and_while_draining(
     assert max(ages) < 1.0, ages
 
 
+async def test_the_claim_loop_of_a_retiring_worker_is_seen_to_turn(store: Any) -> None:
+    """A retiring worker (an upgrade's older generation) claims nothing new but serves on:
+    its claim_tick_age() stays a fresh age, or a fleet would take it for a stalled one."""
+    spy = Spy(store, "claim")
+    worker = make_worker(store, claim_poll_interval=0.05)
+    async with serving(worker):
+        worker.retire()
+        claims = spy.count("claim")
+        run = await worker.client.submit(wprobe_held, {"key": "never"})
+        ages: list[float] = []
+
+        def sampled(n: int) -> bool:
+            ages.append(worker.claim_tick_age())
+            return len(ages) >= n
+
+        await await_until(lambda: sampled(20), interval=0.03, what="ages while retiring")
+        assert (await worker.client.get(run.run_id)).status == "queued"
+    assert spy.count("claim") <= claims + 1  # one already under way when it retired
+    assert max(ages) < 1.0, ages
+
+
 async def test_readyz_reports_a_store_binding_mismatch(store: Any) -> None:
     await store.bind("shop", "prod")
     spy = Spy(store, "claim")

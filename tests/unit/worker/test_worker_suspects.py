@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from pyrula.workflows import (
+    MemoryStore,
     RunStatus,
     WorkflowClient,
     WorkflowContext,
@@ -29,7 +30,14 @@ from pyrula.workflows import (
 )
 from pyrula.workflows.records import PoisonPolicy
 from tests.conftest import await_until
-from tests.unit.worker.worker_support import fast_options, of_type, serving
+from tests.unit.worker.worker_support import (
+    Bell,
+    Spy,
+    fast_options,
+    of_type,
+    serving,
+    start,
+)
 
 
 class Reporter:
@@ -39,9 +47,12 @@ class Reporter:
         self.worker: WorkflowWorker | None = None
         self.user_code: frozenset[str] = frozenset()
         self.suspects: frozenset[str] = frozenset()
+        #: What each claim told: the held runs, run id -> attempt.
+        self.held: list[dict[str, int]] = []
         self.lock = threading.Lock()
 
-    def claimed(self, _: dict[str, int]) -> None:
+    def claimed(self, held: dict[str, int]) -> None:
+        self.held.append(dict(held))
         self.send(heartbeat=False)
 
     def entering(self) -> None:
@@ -129,6 +140,11 @@ async def test_every_run_is_reported_before_any_of_its_code_runs(store: Any) -> 
         finally:
             beating.cancel()
     assert UNREPORTED == []
+    # Each claim told the supervisor of the runs held then: every run, by its id.
+    told: set[str] = set()
+    for held in REPORTER[-1].held:
+        told.update(held)
+    assert told == {run.run_id for run in runs}
 
 
 @workflow(name="wsusp_steps")
@@ -224,8 +240,9 @@ async def test_a_suspect_runs_alone_and_ordinary_runs_run_together(store: Any) -
         assert len(in_code) == 1 and in_code <= by_id
         assert reported_suspects == in_code and named
     assert IN_CODE["beside"] > 1  # ordinary runs are not run one at a time
-    for run in suspects:  # each started once more, by this worker, alone
-        assert len(of_type(await client.events(run.run_id), "run:started")) == 2
+    for run in suspects:  # each started once more, by this worker, alone, on its build
+        started = of_type(await client.events(run.run_id), "run:started")
+        assert len(started) == 2 and started[-1]["build"] == worker.build
 
 
 RELEASE = {"held": False}
@@ -340,7 +357,8 @@ async def test_a_worker_busy_with_a_long_run_passes_suspects_over_and_keeps_clai
     store: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Waiting for its runs to end to take a suspect is bounded: a worker holding a long run
-    # must not idle its free slots for it; after SUSPECT_DRAIN_S it claims as usual.
+    # must not idle its free slots for it; after SUSPECT_DRAIN_S it claims as usual, and
+    # passes suspects over for SUSPECT_PASS_S (30 s) before it drains for them again.
     from pyrula.workflows.worker import claim as claim_loop
 
     monkeypatch.setattr(claim_loop, "SUSPECT_DRAIN_S", 0.3)
@@ -348,6 +366,7 @@ async def test_a_worker_busy_with_a_long_run_passes_suspects_over_and_keeps_clai
     client = WorkflowClient(store)
     long_run = await client.submit(holding, {"tag": "long"})
     worker = reporting_worker(store, [holding, dwelling], max_concurrent_runs=4)
+    claims = Spy(store, "claim")
     async with serving(worker):
         await await_until(lambda: worker.in_flight == 1, what="the long run held")
         # The serving worker may claim a run before the dead worker below does: that one
@@ -362,10 +381,251 @@ async def test_a_worker_busy_with_a_long_run_passes_suspects_over_and_keeps_clai
         charged = await store.reclaim_worker("dead", now=time.time(), charge=[suspect.run_id],
                                              poison=PoisonPolicy(max_retries=100))
         assert [o.run_id for o in charged] == [suspect.run_id]
+        await await_until(lambda: any(c.suspects for _, _, c in claims.of("claim")),
+                          what="a claim that saw the suspect")
         later = await client.submit(dwelling, {"tag": "later", "suspect": False})
         # Claimed beside the long run once the drain gave up, the suspect still waiting.
         assert await worker.client.result(later.run_id, timeout=20) == "later"
         assert (await client.get(suspect.run_id)).status is RunStatus.QUEUED
+        # Passed over: a drain would now last longer than this test, and none begins.
+        monkeypatch.setattr(claim_loop, "SUSPECT_DRAIN_S", 60.0)
+        again = await client.submit(dwelling, {"tag": "again", "suspect": False})
+        assert await worker.client.result(again.run_id, timeout=10) == "again"
         RELEASE["held"] = True
         assert await worker.client.result(long_run.run_id, timeout=20) == "long"
-        assert await worker.client.result(suspect.run_id, timeout=40) == "s"
+        # Still passed over (until SUSPECT_PASS_S is out), though nothing is held now.
+        assert (await client.get(suspect.run_id)).status is RunStatus.QUEUED
+
+
+async def test_no_run_is_claimed_beside_a_suspect_however_long_it_runs(
+    store: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The bound on draining for a suspect to take does not bound running one alone.
+    from pyrula.workflows.worker import claim as claim_loop
+
+    monkeypatch.setattr(claim_loop, "SUSPECT_DRAIN_S", 0.05)
+    RELEASE["held"] = False
+    client = WorkflowClient(store)
+    suspect = await client.submit(holding, {"tag": "s"})
+    await make_suspects(store, [suspect.run_id])
+    worker = reporting_worker(store, [holding, dwelling], max_concurrent_runs=4)
+    reporter = REPORTER[-1]
+    async with serving(worker):
+        await await_until(lambda: reporter.names(suspect.run_id), what="the suspect in its code")
+        ordinary = await client.submit(dwelling, {"tag": "o", "suspect": False})
+        # Watched over many claim polls (10 ms) and drain bounds: the ordinary run waits.
+        began = time.monotonic()
+        while time.monotonic() - began < 0.5:
+            assert worker.in_flight == 1
+            assert (await client.get(ordinary.run_id)).status is RunStatus.QUEUED
+            await asyncio.sleep(0.02)
+        RELEASE["held"] = True
+        assert await worker.client.result(suspect.run_id, timeout=20) == "s"
+        assert await worker.client.result(ordinary.run_id, timeout=20) == "o"
+
+
+class HandClock:
+    """``time`` as the claim loop reads it (``time.monotonic()``), moved by the test only."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+async def capped_suspect(store: Any) -> Any:
+    """A suspect no worker may claim: its owner's one allowed run is running elsewhere."""
+    client = WorkflowClient(store)
+    elsewhere = await client.submit(holding, {"tag": "elsewhere"}, owner="capped")
+    suspect = await client.submit(holding, {"tag": "s"}, owner="capped")
+    await make_suspects(store, [suspect.run_id])
+    assert await store.claim_run(elsewhere.run_id, "elsewhere", now=time.time(),
+                                 lock_ttl=600) is not None
+    await store.aflow_control_set("capped", max_concurrent=1)
+    return suspect
+
+
+async def test_a_suspect_that_flow_control_holds_back_does_not_hold_the_worker_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its owner may start no run now, so no worker can claim it: the worker that found
+    # it passes suspects over (for its poll interval, at least a second: 30 s here) and
+    # claims the others as usual, its long runs beside the rest.
+    from pyrula.workflows.worker import claim as claim_loop
+
+    monkeypatch.setattr(claim_loop, "SUSPECT_DRAIN_S", 60.0)  # a drain outlasts the test
+    RELEASE["held"] = False
+    store = MemoryStore()
+    Bell(store)  # claims as soon as a run is submitted, not after the 30 s poll
+    client = WorkflowClient(store)
+    suspect = await capped_suspect(store)
+    tries = Spy(store, "claim_suspect")
+    worker = reporting_worker(store, [holding, dwelling], claim_poll_interval=30.0)
+    async with serving(worker):
+        await await_until(lambda: tries.of("claim_suspect"), what="a suspect claim")
+        assert [taken for _, _, taken in tries.of("claim_suspect")] == [None]
+        long_run = await client.submit(holding, {"tag": "long"})
+        await await_until(lambda: worker.in_flight == 1, what="the long run held")
+        later = await client.submit(dwelling, {"tag": "later", "suspect": False})
+        assert await worker.client.result(later.run_id, timeout=10) == "later"
+        RELEASE["held"] = True
+        assert await worker.client.result(long_run.run_id, timeout=10) == "long"
+    assert (await client.get(suspect.run_id)).status is RunStatus.QUEUED
+
+
+GATES: dict[str, asyncio.Event] = {}
+
+
+@step(name="wsusp_gate")
+async def gate(tag: str) -> str:
+    await GATES[tag].wait()
+    return tag
+
+
+@workflow(name="wsusp_gated")
+async def gated(ctx: WorkflowContext, params: Any) -> Any:
+    return await gate(params["tag"])
+
+
+async def test_after_a_suspect_runs_run_together_again_and_the_next_suspect_waits(
+    store: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Once a suspect's attempt has ended the worker claims beside its held runs again,
+    # and a suspect seen later waits for the runs held then (a drain of a minute here).
+    from pyrula.workflows.worker import claim as claim_loop
+
+    monkeypatch.setattr(claim_loop, "SUSPECT_DRAIN_S", 60.0)
+    RELEASE["held"] = True
+    GATES["blocker"] = asyncio.Event()
+    client = WorkflowClient(store)
+    first = await client.submit(holding, {"tag": "first"})
+    await make_suspects(store, [first.run_id])
+    worker = reporting_worker(store, [holding, dwelling, gated], max_concurrent_runs=2)
+    claims = Spy(store, "claim")
+    async with serving(worker):
+        assert await worker.client.result(first.run_id, timeout=20) == "first"
+        RELEASE["held"] = False
+        long_run = await client.submit(holding, {"tag": "long"})
+        await await_until(lambda: worker.in_flight == 1, what="the long run held")
+        beside = await client.submit(dwelling, {"tag": "beside", "suspect": False})
+        assert await worker.client.result(beside.run_id, timeout=10) == "beside"
+        # Both slots taken, so that the next suspect is made one before any claim sees it.
+        blocker = await client.submit(gated, {"tag": "blocker"})
+        await await_until(lambda: worker.in_flight == 2, what="both slots taken")
+        second = await client.submit(dwelling, {"tag": "second", "suspect": False})
+        await make_suspects(store, [second.run_id])
+        seen = len(claims.of("claim"))
+        GATES["blocker"].set()
+        assert await worker.client.result(blocker.run_id, timeout=10) == "blocker"
+        await await_until(lambda: any(c.suspects for _, _, c in claims.of("claim")[seen:]),
+                          what="a claim that saw the second suspect")
+        assert (await client.get(second.run_id)).status is RunStatus.QUEUED
+        RELEASE["held"] = True
+        assert await worker.client.result(long_run.run_id, timeout=10) == "long"
+        assert await worker.client.result(second.run_id, timeout=10) == "second"
+
+
+async def test_a_suspect_is_claimed_as_soon_as_the_held_runs_end() -> None:
+    # The drain ends when the last held run does, not at the next claim poll (30 s here).
+    RELEASE["held"] = False
+    store = MemoryStore()
+    Bell(store)  # claims as soon as a run is submitted, not after the 30 s poll
+    client = WorkflowClient(store)
+    worker = reporting_worker(store, [holding, dwelling], claim_poll_interval=30.0)
+    WORKERS.append(worker)
+    claims = Spy(store, "claim")
+    async with serving(worker):
+        long_run = await client.submit(holding, {"tag": "long"})
+        await await_until(lambda: worker.in_flight == 1, what="the long run held")
+        suspect = await client.submit(dwelling, {"tag": "s", "suspect": True})
+        await make_suspects(store, [suspect.run_id])
+        await await_until(lambda: any(c.suspects for _, _, c in claims.of("claim")),
+                          what="a claim that saw the suspect")
+        RELEASE["held"] = True
+        assert await worker.client.result(long_run.run_id, timeout=10) == "long"
+        assert await worker.client.result(suspect.run_id, timeout=10) == "s"
+
+
+async def test_a_worker_stopped_while_it_waits_to_take_a_suspect_stops_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its wait for the held runs to end watches the stop too: the claim loop ends at once,
+    # not at the next poll (30 s here), nor when the shutdown gives up on it (CLAIM_STOP_S,
+    # a minute here); the held run is then put back as at any shutdown.
+    from pyrula.workflows.worker import claim as claim_loop
+
+    monkeypatch.setattr(claim_loop, "CLAIM_STOP_S", 60.0)
+    RELEASE["held"] = False
+    store = MemoryStore()
+    Bell(store)
+    client = WorkflowClient(store)
+    worker = reporting_worker(store, [holding, dwelling], claim_poll_interval=30.0,
+                              shutdown_grace=0.1)
+    claims = Spy(store, "claim")
+    task = await start(worker)
+    try:
+        long_run = await client.submit(holding, {"tag": "long"})
+        await await_until(lambda: worker.in_flight == 1, what="the long run held")
+        suspect = await client.submit(dwelling, {"tag": "s", "suspect": False})
+        await make_suspects(store, [suspect.run_id])
+        await await_until(lambda: any(c.suspects for _, _, c in claims.of("claim")),
+                          what="a claim that saw the suspect")
+        worker.stop()
+        await asyncio.wait_for(task, 20)
+    finally:
+        RELEASE["held"] = True
+    for run in (long_run, suspect):
+        assert (await client.get(run.run_id)).status is RunStatus.QUEUED
+
+
+async def test_a_suspect_claim_that_finds_none_passes_suspects_over_for_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # By the claim loop's clock (moved by hand): after a suspect claim found none to take,
+    # its claims pass suspects over for max(1 s, claim_poll_interval), then look again.
+    from pyrula.workflows.worker import claim as claim_loop
+
+    clock = HandClock()
+    monkeypatch.setattr(claim_loop, "time", clock)
+    store = MemoryStore()
+    await capped_suspect(store)
+    spy = Spy(store, "claim", "claim_suspect")
+    worker = reporting_worker(store, [holding], claim_poll_interval=0.01)
+    async with serving(worker):
+        await await_until(lambda: spy.count("claim_suspect") == 1, what="a suspect claim")
+        clock.now += 0.5
+        claims = spy.count("claim")
+        await await_until(lambda: spy.count("claim") >= claims + 3, what="three more claims")
+        assert spy.count("claim_suspect") == 1  # passed over
+        clock.now += 0.5  # a second on
+        await await_until(lambda: spy.count("claim_suspect") == 2, what="suspects looked at")
+    assert [taken for _, _, taken in spy.of("claim_suspect")] == [None, None]
+
+
+async def test_with_no_time_to_wait_for_its_runs_a_worker_claims_beside_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SUSPECT_DRAIN_S bounds the wait for the held runs to end to take a suspect; at 0 (and
+    # the claim loop's clock standing still) there is no wait at all.
+    from pyrula.workflows.worker import claim as claim_loop
+
+    monkeypatch.setattr(claim_loop, "time", HandClock())
+    monkeypatch.setattr(claim_loop, "SUSPECT_DRAIN_S", 0.0)
+    RELEASE["held"] = False
+    store = MemoryStore()
+    client = WorkflowClient(store)
+    worker = reporting_worker(store, [holding, dwelling], max_concurrent_runs=4)
+    claims = Spy(store, "claim")
+    async with serving(worker):
+        long_run = await client.submit(holding, {"tag": "long"})
+        await await_until(lambda: worker.in_flight == 1, what="the long run held")
+        suspect = await client.submit(dwelling, {"tag": "s", "suspect": False})
+        await make_suspects(store, [suspect.run_id])
+        await await_until(lambda: any(c.suspects for _, _, c in claims.of("claim")),
+                          what="a claim that saw the suspect")
+        later = await client.submit(dwelling, {"tag": "later", "suspect": False})
+        assert await worker.client.result(later.run_id, timeout=10) == "later"
+        assert (await client.get(suspect.run_id)).status is RunStatus.QUEUED
+        RELEASE["held"] = True
+        assert await worker.client.result(long_run.run_id, timeout=10) == "long"

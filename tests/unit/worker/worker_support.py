@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pyrula.workflows import StoreUnavailable, WorkerOptions, WorkflowWorker
+from pyrula.workflows import MemoryStore, StoreUnavailable, WorkerOptions, WorkflowWorker
 from tests.conftest import await_until
 
 LOGGER = "pyrula.workflows.worker"
@@ -98,6 +98,36 @@ class Spy:
 
     def of(self, method: str) -> list[tuple[tuple[Any, ...], dict[str, Any], Any]]:
         return [(a, k, r) for m, a, k, r in self.calls if m == method]
+
+
+class Bell:
+    """Gives a MemoryStore a doorbell (the ``Doorbell`` capability): submit rings it unless
+    ``ringing`` is off, as a ring lost on the way would be."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.ringing = True
+        self.waits = 0
+        self.names: set[tuple[str, ...]] = set()
+        self._rung = asyncio.Event()
+        self._submit = store.submit
+        store.submit = self._submit_and_ring  # type: ignore[method-assign]
+        store.wait_for_work = self.wait_for_work  # type: ignore[attr-defined]
+
+    async def _submit_and_ring(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self._submit(*args, **kwargs)
+        if self.ringing:
+            self._rung.set()
+        return result
+
+    async def wait_for_work(self, names: Any, timeout: float) -> bool:
+        self.waits += 1
+        self.names.add(tuple(names))
+        try:
+            await asyncio.wait_for(self._rung.wait(), timeout)
+        except TimeoutError:
+            return False
+        self._rung.clear()
+        return True
 
 
 class Outage:
