@@ -19,6 +19,14 @@ app that cannot load is refused once, with the app's own frames, instead of by e
 in a crash loop. (After a reload the report is not read: a new fork server's children
 report a failure as boot failures, and the crash-loop rule stops the fleet.)
 
+Main: multiprocessing starts each forked child by running the parent's main script again
+(as ``__mp_main__``) unless the fork server's ``__main__`` already has that file. For the
+``pyrula-fleet`` console script that would import the CLI (click and the fleet's options)
+in every child before it may claim: time on the path to its first run, for nothing a
+worker uses. The fork server takes the script's path (``PRELOAD_MAIN_ENV``) as its own
+``__main__.__file__``, so children skip it. Their target is a function of pyrula's, found
+by its module's name, never in the script.
+
 Imported only in the fork server (never by the supervisor, which must not import the app).
 """
 
@@ -31,7 +39,7 @@ import signal
 import sys
 from typing import Any
 
-from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV
+from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV, PRELOAD_MAIN_ENV
 
 
 def _one_line(kind: type[BaseException], exc: BaseException, tb: object) -> None:
@@ -45,6 +53,9 @@ sys.excepthook = _one_line
 
 for _signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
     signal.signal(_signum, signal.SIG_IGN)
+
+if os.environ.get(PRELOAD_MAIN_ENV):
+    sys.modules["__main__"].__file__ = os.environ[PRELOAD_MAIN_ENV]
 
 for _name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
     try:
