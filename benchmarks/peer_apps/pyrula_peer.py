@@ -35,10 +35,19 @@ class PyrulaPeer:
     name = "pyrula"
     scenarios: tuple[str, ...] = ("1-step", "5-step", "latency", "async-bulk")
 
-    def __init__(self, server: RedisServer, logs: Path, warmup: int) -> None:
+    def __init__(self, server: RedisServer, logs: Path, warmup: int, *,
+                 step_kind: str = "sync", log_level: str | None = None) -> None:
         self.server = server
         self.logs = logs
         self.warmup = warmup
+        #: ``"sync"``: ``def`` steps, as the README writes them (the path users take);
+        #: ``"async"``: ``async def`` steps on the worker's loop (the best case).
+        self.step_kind = step_kind
+        #: The fleet's ``--log-level`` (None: its default, INFO, as users run it).
+        self.log_level = log_level
+
+    def _params(self, x: int, steps: int) -> dict[str, Any]:
+        return {"x": x, "steps": steps, "kind": self.step_kind}
 
     def run(self, scenario: str, runs: int) -> dict[str, float]:
         if scenario == "latency":
@@ -53,7 +62,8 @@ class PyrulaPeer:
         return start_python("pyrula-fleet", [
             "-c", "from pyrula.cli.fleet import main; main()", "start",
             "-n", str(FLEET_CHILDREN), "--app", APP, "--store", self.server.url,
-            "--namespace", namespace, "--health-port", "0", "--log-level", "WARNING",
+            "--namespace", namespace, "--health-port", "0",
+            *(["--log-level", self.log_level] if self.log_level else []),
         ], self.server.url, self.logs)
 
     @staticmethod
@@ -72,7 +82,7 @@ class PyrulaPeer:
         try:
             return sync_throughput(
                 self.server, self.name, runs, steps,
-                submit=lambda i: client.submit(WORKFLOW, {"x": i, "steps": steps}).run_id,
+                submit=lambda i: client.submit(WORKFLOW, self._params(i, steps)).run_id,
                 spawn=lambda: self._spawn_fleet(namespace),
                 wait=lambda run_id: client.result(run_id, timeout=RESULT_TIMEOUT),
                 stop=self._stop,
@@ -81,7 +91,7 @@ class PyrulaPeer:
             store.close()
 
     def _round_trip(self, client: SyncWorkflowClient, i: int) -> Any:
-        run_id = client.submit(WORKFLOW, {"x": i, "steps": 1}).run_id
+        run_id = client.submit(WORKFLOW, self._params(i, 1)).run_id
         return client.result(run_id, timeout=RESULT_TIMEOUT)
 
     def latency(self, samples: int) -> dict[str, float]:
@@ -106,7 +116,7 @@ class PyrulaPeer:
         client = WorkflowClient(store)
 
         async def round_trip(i: int) -> Any:
-            handle = await client.submit(WORKFLOW, {"x": i, "steps": 1})
+            handle = await client.submit(WORKFLOW, self._params(i, 1))
             return await client.result(handle.run_id, timeout=RESULT_TIMEOUT)
 
         try:
@@ -126,7 +136,7 @@ class PyrulaPeer:
             ids: list[str] = []
             for start in range(0, runs, BATCH):
                 handles = await asyncio.gather(*(
-                    client.submit(WORKFLOW, {"x": i, "steps": 1})
+                    client.submit(WORKFLOW, self._params(i, 1))
                     for i in range(start, min(runs, start + BATCH))))
                 ids.extend(h.run_id for h in handles)
             clock.submit_end = clock.spawn = clock.now()

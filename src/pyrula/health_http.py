@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,10 +47,14 @@ class ProbeServer:
         self._server: asyncio.Server | None = None
         self.address: tuple[str, int] | None = None
 
-    async def start(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        sock = self._server.sockets[0].getsockname()
-        self.address = (str(sock[0]), int(sock[1]))
+    async def start(self, sock: socket.socket | None = None) -> tuple[str, int]:
+        """Serve on ``host``:``port``, or on ``sock`` (bound and listening) if given."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._handle, sock=sock)
+        else:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        name = self._server.sockets[0].getsockname()
+        self.address = (str(name[0]), int(name[1]))
         return self.address
 
     async def close(self) -> None:

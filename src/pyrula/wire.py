@@ -41,6 +41,10 @@ PRELOAD_ENV = "_PYRULA_FLEET_PRELOAD"
 #: "report"}``; internal): it loads the app as a child would and writes what came of it
 #: (JSON ``{"ok": true}`` or ``{"ok": false, "message", "frames"}``) to ``report``.
 PRELOAD_CHECK_ENV = "_PYRULA_FLEET_PRELOAD_CHECK"
+#: Environment variable with the path of the supervisor's main script (the
+#: ``pyrula-fleet`` console script; internal): the fork server takes it as its own
+#: ``__main__.__file__``, so that a child does not run that script again at its start.
+PRELOAD_MAIN_ENV = "_PYRULA_FLEET_MAIN"
 
 
 class WorkerState(StrEnum):

@@ -7,11 +7,21 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
-from pyrula.workflows import SyncWorkflowClient, ValkeyStore
+from pyrula.workflows import SQLiteStore, SyncWorkflowClient, ValkeyStore
 from tests.conftest import wait_until
-from tests.fleet.fleetprocs import APP_MODULE, FLEET, QUICK, Fleet, Fleets, child_env, write_app
+from tests.fleet.fleetprocs import (
+    APP_MODULE,
+    FLEET,
+    QUICK,
+    STORE_FILE,
+    Fleet,
+    Fleets,
+    child_env,
+    write_app,
+)
 from tests.servers import free_port, start_server
 
 
@@ -104,3 +114,35 @@ def test_children_that_became_ready_are_not_a_crash_loop(fleets: Fleets) -> None
     assert "fleet_crash_loop" not in fleet.log()
     fleet.send(signal.SIGTERM)
     assert fleet.wait() == 0
+
+
+#: A main script as a console script is (``pyrula-fleet``): it notes each process that runs
+#: it, then starts the fleet.
+MAIN_SCRIPT = '''
+import os, sys
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ran-main.log"), "a") as f:
+    f.write(f"{os.getpid()}\\n")
+from pyrula.cli.fleet import main
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def test_children_of_a_fleet_started_from_a_script_do_not_run_it_again(fleets: Fleets) -> None:
+    # multiprocessing runs the parent's main script again in each child unless told not to:
+    # for pyrula-fleet, the CLI's imports on every child's way to its first run.
+    script = fleets.directory / "fleetmain.py"
+    script.write_text(MAIN_SCRIPT)
+    fleet = fleets.start("-n", "2", command=[sys.executable, str(script)])
+    status = fleet.wait_ready(2, timeout=60)
+    pids = (fleets.directory / "ran-main.log").read_text().split()
+    assert pids == [str(fleet.pid)], (pids, [c["pid"] for c in status["children"]])
+    store = SQLiteStore(str(fleets.directory / STORE_FILE), create=False)
+    try:
+        client = SyncWorkflowClient(store)
+        run = client.submit("fa_load", {"tag": "main"})
+        assert client.result(run.run_id, timeout=30) == ["a", "b"]  # the children serve
+    finally:
+        store.close()
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(30) == 0

@@ -3,15 +3,18 @@ readings, the flags' checks and what /status says."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from pyrula.config.fleet import FleetOptions, resolve_bounds
 from pyrula.errors import ConfigurationError
-from pyrula.supervisor.autoscale import Host
+from pyrula.supervisor.autoscale import IDLE_QUEUE_READ_S, Autoscaler, Host
+from pyrula.supervisor.children import Child
 from pyrula.supervisor.scaling import (
     MIB,
     Decision,
@@ -21,6 +24,8 @@ from pyrula.supervisor.scaling import (
     decide,
 )
 from pyrula.supervisor.status import fleet_status
+from pyrula.wire import Heartbeat, WorkerState
+from pyrula.workflows.stores.capabilities import QueueStat
 
 POLICY = ScalingPolicy(minimum=1, maximum=4, scale_up_after=2.0, scale_down_after=60.0)
 NOW = 10_000.0
@@ -300,3 +305,74 @@ def test_status_says_the_bounds_only_with_elastic_sizing() -> None:
     assert not {"min", "max", "desired"} & set(fixed)
     elastic = fleet_status([], desired=2, draining=False, bounds=(1, 4))
     assert (elastic["min"], elastic["max"], elastic["desired"]) == (1, 4, 2)
+
+
+# --- the autoscaler's queue reads ------------------------------------------------------------
+
+
+class _Queues:
+    """The fleet's queue figures, counting the store reads asked for."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.reads = 0
+
+    async def queue_figures(self, names: list[str]) -> tuple[float, dict[str, QueueStat]]:
+        self.reads += 1
+        at = time.time() - 1.0 if self.depth else None
+        return time.time(), {name: QueueStat(self.depth, at) for name in names}
+
+
+def _fleet(children: int) -> tuple[Any, list[Child], _Queues]:
+    queues = _Queues()
+    kids = [Child(slot=i, process=None, conn=None) for i in range(children)]  # type: ignore[arg-type]
+    for i, child in enumerate(kids):
+        child.workflows = ["orders"]
+        child.beat = Heartbeat(WorkerState.READY, f"w{i}", 1000 + i, free=4)
+    slots = {i: SimpleNamespace(child=c, incoming=None) for i, c in enumerate(kids)}
+    sup = SimpleNamespace(slots=slots, desired=children, fleet_metrics=queues)
+    return sup, kids, queues
+
+
+def _autoscaler(sup: Any, tmp_path: Path) -> Autoscaler:
+    return Autoscaler(sup, ScalingPolicy(minimum=1, maximum=4), host=Host(tmp_path))
+
+
+async def test_an_idle_fleet_reads_its_queue_once_per_idle_period(tmp_path: Path) -> None:
+    sup, kids, queues = _fleet(2)
+    scaler = _autoscaler(sup, tmp_path)
+    for _ in range(20):  # ten seconds of ticks
+        inputs = await scaler.measure(0.0)
+        assert inputs.queued == 0 and inputs.oldest_age == 0.0
+    assert queues.reads == 1
+    # Past the idle period it looks again, and again only once.
+    assert scaler._empty_seen is not None
+    scaler._empty_seen = (scaler._empty_seen[0] - IDLE_QUEUE_READ_S - 1, scaler._empty_seen[1])
+    for _ in range(5):
+        await scaler.measure(0.0)
+    assert queues.reads == 2
+
+
+@pytest.mark.parametrize("change", ["busy", "stalled", "full", "starting", "names"])
+async def test_a_fleet_not_idle_reads_its_queue_every_tick(tmp_path: Path, change: str) -> None:
+    sup, kids, queues = _fleet(2)
+    scaler = _autoscaler(sup, tmp_path)
+    await scaler.measure(0.0)
+    assert queues.reads == 1
+    beat = kids[1].beat
+    assert beat is not None
+    if change == "busy":  # a run in flight: what is queued behind it is not known
+        beat.in_flight = 1
+    elif change == "stalled":  # a claim loop that stopped turning claims nothing queued
+        beat.claim_tick_age = 5.0
+    elif change == "full":  # no free slot: a run queued now would wait
+        beat.free = 0
+    elif change == "starting":  # a child not ready yet
+        beat.state = WorkerState.STARTING
+    else:  # another name served
+        kids[1].workflows = ["orders", "refunds"]
+    queues.depth = 3  # of each name
+    inputs = await scaler.measure(0.0)
+    assert queues.reads == 2 and inputs.queued == (6 if change == "names" else 3)
+    await scaler.measure(0.0)
+    assert queues.reads == 3

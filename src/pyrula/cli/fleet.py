@@ -254,6 +254,8 @@ def run_fleet(options: FleetOptions) -> int:
         spawner.warm()
         import asyncio
 
+        _serving_imports(options.store_url)  # meanwhile, while the fork server loads the app
+
         try:
             outcome = spawner.checked()
             if outcome is not None and not outcome["ok"]:
@@ -262,6 +264,20 @@ def run_fleet(options: FleetOptions) -> int:
             return asyncio.run(_serve(options, spawner))
         finally:
             spawner.close()
+
+
+def _serving_imports(store_url: str) -> None:
+    """Import what ``_serve`` needs (the supervisor, its health port, the store's backend)
+    while the fork server imports the app, rather than after it: both are on the way to the
+    first child."""
+    import importlib
+
+    from pyrula.workflows.stores import backend_module
+
+    backend = backend_module(store_url)
+    for name in ("pyrula.supervisor.supervisor", "pyrula.supervisor.web", "pyrula.health_http",
+                 *([backend] if backend else [])):
+        importlib.import_module(name)
 
 
 async def _serve(options: FleetOptions, spawner: Any) -> int:
@@ -279,7 +295,7 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
     supervisor = Supervisor(options, spawner, store)
     probes = HealthPort(supervisor, options.health_host, options.health_port)
     try:
-        host, port = await probes.start()
+        probes.bind()  # a port in use fails here, before any fork; served once they are
     except OSError as exc:
         await store.aclose()
         raise ConfigurationError(
@@ -287,22 +303,39 @@ async def _serve(options: FleetOptions, spawner: Any) -> int:
             f"{options.health_port}: {bind_failure(options.health_host, options.health_port, exc)}"
             "; --health-port 0 picks a free one"
         ) from None
+
+    async def serve_port() -> None:
+        try:
+            host, port = await probes.start()
+        except Exception:  # the children serve on; what they do is only not visible
+            logger.exception("health_port_failed: the fleet serves on without its health "
+                             "port", extra={"event": "health_port_failed"})
+            return
+        _announce(options, host, port, probes.dashboard)
+
+    supervisor.serve_port = serve_port
+    try:
+        code = await supervisor.run()
+        await supervisor.port_served()
+        return code
+    finally:
+        await probes.close()
+        await store.aclose()
+
+
+def _announce(options: FleetOptions, host: str, port: int, dashboard_served: bool) -> None:
+    """The fleet's banner: its size, its store, its health port and dashboard."""
     children = f"{options.children} {'child' if options.children == 1 else 'children'}"
     size = (f"{children} (elastic {options.min_children}..{options.max_children})"
             if options.elastic else children)
     shown = f"[{host}]" if ":" in host else host
     dashboard = (f"dashboard on http://{shown}:{port}/"
                  + ("" if options.dashboard_actions else " (read-only)")
-                 if probes.dashboard else "no dashboard (pip install 'pyrula[http]')")
+                 if dashboard_served else "no dashboard (pip install 'pyrula[http]')")
     where = shown_url(options.store_url)
     logs.announce(f"pyrula-fleet: {size} on {where}; health on http://{host}:{port} "
                   f"(/livez /readyz /status /metrics); {dashboard}", "fleet_banner",
                   store=where, health=f"http://{host}:{port}")
-    try:
-        return await supervisor.run()
-    finally:
-        await probes.close()
-        await store.aclose()
 
 
 BENCH_EPILOG = """\b

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(FLEET_LOGGER)
 
 INTERVAL = 0.5
+#: How often an idle fleet reads its queue anyway (``Autoscaler._queue_known_empty``).
+IDLE_QUEUE_READ_S = 30.0
 SCALED = "pyrula.fleet.scaled"
 CGROUP = Path("/sys/fs/cgroup")
 #: How much of the last CPU reading the smoothed figure keeps per tick (about 2 s memory).
@@ -121,6 +123,8 @@ class Autoscaler:
         self.last_change = time.monotonic()
         self._idle_since: dict[Child, tuple[float, int]] = {}  # since, runs done then
         self._refusal: str | None = None  # the last refusal logged (logged once per kind)
+        #: When a queue read last found the queue empty, and of which names.
+        self._empty_seen: tuple[float, tuple[str, ...]] | None = None
 
     async def run(self) -> None:
         due = time.monotonic() + INTERVAL
@@ -149,13 +153,17 @@ class Autoscaler:
         names = sorted({name for c in serving for name in c.workflows})
         queued: int | None = None
         oldest: float | None = None
-        stats = await sup.fleet_metrics.queue_figures(names)
-        if stats is not None:
-            now_store, by_name = stats
-            queued = sum(stat.depth for stat in by_name.values())
-            oldest = max((max(0.0, now_store - stat.oldest_at) for stat in by_name.values()
-                          if stat.oldest_at is not None), default=0.0)
         now = time.monotonic()
+        if self._queue_known_empty(serving, ready, names, now):
+            queued, oldest = 0, 0.0
+        else:
+            stats = await sup.fleet_metrics.queue_figures(names)
+            if stats is not None:
+                now_store, by_name = stats
+                queued = sum(stat.depth for stat in by_name.values())
+                oldest = max((max(0.0, now_store - stat.oldest_at) for stat in by_name.values()
+                              if stat.oldest_at is not None), default=0.0)
+                self._empty_seen = (now, tuple(names)) if queued == 0 else None
         busy = total = 0
         claim_ages: list[float] = []
         for child in ready:
@@ -176,6 +184,25 @@ class Autoscaler:
             child_rss=max((c.rss_bytes for c in serving), default=0),
             last_change=self.last_change,
         )
+
+    def _queue_known_empty(self, serving: list[Child], ready: list[Child], names: list[str],
+                           now: float) -> bool:
+        """Whether the queue is known to be empty without asking the store: the last read
+        (under ``IDLE_QUEUE_READ_S`` ago, of the same names) found it empty, and every
+        child since is ready, running nothing and claiming (its claim loop turned within two
+        seconds), so a run queued meanwhile would have been claimed, and would show as a run
+        in flight. An idle fleet then reads its queue every ``IDLE_QUEUE_READ_S`` instead of
+        every tick: on Valkey a read is a script call per shard of every name."""
+        seen = self._empty_seen
+        if seen is None or seen[1] != tuple(names) or now - seen[0] > IDLE_QUEUE_READ_S:
+            return False
+        if not ready or len(ready) != len(serving):
+            return False
+        for child in ready:
+            beat = child.beat
+            if beat is None or beat.in_flight or beat.free <= 0 or beat.claim_tick_age > 2.0:
+                return False
+        return True
 
     def _idle_for(self, ready: list[Child], now: float) -> float:
         """How long every ready child has had no run in flight (0 if one has one now). A

@@ -16,6 +16,7 @@ import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -23,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pyrula.supervisor import trampoline
-from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV, Heartbeat, WorkerState
+from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV, PRELOAD_MAIN_ENV, Heartbeat, WorkerState
 
 PRELOAD_MODULE = "pyrula.supervisor.preload"
 
@@ -98,6 +99,22 @@ class Child:
             pass
 
 
+def main_script() -> str | None:
+    """The path multiprocessing gives each child of this process as the main script to
+    run again (``__main__``'s file, made absolute as it does), or None when it gives none
+    (an interpreter run with ``-c`` or ``-m``)."""
+    main = sys.modules["__main__"]
+    if getattr(main.__spec__, "name", None) is not None:
+        return None
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str):
+        return None
+    origin = multiprocessing.process.ORIGINAL_DIR  # type: ignore[attr-defined]
+    if not os.path.isabs(path) and origin is not None:
+        path = os.path.join(origin, path)
+    return os.path.normpath(path)
+
+
 class Spawner:
     """Starts children from the fork server (or as fresh interpreters without fork)."""
 
@@ -118,6 +135,9 @@ class Spawner:
         that fails to import), not by name."""
         if self.method == "forkserver":
             os.environ[PRELOAD_ENV] = ",".join(self.preload)
+            main = main_script()
+            if main is not None:
+                os.environ[PRELOAD_MAIN_ENV] = main
             if self.check is not None:
                 os.environ[PRELOAD_CHECK_ENV] = json.dumps(self.check)
             self._ctx.set_forkserver_preload([PRELOAD_MODULE])

@@ -11,13 +11,22 @@ supervisor acts on. Its children inherit that; each child sets the SIGTERM handl
 Imports: multiprocessing's fork server imports its preload modules by name and survives
 only an ``ImportError``; anything else an app raises at import (a bad setting, a
 ``RuntimeError`` of its own) would kill it, and every spawn after it would fail. So the fork
-server preloads this module instead, which imports the modules named in ``PRELOAD_ENV`` and
-lets their errors go. Then it loads the app exactly as a child will (``pyrula.apps.load``:
-``--app`` modules, ``--workflow`` targets) and writes what came of it to the report file
-``PRELOAD_CHECK_ENV`` names: the supervisor reads it before it forks the first child, so an
-app that cannot load is refused once, with the app's own frames, instead of by every child
-in a crash loop. (After a reload the report is not read: a new fork server's children
-report a failure as boot failures, and the crash-loop rule stops the fleet.)
+server preloads this module instead. It first loads the app exactly as a child will
+(``pyrula.apps.load``: ``--app`` modules, ``--workflow`` targets) and writes what came of it
+to the report file ``PRELOAD_CHECK_ENV`` names: the supervisor reads it before it forks the
+first child, so an app that cannot load is refused once, with the app's own frames, instead
+of by every child in a crash loop. Then it imports the modules named in ``PRELOAD_ENV`` (the
+worker's runtime), letting their errors go, while the supervisor goes on with its start.
+(After a reload the report is not read: a new fork server's children report a failure as
+boot failures, and the crash-loop rule stops the fleet.)
+
+Main: multiprocessing starts each forked child by running the parent's main script again
+(as ``__mp_main__``) unless the fork server's ``__main__`` already has that file. For the
+``pyrula-fleet`` console script that would import the CLI (click and the fleet's options)
+in every child before it may claim: time on the path to its first run, for nothing a
+worker uses. The fork server takes the script's path (``PRELOAD_MAIN_ENV``) as its own
+``__main__.__file__``, so children skip it. Their target is a function of pyrula's, found
+by its module's name, never in the script.
 
 Imported only in the fork server (never by the supervisor, which must not import the app).
 """
@@ -31,7 +40,7 @@ import signal
 import sys
 from typing import Any
 
-from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV
+from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV, PRELOAD_MAIN_ENV
 
 
 def _one_line(kind: type[BaseException], exc: BaseException, tb: object) -> None:
@@ -46,12 +55,8 @@ sys.excepthook = _one_line
 for _signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
     signal.signal(_signum, signal.SIG_IGN)
 
-for _name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
-    try:
-        importlib.import_module(_name)
-    except BaseException:  # reported by each child, which imports it again
-        pass
-
+if os.environ.get(PRELOAD_MAIN_ENV):
+    sys.modules["__main__"].__file__ = os.environ[PRELOAD_MAIN_ENV]
 
 def _check(spec: dict[str, Any]) -> dict[str, object]:
     """Load the app as a child would; what came of it, for the report."""
@@ -77,6 +82,14 @@ def _report(path: str, outcome: dict[str, object]) -> None:
         pass
 
 
+# The app first, and its report: the supervisor waits for that alone, and goes on with its
+# own start while the worker's runtime is imported below (a fork waits for it anyway).
 if os.environ.get(PRELOAD_CHECK_ENV):
     _spec = json.loads(os.environ[PRELOAD_CHECK_ENV])
     _report(str(_spec["report"]), _check(_spec))
+
+for _name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+    try:
+        importlib.import_module(_name)
+    except BaseException:  # reported by each child, which imports it again
+        pass

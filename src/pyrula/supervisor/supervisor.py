@@ -6,9 +6,11 @@ over their pipes (``pyrula.wire``); their exits are seen through the process sen
 The pure parts live apart: the restart policy (``restart``), what to do with a live child
 (``watch``), the ``/status`` body (``status``), elastic sizing (``scaling``; its loop,
 ``autoscale``, only sets ``desired``), memory limits (``memory``) and upgrades
-(``upgrade``, ``upgrades``). What stays here, about 520 lines, is the one state machine
-over the slots (spawn, exit, drain, quit, recycle, scale), kept in one class because every
-one of those steps reads and changes the same slots and queues.
+(``upgrade``, ``upgrades``), what a child's exit means (``exits``) and the commands the
+signals record (``commands``): those two act on the supervisor's slots and queues, as the
+upgrade does. What stays here is the one state machine over the slots (spawn, drain, quit,
+recycle, scale), kept in one class because every one of those steps reads and changes the
+same slots and queues.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import psutil
@@ -32,37 +35,31 @@ from pyrula.store_wait import until_reachable
 from pyrula.supervisor import upgrades
 from pyrula.supervisor.autoscale import Autoscaler, policy_of
 from pyrula.supervisor.boot import BootReport
-from pyrula.supervisor.children import Child, ChildState, Spawner, describe_exit
+from pyrula.supervisor.children import Child, ChildState, Spawner
+from pyrula.supervisor.commands import SIGNAL_COMMANDS, handle_commands
+from pyrula.supervisor.exits import child_exited
 from pyrula.supervisor.fleet_metrics import FleetMetrics
 from pyrula.supervisor.memory import enforce_hard_limit, kill_over_hard_limit
 from pyrula.supervisor.recovery import Recovery
 from pyrula.supervisor.recycling import abandon_replacement, next_in_line, replacement_overdue
-from pyrula.supervisor.restart import GiveUp, RestartPolicy
+from pyrula.supervisor.restart import RestartPolicy
 from pyrula.supervisor.status import SlotView, fleet_status
 from pyrula.supervisor.upgrade import Upgrade
 from pyrula.supervisor.watch import Kill, MemoryKill, Recycle, verdict
-from pyrula.wire import EXIT_BOOT_FAILURE, WorkerState, decode, parse_heartbeat
+from pyrula.wire import WorkerState, decode, parse_heartbeat
 
 logger = logging.getLogger(FLEET_LOGGER)
 
 TICK = 0.1
+#: How long the store may take to answer at start before the health port is served
+#: anyway (to say ``store_unreachable``) rather than after the children are forked.
+STORE_ANSWER_S = 0.2
 
 
 class ForkFailed(PyrulaError):
     """The host refused to start a child process; the fleet has killed the ones it had."""
 
-#: Signals and the command each one records (the handler does nothing else).
-SIGNAL_COMMANDS = {
-    signal.SIGTERM: "stop",
-    signal.SIGINT: "stop",
-    signal.SIGHUP: "reload",
-    signal.SIGTTIN: "add",
-    signal.SIGTTOU: "remove",
-    signal.SIGUSR2: "upgrade",
-}
 FORCED_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
-#: The exit code multiprocessing reports for a child whose fork server is gone.
-LOST_EXIT_CODE = 255
 #: After a second TERM/INT: how long the killed children's exits and the store calls that
 #: requeue their runs may take before the fleet exits anyway (the orphan scan of the next
 #: worker is the backstop for whatever the store did not take back by then).
@@ -111,6 +108,11 @@ class Supervisor:
         self.upgrade: Upgrade | None = None
         #: Elastic sizing (``--min``/``--max``): the loop that sets ``desired``.
         self.autoscaler = Autoscaler(self, policy_of(options)) if options.elastic else None
+        #: What serves the health port (``pyrula-fleet start`` sets it): started once the
+        #: first children are forked, so its imports are off their way to the first run,
+        #: or as soon as the store is slow to answer at start (``/readyz`` says so).
+        self.serve_port: Callable[[], Coroutine[Any, Any, None]] | None = None
+        self._port_task: asyncio.Task[None] | None = None
 
     # --- child configuration ----------------------------------------------------
 
@@ -140,6 +142,7 @@ class Supervisor:
         for index in range(self.desired):
             self.slots[index] = Slot(index)
             self._spawn(self.slots[index])
+        self._start_port()
         # Spawned, not ready: ``fleet_ready`` follows once they all are, or boot failures.
         logger.info("fleet_started: %d children spawned (%s), store %s; not ready yet",
                     self.desired, self.spawner.method, shown_url(self.options.store_url),
@@ -148,7 +151,7 @@ class Supervisor:
                   else loop.create_task(self.autoscaler.run(), name="elastic-sizing"))
         try:
             while not self._stopped.is_set():
-                self._handle_commands()
+                handle_commands(self)
                 await self._tick()
                 try:
                     await asyncio.wait_for(self._stopped.wait(), TICK)
@@ -172,14 +175,28 @@ class Supervisor:
             loop.add_signal_handler(signum, stop.set)
         self.store_waiting = True
         try:
-            return await until_reachable(
+            waiting = asyncio.ensure_future(until_reachable(
                 self.store.aping, where=shown_url(self.options.store_url),
                 bound=self.store_wait, stopping=stop, log={},
-            )
+            ))
+            done, _ = await asyncio.wait({waiting}, timeout=STORE_ANSWER_S)
+            if not done:
+                self._start_port()  # a wait: /readyz says store_unreachable meanwhile
+            return await waiting
         finally:
             self.store_waiting = False
             for signum in FORCED_EXIT:
                 loop.remove_signal_handler(signum)
+
+    def _start_port(self) -> None:
+        if self.serve_port is not None and self._port_task is None:
+            self._port_task = asyncio.get_running_loop().create_task(
+                self.serve_port(), name="health-port")
+
+    async def port_served(self) -> None:
+        """Wait for the health port's start, if it was begun (raises what it raised)."""
+        if self._port_task is not None:
+            await self._port_task
 
     @property
     def quitting(self) -> bool:
@@ -223,7 +240,7 @@ class Supervisor:
             child.run_limit = int(self.options.max_runs_per_child * random.uniform(1.0, 1.1))
         loop = asyncio.get_running_loop()
         loop.add_reader(child.conn.fileno(), self._on_message, child)
-        loop.add_reader(child.sentinel, self._on_exit, child)
+        loop.add_reader(child.sentinel, child_exited, self, child)
         if incoming:
             slot.incoming = child
         else:
@@ -268,142 +285,7 @@ class Supervisor:
             child.metrics = dict(message.get("families") or {})
             child.workflows = [str(name) for name in message.get("workflows") or []]
 
-    def _on_exit(self, child: Child) -> None:
-        # A signal sent to the whole process group (honcho, docker stop, systemd, a
-        # terminal) reaches the children and us at once: act on ours before judging
-        # their exits, so that children draining because of it count as drained.
-        self._handle_commands()
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(child.sentinel)
-        child.process.join(0)
-        self._on_message(child)  # whatever it said last (a boot error, its last metrics)
-        self.fleet_metrics.retire(child.metrics)
-        try:
-            loop.remove_reader(child.conn.fileno())
-        except (ValueError, OSError):
-            pass
-        child.conn.close()
-        self._leaving.discard(child)
-        upgrades.exited(self, child)
-        slot = self.slots.get(child.slot)
-        if slot is not None and slot.incoming is child:
-            slot.incoming = None
-            next_in_line(self._recycle_queue, child.slot)  # it failed: the others' turn
-        elif slot is not None and slot.child is child:
-            slot.child = None
-        text, signame = describe_exit(child.exitcode)
-        lived = time.monotonic() - child.started_at
-        if child.retiring and (child.exitcode == 0 or self._code_lost(child)):
-            if child.exitcode != 0:
-                text = "its exit code was lost with its replaced fork server"
-            logger.info("child_exited: slot %d pid %d (%s) after draining", child.slot,
-                        child.pid, text, extra={"event": "child_exited", "slot": child.slot})
-            return
-        if child.exitcode == 0 and child.ready_seen:
-            # Drained on its own (someone sent it SIGTERM): its runs were finished or
-            # requeued by its own shutdown, so there is nothing to recover; replace it.
-            logger.warning("child_exited: slot %d pid %d (%s) after draining on its own",
-                           child.slot, child.pid, text,
-                           extra={"event": "child_exited", "slot": child.slot})
-            if not self.draining and slot is not None and slot.child is None \
-                    and slot.incoming is None:
-                slot.restarts += 1
-                slot.respawn_at = time.monotonic()
-            return
-        beat = child.beat
-        held = dict(beat.held) if beat is not None else {}
-        worker_id = beat.worker_id if beat is not None else ""
-        level = logging.ERROR if signame == "SIGKILL" or child.killed_for else logging.WARNING
-        if self.quitting:
-            level = logging.WARNING  # killed on the operator's word, not by a fault
-        logger.log(level, "child_exited: slot %d pid %d died (%s%s) after %.1f s holding %d "
-                   "runs", child.slot, child.pid, text,
-                   f", killed: {child.killed_for}" if child.killed_for else "", lived, len(held),
-                   extra={"event": "child_exited", "slot": child.slot, "pid": child.pid,
-                          "exit": text})
-        if worker_id and (held or child.ready_seen):
-            evidence = {"exit": text, "exit_code": child.exitcode, "exit_signal": signame,
-                        "pid": child.pid, "rss_bytes": child.rss_bytes,
-                        "killed_for": child.killed_for}
-            user_code = None if beat is None or beat.user_code is None else list(beat.user_code)
-            suspects = [] if beat is None else list(beat.suspects)
-            if self.quitting:
-                evidence["cause"] = "forced_exit"
-            task = asyncio.get_running_loop().create_task(
-                self._recover(worker_id, held, evidence, user_code, suspects))
-            self._recoveries.add(task)
-            task.add_done_callback(self._recoveries.discard)
-        if self.draining or child.retiring or slot is None:
-            return
-        decision = self.policy.exited(child.slot, child.ready_seen, lived, child.boot_error)
-        if isinstance(decision, GiveUp):
-            logger.critical("fleet_crash_loop: %s; stopping the fleet", decision.reason,
-                            extra={"event": "fleet_crash_loop"})
-            self.exit_code = EXIT_BOOT_FAILURE
-            self._begin_drain()
-            return
-        if slot.child is None and slot.incoming is None:
-            slot.restarts += 1
-            slot.respawn_at = time.monotonic() + decision.delay
-
-    def _code_lost(self, child: Child) -> bool:
-        """Whether a drained child's exit code was lost: a child forked by a fork server
-        that a reload replaced reports 255 once that server has gone, whatever it exited
-        with. Its last heartbeat holding no run is then the evidence it drained."""
-        return (child.exitcode == LOST_EXIT_CODE and child.server != self.spawner.server
-                and child.beat is not None and not child.beat.held)
-
-    async def _recover(self, worker_id: str, held: dict[str, int], evidence: dict[str, Any],
-                       user_code: list[str] | None, suspects: list[str]) -> None:
-        requeued, quarantined, charged = await self.recovery.child_died(
-            worker_id, held, evidence, user_code, suspects)
-        if requeued:
-            self.fleet_metrics.own.inc("pyrula.workflows.runs.requeued", requeued,
-                                       reason="orphaned")
-        if requeued or quarantined:
-            logger.warning("runs_recovered: %d runs of dead child %s requeued, %d quarantined; "
-                           "a crash counted against %d of them (the others were not in their "
-                           "code)", requeued, worker_id, quarantined, charged,
-                           extra={"event": "runs_recovered", "worker_id": worker_id,
-                                  "charged": charged})
-
     # --- commands ---------------------------------------------------------------
-
-    def _handle_commands(self) -> None:
-        while not self._commands.empty():
-            command, signum = self._commands.get_nowait()
-            if command == "stop":
-                if self.quitting:
-                    continue
-                if self.draining:
-                    self._quit(signal.Signals(signum))
-                    continue
-                logger.info("received %s: draining every child (send it again to quit at "
-                            "once)", signal.Signals(signum).name,
-                            extra={"event": "fleet_draining"})
-                self._begin_drain()
-            elif command == "reload":
-                logger.info("received SIGHUP: loading the code anew, replacing children one "
-                            "at a time", extra={"event": "fleet_reload"})
-                self.spawner.reload()
-                self._recycle_queue = [i for i in sorted(self.slots)
-                                       if i not in self._recycle_queue] + self._recycle_queue
-            elif command in ("add", "remove") and self.autoscaler is not None:
-                logger.warning("received %s: ignored, --min/--max size this fleet (%d "
-                               "desired); restart it with other bounds to change them",
-                               signal.Signals(signum).name, self.desired,
-                               extra={"event": "fleet_scale", "desired": self.desired})
-            elif command == "upgrade":
-                upgrades.begin(self)
-            elif command == "add":
-                self.desired += 1
-                logger.info("received SIGTTIN: %d children desired", self.desired,
-                            extra={"event": "fleet_scale", "desired": self.desired})
-            elif command == "remove":
-                if self.desired > 1:
-                    self.desired -= 1
-                logger.info("received SIGTTOU: %d children desired", self.desired,
-                            extra={"event": "fleet_scale", "desired": self.desired})
 
     def _begin_drain(self) -> None:
         if self.draining:
@@ -424,7 +306,7 @@ class Supervisor:
 
     def _quit(self, signum: signal.Signals) -> None:
         """A second TERM/INT while draining: kill every child now. Their exits are then
-        seen as deaths (``_on_exit``), which requeue the runs they held through the store
+        seen as deaths (``exits.child_exited``), which requeue the runs they held through the store
         at once, as for any child that died; the fleet exits once every child is gone and
         those calls returned, or at ``QUIT_DEADLINE`` whatever is left."""
         logger.warning("second %s while draining: quitting now (killing %d children, "

@@ -62,28 +62,39 @@ class HealthPort:
         self._socket: socket.socket | None = None
         self._sampler: asyncio.Task[None] | None = None
 
+    def bind(self) -> tuple[str, int]:
+        """Take the port now (raises OSError if it cannot be had): cheap, so that a port in
+        use fails the fleet before it forks anything, while serving it (``start``: the
+        dashboard's imports) waits until the children are on their way. A probe that
+        connects meanwhile waits in the socket's backlog, it is not refused."""
+        if self._socket is None:
+            self._socket = listen(self.host, self.port)
+        name = self._socket.getsockname()
+        return str(name[0]), int(name[1])
+
     async def start(self) -> tuple[str, int]:
+        """Serve the port (binding it first if ``bind`` was not called)."""
+        address = self.bind()
         if not self.dashboard:
             self._probes = probe_server(self.supervisor, self.host, self.port)
-            return await self._probes.start()
+            return await self._probes.start(self._socket)
         import uvicorn
 
         from pyrula.dashboard.series import Sampler
 
         sampler = Sampler(self.supervisor.families)
-        self._socket = listen(self.host, self.port)
         config = uvicorn.Config(self.app(sampler), lifespan="off", log_config=None,
                                 access_log=False, date_header=False, server_header=False,
                                 timeout_graceful_shutdown=1, ws="none")
         config.load()
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)
+        assert self._socket is not None  # bound above
         await server.startup(sockets=[self._socket])
         self._server = server
         self._sampler = asyncio.get_running_loop().create_task(sampler.run(),
                                                                name="dashboard-sampler")
-        name = self._socket.getsockname()
-        return str(name[0]), int(name[1])
+        return address
 
     def app(self, sampler: Any) -> Any:
         """The Starlette app of the port: the probes, the dashboard's page and routes."""

@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pyrula.logs import RUN_FIELDS
 from pyrula.workflows.blockers import BlockerKind, Blockers
@@ -61,6 +61,15 @@ RUNNING_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "pyrula_running_run", default=None
 )
 
+
+
+@runtime_checkable
+class LoopExecutor(Protocol):
+    """An executor that runs a call on a thread and sets an asyncio future on ``loop`` with
+    its outcome, calling ``done`` there first (``pyrula.workflows.worker.pool.StepPool``)."""
+
+    def run_async(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], Any],
+                  done: Callable[[], None]) -> asyncio.Future[Any]: ...
 
 class UserCodeMonitor(Protocol):
     """Told, on the event loop, when a run's own code starts and stops being in progress:
@@ -177,6 +186,9 @@ class Operations:
         self._clock = clock
         self._blockers = blockers
         self._executor = executor
+        #: An executor that hands outcomes back to the loop itself, batched (the worker's
+        #: sync-step pool), is used directly rather than through ``asyncio.wrap_future``.
+        self._run_async = executor.run_async if isinstance(executor, LoopExecutor) else None
         self._user_code = user_code
         self._waiting = waiting
         self._on_step = on_step
@@ -359,6 +371,12 @@ class Operations:
         caller. The section ends when the thread returns (or the call is cancelled before
         it began), not when the step is given up: a timed-out step's thread runs on."""
         run_id, monitor = self.run_id, self._user_code
+        if self._run_async is not None:
+            try:
+                return self._run_async(loop, call, lambda: monitor.leave(run_id))
+            except BaseException:
+                monitor.leave(run_id)
+                raise
         if self._executor is None:  # the loop's default executor
             future = loop.run_in_executor(None, call)
             future.add_done_callback(lambda _: monitor.leave(run_id))

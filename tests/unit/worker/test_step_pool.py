@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -84,3 +86,97 @@ def test_saturation_is_counted_each_time_and_said_at_most_once_a_minute(
         assert pool.saturations == len(counted) == 6
     finally:
         pool.shutdown(wait=False)
+
+
+# --- run_async: outcomes handed back to the loop ---------------------------------------------
+
+
+async def test_outcomes_that_come_while_the_loop_is_busy_go_back_on_one_wake_up() -> None:
+    loop = asyncio.get_running_loop()
+    pool = StepPool(max_workers=20)
+    left: list[int] = []
+    wake_ups = 0
+    hand_back = pool._hand_back
+
+    def counted() -> None:
+        nonlocal wake_ups
+        wake_ups += 1
+        hand_back()
+
+    pool._hand_back = counted  # type: ignore[method-assign]
+    release = threading.Event()
+    try:
+        futures = [pool.run_async(loop, lambda i=i: release.wait(5) and i * 2,
+                                  lambda i=i: left.append(i)) for i in range(20)]
+        wait_until(lambda: pool.busy == 20, what="every call running")
+        release.set()
+        # The loop is busy (this coroutine does not yield) while every call returns.
+        wait_until(lambda: pool.busy == 0, what="every call returned")
+        assert await asyncio.gather(*futures) == [i * 2 for i in range(20)]
+        assert wake_ups == 1
+        assert sorted(left) == list(range(20))  # each call's section ended, once
+    finally:
+        pool.shutdown()
+
+
+async def test_a_failure_is_raised_in_the_awaiting_step() -> None:
+    loop = asyncio.get_running_loop()
+    pool = StepPool(max_workers=2)
+    left: list[str] = []
+
+    def fails() -> None:
+        raise ValueError("from the step")
+
+    def stops() -> None:
+        raise StopIteration
+
+    try:
+        with pytest.raises(ValueError, match="from the step"):
+            await pool.run_async(loop, fails, lambda: left.append("fails"))
+        with pytest.raises(RuntimeError, match="the step raised StopIteration"):
+            await pool.run_async(loop, stops, lambda: left.append("stops"))
+        assert left == ["fails", "stops"]
+    finally:
+        pool.shutdown()
+
+
+async def test_a_call_given_up_before_it_began_never_runs_and_leaves_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    pool = StepPool(max_workers=1)
+    release = threading.Event()
+    ran: list[str] = []
+    left: list[str] = []
+    try:
+        busy = pool.run_async(loop, lambda: release.wait(5), lambda: left.append("busy"))
+        queued = pool.run_async(loop, lambda: ran.append("queued"), lambda: left.append("q"))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(queued, 0.05)  # the only thread is taken
+        assert left == ["q"]  # its section ended when it was given up
+        release.set()
+        assert await busy is True
+        await asyncio.wait_for(_until(lambda: left == ["q", "busy"]), 5)
+        assert ran == []  # given up before it began: never run
+    finally:
+        pool.shutdown()
+
+
+async def test_a_call_given_up_while_it_runs_leaves_when_its_thread_returns() -> None:
+    loop = asyncio.get_running_loop()
+    pool = StepPool(max_workers=1)
+    release = threading.Event()
+    left: list[str] = []
+    try:
+        running = pool.run_async(loop, lambda: release.wait(5), lambda: left.append("run"))
+        wait_until(lambda: pool.busy == 1, what="the call running")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(running, 0.05)
+        assert left == []  # a timed-out step's thread runs on, in its section
+        release.set()
+        await asyncio.wait_for(_until(lambda: left == ["run"]), 5)
+    finally:
+        pool.shutdown()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)

@@ -7,6 +7,7 @@ joined-at-exit threads would.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -18,7 +19,7 @@ from typing import Any
 
 logger = logging.getLogger("pyrula.workflows.worker")
 
-_Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+_Work = tuple["Future[Any] | _LoopCall", Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 def default_pool_size() -> int:
@@ -29,6 +30,27 @@ def default_pool_size() -> int:
 #: under a backlog is the pool working, so it is counted (``saturations``) and said at most
 #: once a minute, with the count.
 SATURATION_LOG_INTERVAL_S = 60.0
+
+
+class _LoopCall:
+    """A call whose outcome goes back to an asyncio future on ``loop`` (``run_async``)."""
+
+    __slots__ = ("_done", "future", "loop", "started")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any],
+                 done: Callable[[], None]) -> None:
+        self.loop = loop
+        self.future = future
+        self._done: Callable[[], None] | None = done
+        #: Set by the thread (under the pool's lock) once the call began.
+        self.started = False
+
+    def done(self) -> None:
+        """Call ``done`` once (on the loop): when the thread returned, or when the future
+        was cancelled first (the call then never begins)."""
+        done, self._done = self._done, None
+        if done is not None:
+            done()
 
 
 class StepPool(Executor):
@@ -59,6 +81,10 @@ class StepPool(Executor):
         self._logged_count = 0
         self.all_idle = threading.Event()
         self.all_idle.set()
+        #: Outcomes of ``run_async`` calls not yet handed to their loop, and whether a
+        #: hand-over is already due there (one wake-up of the loop carries them all).
+        self._back: list[tuple[_LoopCall, bool, Any]] = []
+        self._back_due = False
 
     @property
     def busy(self) -> int:
@@ -67,6 +93,23 @@ class StepPool(Executor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
+        self._enqueue((future, fn, args, kwargs))
+        return future
+
+    def run_async(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], Any],
+                  done: Callable[[], None]) -> asyncio.Future[Any]:
+        """Run ``fn`` on a thread; its outcome sets the returned future on ``loop``, and
+        ``done`` is called there first (once the thread returned, or at once if the future
+        was cancelled before the call began, which then never runs). Outcomes that come
+        while the loop is busy go back together, on one wake-up of the loop, rather than
+        one wake-up (or two, through ``asyncio.wrap_future``) each."""
+        future: asyncio.Future[Any] = loop.create_future()
+        call = _LoopCall(loop, future, done)
+        future.add_done_callback(lambda f: self._given_up(call) if f.cancelled() else None)
+        self._enqueue((call, fn, (), {}))
+        return future
+
+    def _enqueue(self, work: _Work) -> None:
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("the sync-step pool is shut down")
@@ -84,8 +127,7 @@ class StepPool(Executor):
                 )
                 self._threads.append(thread)
                 thread.start()
-        self._queue.put((future, fn, args, kwargs))
-        return future
+        self._queue.put(work)
 
     def _saturation(self) -> None:
         """Count one saturation; warn if none was said for SATURATION_LOG_INTERVAL_S."""
@@ -113,7 +155,9 @@ class StepPool(Executor):
                 return
             future, fn, args, kwargs = item
             try:
-                if future.set_running_or_notify_cancel():
+                if isinstance(future, _LoopCall):
+                    self._run_for_loop(future, fn)
+                elif future.set_running_or_notify_cancel():
                     try:
                         future.set_result(fn(*args, **kwargs))
                     except BaseException as exc:  # handed to the awaiting step
@@ -126,6 +170,57 @@ class StepPool(Executor):
                     if self._busy == 0:
                         self.all_idle.set()
 
+    def _given_up(self, call: _LoopCall) -> None:
+        """On the loop, the future cancelled (a timeout): a call that has not begun never
+        will, and its section ends now; one that began ends when its thread returns."""
+        with self._lock:
+            begun = call.started
+        if not begun:
+            call.done()
+
+    def _run_for_loop(self, call: _LoopCall, fn: Callable[[], Any]) -> None:
+        with self._lock:
+            # The future's state is set before its callbacks run: a cancel seen here is one
+            # _given_up has not judged yet, or judged "not begun".
+            call.started = not call.future.cancelled()
+        if not call.started:  # given up before it began: never run
+            ok, outcome = False, None
+        else:
+            try:
+                ok, outcome = True, fn()
+            except BaseException as exc:  # handed to the awaiting step
+                ok, outcome = False, exc
+        with self._lock:
+            self._back.append((call, ok, outcome))
+            if self._back_due:
+                return
+            self._back_due = True
+        try:
+            call.loop.call_soon_threadsafe(self._hand_back)
+        except RuntimeError:  # the loop has closed: nobody is left to tell
+            with self._lock:
+                self._back.clear()
+                self._back_due = False
+
+    def _hand_back(self) -> None:
+        """On the loop: set every outcome that came back since the last hand-over."""
+        with self._lock:
+            back, self._back = self._back, []
+            self._back_due = False
+        for call, ok, outcome in back:
+            call.done()
+            if call.future.cancelled():
+                continue
+            if ok:
+                call.future.set_result(outcome)
+            elif outcome is not None:
+                try:
+                    call.future.set_exception(outcome)
+                except TypeError:  # StopIteration cannot travel through a future
+                    failure = RuntimeError(f"the step raised {type(outcome).__name__}")
+                    failure.__cause__ = outcome
+                    call.future.set_exception(failure)
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._shutdown = True
@@ -137,7 +232,7 @@ class StepPool(Executor):
                 except queue.Empty:
                     break
                 if item is not None:
-                    item[0].cancel()
+                    _cancel(item[0])
                     with self._lock:
                         self._busy -= 1
                         if self._busy == 0:
@@ -147,3 +242,15 @@ class StepPool(Executor):
         if wait:
             for thread in threads:
                 thread.join()
+
+
+def _cancel(target: Future[Any] | _LoopCall) -> None:
+    """Cancel a call that never began (its section ends: ``done`` runs on its loop)."""
+    if not isinstance(target, _LoopCall):
+        target.cancel()
+        return
+    try:
+        target.loop.call_soon_threadsafe(target.done)
+        target.loop.call_soon_threadsafe(target.future.cancel)
+    except RuntimeError:  # the loop has closed
+        pass
