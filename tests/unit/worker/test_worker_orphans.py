@@ -6,6 +6,7 @@ renews or finishes: exactly what a worker that died mid-run leaves behind.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -141,3 +142,71 @@ async def test_recover_pending_runs_requeues_orphans_of_a_name_no_worker_serves(
     events = await client.events(stranded.run_id)
     assert [e["reason"] for e in of_type(events, "run:requeued")] == ["orphaned"]
     assert store.recover_pending_runs(UNSERVED) == 0
+
+
+# --- after an outage --------------------------------------------------------------------------
+
+
+class _Store:
+    """What the orphan loop asks of a store, counting its reclaims."""
+
+    def __init__(self) -> None:
+        self.reclaims = 0
+
+    async def register_worker(self, *args: object, **kwargs: object) -> None:
+        return None
+
+    async def stranded(self, *, now: float) -> list[str]:
+        return []
+
+    async def reclaim(self, *args: object, **kwargs: object) -> list[object]:
+        self.reclaims += 1
+        return []
+
+
+class _Runtime:
+    """A worker runtime whose last failed store call was at ``failed_at`` (monotonic)."""
+
+    def __init__(self) -> None:
+        self.failed_at = float("-inf")
+
+    def store_failed_within(self, seconds: float) -> bool:
+        return time.monotonic() - self.failed_at < seconds
+
+
+async def test_after_an_outage_the_scan_waits_a_lock_ttl_of_the_store_answering() -> None:
+    # Its own last failure may be older than the outage's end (its calls backed off): the
+    # others get one lock_ttl from when the store answers this loop again to renew or put
+    # back their runs, before a reclaim would charge each one a crash.
+    from pyrula.config.worker import WorkerOptions
+    from pyrula.metrics import Metrics
+    from pyrula.workflows.records import PoisonPolicy
+    from pyrula.workflows.worker.orphans import OrphanLoop, Serving
+
+    store, runtime = _Store(), _Runtime()
+    options = WorkerOptions(lock_ttl=0.4, orphan_scan_interval=0.05)
+    loop = OrphanLoop(Serving(store, "w1", ["wf"], options, {}),  # type: ignore[arg-type]
+                      PoisonPolicy(max_retries=3), runtime, Metrics())  # type: ignore[arg-type]
+    await loop.tick(time.time())
+    assert store.reclaims == 1  # no outage seen: it scans
+    runtime.failed_at = time.monotonic() - 0.39  # failed a while ago, within the lock_ttl
+    await loop.tick(time.time())
+    assert store.reclaims == 1
+    # Past the lock_ttl since that failure, but the store has only just answered this loop.
+    deadline = time.monotonic() + 0.02
+    while time.monotonic() < deadline or runtime.store_failed_within(options.lock_ttl):
+        await loop.tick(time.time())
+    answering = time.monotonic()
+    while time.monotonic() - answering < 0.3:
+        await loop.tick(time.time())
+        assert store.reclaims == 1, "scanned before the store had answered a lock_ttl"
+        await asyncio.sleep(0.01)
+    await _until_scanned(loop, store, 2)
+
+
+async def _until_scanned(loop: Any, store: _Store, count: int) -> None:
+    deadline = time.monotonic() + 5
+    while store.reclaims < count:
+        assert time.monotonic() < deadline, "never scanned again"
+        await loop.tick(time.time())
+        await asyncio.sleep(0.01)

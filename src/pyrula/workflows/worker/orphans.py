@@ -8,6 +8,7 @@ whose lock expired (``run:requeued`` reason ``orphaned``), each charged a crash.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -92,6 +93,9 @@ class OrphanLoop:
         self._poison = poison
         self._rt = runtime
         self._metrics = metrics
+        #: Since when the store has answered this loop after an outage it saw (None: it is
+        #: out, or was a moment ago); -inf: no outage seen.
+        self._answering_since: float | None = float("-inf")
 
     async def tick(self, now: float) -> float | None:
         s = self._s
@@ -100,7 +104,15 @@ class OrphanLoop:
             # The store was out for this worker a moment ago, so it was for the others: the
             # locks that lapsed meanwhile are those of workers that could not renew, not of
             # dead ones. They get one lock_ttl to renew or put their runs back themselves
-            # (reason store_unavailable) before a reclaim would charge each run a crash.
+            # (reason store_unavailable) before a reclaim would charge each run a crash,
+            # counted from when this loop first finds the store answering again: its own
+            # last failure may be older than the outage's end (its calls backed off).
+            self._answering_since = None
+            return None
+        mono = time.monotonic()
+        if self._answering_since is None:
+            self._answering_since = mono
+        if mono - self._answering_since < s.options.lock_ttl:
             return None
         outcomes = await s.store.reclaim(s.names, now=now, limit=1000, poison=self._poison)
         for outcome in outcomes:
