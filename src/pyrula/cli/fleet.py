@@ -232,8 +232,8 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
 
 
 def run_fleet(options: FleetOptions) -> int:
+    from pyrula.config.store_url import backend_module
     from pyrula.supervisor.children import Spawner
-    from pyrula.workflows.stores import backend_module
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -272,7 +272,7 @@ def _serving_imports(store_url: str) -> None:
     first child."""
     import importlib
 
-    from pyrula.workflows.stores import backend_module
+    from pyrula.config.store_url import backend_module
 
     backend = backend_module(store_url)
     for name in ("pyrula.supervisor.supervisor", "pyrula.supervisor.web", "pyrula.health_http",

@@ -18,6 +18,22 @@ VALKEY_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 SCHEMES = ("memory", "sqlite", *VALKEY_SCHEMES)
 
 
+#: The module of each scheme's backend (imported by ``store_from_url`` on first use).
+BACKEND_MODULES = {
+    "memory": "pyrula.workflows.stores.memory",
+    "sqlite": "pyrula.workflows.stores.sqlite",
+    **{scheme: "pyrula.workflows.stores.valkey" for scheme in VALKEY_SCHEMES},
+}
+
+
+def backend_module(url: str) -> str | None:
+    """The module of the backend ``url`` names (None for a URL ``store_from_url`` refuses):
+    what a fleet's fork server imports once, before it forks the children that open it.
+    Here, in a leaf, so that the fleet names it before it imports any store."""
+    scheme = urlsplit(url).scheme.lower() if isinstance(url, str) and "://" in url else ""
+    return BACKEND_MODULES.get(scheme)
+
+
 def sqlite_file(url: str) -> str | None:
     """The file a ``sqlite://`` URL names, as written (``sqlite:///rel.db`` -> ``rel.db``,
     ``sqlite:////abs.db`` -> ``/abs.db``); None for another scheme. Raises

@@ -6,23 +6,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pyrula.config.parse import redact_url
-from pyrula.config.store_url import SCHEMES, VALKEY_SCHEMES, check_url, shown_url, sqlite_file
+from pyrula.config.store_url import (
+    BACKEND_MODULES,
+    SCHEMES,
+    VALKEY_SCHEMES,
+    backend_module,
+    check_url,
+    shown_url,
+    sqlite_file,
+)
 from pyrula.workflows.errors import ConfigurationError
 from pyrula.workflows.stores.base import Store
-
-#: The module of each scheme's backend (imported by ``store_from_url`` on first use).
-BACKEND_MODULES = {
-    "memory": "pyrula.workflows.stores.memory",
-    "sqlite": "pyrula.workflows.stores.sqlite",
-    **{scheme: "pyrula.workflows.stores.valkey" for scheme in VALKEY_SCHEMES},
-}
-
-
-def backend_module(url: str) -> str | None:
-    """The module of the backend ``url`` names (None for a URL ``store_from_url`` refuses):
-    what a fleet's fork server imports once, before it forks the children that open it."""
-    scheme = urlsplit(url).scheme.lower() if isinstance(url, str) and "://" in url else ""
-    return BACKEND_MODULES.get(scheme)
 
 
 def store_from_url(url: str, **options: Any) -> Store:
@@ -51,5 +45,5 @@ def store_from_url(url: str, **options: Any) -> Store:
     )
 
 
-__all__ = ["SCHEMES", "VALKEY_SCHEMES", "Store", "check_url", "shown_url", "sqlite_file",
-           "store_from_url"]
+__all__ = ["BACKEND_MODULES", "SCHEMES", "VALKEY_SCHEMES", "Store", "backend_module",
+           "check_url", "shown_url", "sqlite_file", "store_from_url"]
