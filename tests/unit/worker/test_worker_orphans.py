@@ -173,6 +173,9 @@ class _Runtime:
     def store_failed_within(self, seconds: float) -> bool:
         return time.monotonic() - self.failed_at < seconds
 
+    def last_store_failure(self) -> float:
+        return self.failed_at
+
 
 async def test_after_an_outage_the_scan_waits_a_lock_ttl_of_the_store_answering() -> None:
     # Its own last failure may be older than the outage's end (its calls backed off): the
@@ -210,3 +213,27 @@ async def _until_scanned(loop: Any, store: _Store, count: int) -> None:
         assert time.monotonic() < deadline, "never scanned again"
         await loop.tick(time.time())
         await asyncio.sleep(0.01)
+
+
+async def test_an_outage_the_loop_slept_through_still_gives_the_others_a_lock_ttl() -> None:
+    # Its calls backed off through the outage: the first tick after it is the first to find
+    # the store answering, its last failure already more than a lock_ttl old.
+    from pyrula.config.worker import WorkerOptions
+    from pyrula.metrics import Metrics
+    from pyrula.workflows.records import PoisonPolicy
+    from pyrula.workflows.worker.orphans import OrphanLoop, Serving
+
+    store, runtime = _Store(), _Runtime()
+    options = WorkerOptions(lock_ttl=0.4, orphan_scan_interval=0.05)
+    loop = OrphanLoop(Serving(store, "w1", ["wf"], options, {}),  # type: ignore[arg-type]
+                      PoisonPolicy(max_retries=3), runtime, Metrics())  # type: ignore[arg-type]
+    await loop.tick(time.time())
+    assert store.reclaims == 1
+    runtime.failed_at = time.monotonic() - 1.0  # failed while it slept, long enough ago
+    answering = time.monotonic()
+    while time.monotonic() - answering < 0.3:
+        await loop.tick(time.time())
+        assert store.reclaims == 1, "scanned as soon as the store answered after an outage"
+        await asyncio.sleep(0.01)
+    await _until_scanned(loop, store, 2)
+

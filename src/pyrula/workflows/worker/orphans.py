@@ -96,17 +96,24 @@ class OrphanLoop:
         #: Since when the store has answered this loop after an outage it saw (None: it is
         #: out, or was a moment ago); -inf: no outage seen.
         self._answering_since: float | None = float("-inf")
+        #: The worker's last failed store call this loop has taken into account.
+        self._failure_seen = float("-inf")
 
     async def tick(self, now: float) -> float | None:
         s = self._s
+        # The store was out for this worker (a call failed since this loop last looked, or
+        # a moment ago), so it was for the others: the locks that lapsed meanwhile are those
+        # of workers that could not renew, not of dead ones. They get one lock_ttl to renew
+        # or put their runs back themselves (reason store_unavailable) before a reclaim
+        # would charge each run a crash, counted from when this loop finds the store
+        # answering again: its own last failure may be older than the outage's end (its
+        # calls backed off), and its first tick after it may be the first that answers.
+        failed = self._rt.last_store_failure()
+        if failed != self._failure_seen:
+            self._failure_seen = failed
+            self._answering_since = None
         await self.membership.tick(now)
         if self._rt.store_failed_within(s.options.lock_ttl):
-            # The store was out for this worker a moment ago, so it was for the others: the
-            # locks that lapsed meanwhile are those of workers that could not renew, not of
-            # dead ones. They get one lock_ttl to renew or put their runs back themselves
-            # (reason store_unavailable) before a reclaim would charge each run a crash,
-            # counted from when this loop first finds the store answering again: its own
-            # last failure may be older than the outage's end (its calls backed off).
             self._answering_since = None
             return None
         mono = time.monotonic()

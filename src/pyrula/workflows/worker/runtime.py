@@ -83,9 +83,13 @@ class Runtime:
 
     def store_failed_within(self, seconds: float) -> bool:
         """Whether a store call of this worker failed within the last ``seconds``."""
+        return time.monotonic() - self.last_store_failure() < seconds
+
+    def last_store_failure(self) -> float:
+        """When a store call of this worker last failed (monotonic; -inf: never)."""
         times = [self._store_failed_at] + [
             s.last_failed for s in self.loops.values() if s.last_failed is not None]
-        return time.monotonic() - max(times) < seconds
+        return max(times)
 
     # --- the loop's heartbeat -------------------------------------------------------
 
