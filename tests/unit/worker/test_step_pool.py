@@ -133,7 +133,7 @@ async def test_a_failure_is_raised_in_the_awaiting_step() -> None:
     try:
         with pytest.raises(ValueError, match="from the step"):
             await pool.run_async(loop, fails, lambda: left.append("fails"))
-        with pytest.raises(RuntimeError, match="the step raised StopIteration"):
+        with pytest.raises(RuntimeError, match="StopIteration"):  # said as 3.13 says it too
             await pool.run_async(loop, stops, lambda: left.append("stops"))
         assert left == ["fails", "stops"]
     finally:
