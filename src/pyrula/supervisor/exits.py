@@ -22,7 +22,7 @@ from pyrula.supervisor.restart import GiveUp
 from pyrula.wire import EXIT_BOOT_FAILURE
 
 if TYPE_CHECKING:
-    from pyrula.supervisor.supervisor import Supervisor
+    from pyrula.supervisor.supervisor import Slot, Supervisor
 
 logger = logging.getLogger(FLEET_LOGGER)
 
@@ -37,6 +37,19 @@ def child_exited(sup: Supervisor, child: Child) -> None:
     # terminal) reaches the children and us at once: act on ours before judging
     # their exits, so that children draining because of it count as drained.
     handle_commands(sup)
+    slot = _detach(sup, child)
+    text, signame = describe_exit(child.exitcode)
+    if _drained(sup, child, slot, text):
+        return
+    _died(sup, child, text, signame)
+    if sup.draining or child.retiring or slot is None:
+        return
+    _respawn_or_stop(sup, child, slot)
+
+
+def _detach(sup: Supervisor, child: Child) -> Slot | None:
+    """Stop watching ``child``, keep what it said last, and free its place in its slot;
+    the slot, if it still has one."""
     loop = asyncio.get_running_loop()
     loop.remove_reader(child.sentinel)
     child.process.join(0)
@@ -55,14 +68,18 @@ def child_exited(sup: Supervisor, child: Child) -> None:
         next_in_line(sup._recycle_queue, child.slot)  # it failed: the others' turn
     elif slot is not None and slot.child is child:
         slot.child = None
-    text, signame = describe_exit(child.exitcode)
-    lived = time.monotonic() - child.started_at
+    return slot
+
+
+def _drained(sup: Supervisor, child: Child, slot: Slot | None, text: str) -> bool:
+    """Whether ``child`` drained rather than died (logged; one that drained on its own
+    is replaced at once): nothing of it to recover then."""
     if child.retiring and (child.exitcode == 0 or _code_lost(sup, child)):
         if child.exitcode != 0:
             text = "its exit code was lost with its replaced fork server"
         logger.info("child_exited: slot %d pid %d (%s) after draining", child.slot,
                     child.pid, text, extra={"event": "child_exited", "slot": child.slot})
-        return
+        return True
     if child.exitcode == 0 and child.ready_seen:
         # Drained on its own (someone sent it SIGTERM): its runs were finished or
         # requeued by its own shutdown, so there is nothing to recover; replace it.
@@ -73,32 +90,43 @@ def child_exited(sup: Supervisor, child: Child) -> None:
                 and slot.incoming is None:
             slot.restarts += 1
             slot.respawn_at = time.monotonic()
-        return
+        return True
+    return False
+
+
+def _died(sup: Supervisor, child: Child, text: str, signame: str | None) -> None:
+    """Log the death of ``child`` and requeue the runs it held through the store (a
+    recovery task the supervisor awaits before it exits)."""
     beat = child.beat
     held = dict(beat.held) if beat is not None else {}
     worker_id = beat.worker_id if beat is not None else ""
     level = logging.ERROR if signame == "SIGKILL" or child.killed_for else logging.WARNING
     if sup.quitting:
         level = logging.WARNING  # killed on the operator's word, not by a fault
+    lived = time.monotonic() - child.started_at
     logger.log(level, "child_exited: slot %d pid %d died (%s%s) after %.1f s holding %d "
                "runs", child.slot, child.pid, text,
                f", killed: {child.killed_for}" if child.killed_for else "", lived, len(held),
                extra={"event": "child_exited", "slot": child.slot, "pid": child.pid,
                       "exit": text})
-    if worker_id and (held or child.ready_seen):
-        evidence = {"exit": text, "exit_code": child.exitcode, "exit_signal": signame,
-                    "pid": child.pid, "rss_bytes": child.rss_bytes,
-                    "killed_for": child.killed_for}
-        user_code = None if beat is None or beat.user_code is None else list(beat.user_code)
-        suspects = [] if beat is None else list(beat.suspects)
-        if sup.quitting:
-            evidence["cause"] = "forced_exit"
-        task = asyncio.get_running_loop().create_task(
-            _recover(sup, worker_id, held, evidence, user_code, suspects))
-        sup._recoveries.add(task)
-        task.add_done_callback(sup._recoveries.discard)
-    if sup.draining or child.retiring or slot is None:
+    if not worker_id or not (held or child.ready_seen):
         return
+    evidence = {"exit": text, "exit_code": child.exitcode, "exit_signal": signame,
+                "pid": child.pid, "rss_bytes": child.rss_bytes, "killed_for": child.killed_for}
+    user_code = None if beat is None or beat.user_code is None else list(beat.user_code)
+    suspects = [] if beat is None else list(beat.suspects)
+    if sup.quitting:
+        evidence["cause"] = "forced_exit"
+    task = asyncio.get_running_loop().create_task(
+        _recover(sup, worker_id, held, evidence, user_code, suspects))
+    sup._recoveries.add(task)
+    task.add_done_callback(sup._recoveries.discard)
+
+
+def _respawn_or_stop(sup: Supervisor, child: Child, slot: Slot) -> None:
+    """The restart policy's word on a dead child: its slot's respawn time, or a crash loop
+    that stops the fleet."""
+    lived = time.monotonic() - child.started_at
     decision = sup.policy.exited(child.slot, child.ready_seen, lived, child.boot_error)
     if isinstance(decision, GiveUp):
         logger.critical("fleet_crash_loop: %s; stopping the fleet", decision.reason,
