@@ -177,19 +177,27 @@ class _Runtime:
         return self.failed_at
 
 
+#: The lock_ttl of the loops below (seconds).
+LOCK_TTL = 0.4
+
+
+def _orphan_loop(store: _Store, runtime: _Runtime) -> Any:
+    """An orphan loop over ``store`` and ``runtime``, scanning every 50 ms."""
+    from pyrula.config.worker import WorkerOptions
+    from pyrula.metrics import Metrics
+    from pyrula.workflows.worker.orphans import OrphanLoop, Serving
+
+    options = WorkerOptions(lock_ttl=LOCK_TTL, orphan_scan_interval=0.05)
+    return OrphanLoop(Serving(store, "w1", ["wf"], options, {}),  # type: ignore[arg-type]
+                      PoisonPolicy(max_retries=3), runtime, Metrics())  # type: ignore[arg-type]
+
+
 async def test_after_an_outage_the_scan_waits_a_lock_ttl_of_the_store_answering() -> None:
     # Its own last failure may be older than the outage's end (its calls backed off): the
     # others get one lock_ttl from when the store answers this loop again to renew or put
     # back their runs, before a reclaim would charge each one a crash.
-    from pyrula.config.worker import WorkerOptions
-    from pyrula.metrics import Metrics
-    from pyrula.workflows.records import PoisonPolicy
-    from pyrula.workflows.worker.orphans import OrphanLoop, Serving
-
     store, runtime = _Store(), _Runtime()
-    options = WorkerOptions(lock_ttl=0.4, orphan_scan_interval=0.05)
-    loop = OrphanLoop(Serving(store, "w1", ["wf"], options, {}),  # type: ignore[arg-type]
-                      PoisonPolicy(max_retries=3), runtime, Metrics())  # type: ignore[arg-type]
+    loop = _orphan_loop(store, runtime)
     await loop.tick(time.time())
     assert store.reclaims == 1  # no outage seen: it scans
     runtime.failed_at = time.monotonic() - 0.39  # failed a while ago, within the lock_ttl
@@ -197,7 +205,7 @@ async def test_after_an_outage_the_scan_waits_a_lock_ttl_of_the_store_answering(
     assert store.reclaims == 1
     # Past the lock_ttl since that failure, but the store has only just answered this loop.
     deadline = time.monotonic() + 0.02
-    while time.monotonic() < deadline or runtime.store_failed_within(options.lock_ttl):
+    while time.monotonic() < deadline or runtime.store_failed_within(LOCK_TTL):
         await loop.tick(time.time())
     answering = time.monotonic()
     while time.monotonic() - answering < 0.3:
@@ -218,15 +226,8 @@ async def _until_scanned(loop: Any, store: _Store, count: int) -> None:
 async def test_an_outage_the_loop_slept_through_still_gives_the_others_a_lock_ttl() -> None:
     # Its calls backed off through the outage: the first tick after it is the first to find
     # the store answering, its last failure already more than a lock_ttl old.
-    from pyrula.config.worker import WorkerOptions
-    from pyrula.metrics import Metrics
-    from pyrula.workflows.records import PoisonPolicy
-    from pyrula.workflows.worker.orphans import OrphanLoop, Serving
-
     store, runtime = _Store(), _Runtime()
-    options = WorkerOptions(lock_ttl=0.4, orphan_scan_interval=0.05)
-    loop = OrphanLoop(Serving(store, "w1", ["wf"], options, {}),  # type: ignore[arg-type]
-                      PoisonPolicy(max_retries=3), runtime, Metrics())  # type: ignore[arg-type]
+    loop = _orphan_loop(store, runtime)
     await loop.tick(time.time())
     assert store.reclaims == 1
     runtime.failed_at = time.monotonic() - 1.0  # failed while it slept, long enough ago
