@@ -124,22 +124,25 @@ class _Bench:
             self.commands_error = f"{type(exc).__name__}: {exc}"
             return None
 
-    async def _run(self, client: WorkflowClient) -> dict[str, Any]:
+    async def _fleet(self) -> tuple[Fleet, int]:
+        """The fleet to load and its children: the attached one, checked to serve the
+        workflow on the bench's store, or one of the bench's own (started later)."""
         config = self.config
-        fleet: Fleet
         if config.attach:
-            fleet = AttachedFleet(config.attach)
-            status = await fleet.check(want_kills=config.kill_every is not None
-                                       or config.upgrade_every is not None)
+            attached = AttachedFleet(config.attach)
+            status = await attached.check(want_kills=config.kill_every is not None
+                                          or config.upgrade_every is not None)
             _check_serves(status, config.attach, config.workflow_name)
             _check_same_store(status, config.attach, self.url)
-            children = len(status["children"])
-        else:
-            bounds = (None if config.min_children is None or config.max_children is None
-                      else (config.min_children, config.max_children))
-            fleet = OwnFleet(config.children, self.url, self.namespace, self.tmp / "fleet.log",
-                             bounds)
-            children = config.children
+            return attached, len(status["children"])
+        bounds = (None if config.min_children is None or config.max_children is None
+                  else (config.min_children, config.max_children))
+        own = OwnFleet(config.children, self.url, self.namespace, self.tmp / "fleet.log", bounds)
+        return own, config.children
+
+    async def _run(self, client: WorkflowClient) -> dict[str, Any]:
+        config = self.config
+        fleet, children = await self._fleet()
         load = Load(client, config, self.waiters)
         load.ledger = self.ledger
         await load.check_params()
