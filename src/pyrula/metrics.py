@@ -9,24 +9,26 @@ Prometheus name, type and labels (``pyrula_loop_restarts_total{loop}``). A dotte
 in the catalog is still counted, exported as a counter named after it
 (``pyrula.workflows.timers.woken`` → ``pyrula_workflows_timers_woken_total``).
 
-Each worker has its own ``prometheus_client`` registry, so several workers in one process
-(tests, an app embedding two) never mix their figures. A fleet child sends its registry's
-samples to its supervisor (:meth:`Metrics.samples`), which sums them over its children.
+Each worker keeps its own figures (:class:`Metrics`), so several workers in one process
+(tests, an app embedding two) never mix them. They are plain numbers under a lock, kept in
+the shape of Prometheus samples (``_total``, ``_bucket{le}``, ``_count``, ``_sum``):
+recording needs nothing more, and ``prometheus_client`` (whose package brings its HTTP
+exposition, ``http.server`` included) is imported only to render text for a scrape. A
+fleet child sends its samples to its supervisor (:meth:`Metrics.samples`), which sums them
+over its children; a child never imports ``prometheus_client``, which keeps it off the
+path from a fork to the child's first claim.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
 
@@ -129,86 +131,130 @@ GAUGE_MAX = frozenset({"pyrula_archive_lag_seconds"})
 Sample = tuple[str, dict[str, str], float]
 
 
+#: A series' labels, as (name, value) pairs sorted by name.
+LabelKey = tuple[tuple[str, str], ...]
+
+
+def _le(bound: float) -> str:
+    """A bucket's ``le`` label as Prometheus writes it (``0.001``, ``1.0``, ``+Inf``)."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+class _Family:
+    """One metric's series by labels: a number each (counter, gauge), or a histogram's
+    bucket counts (not cumulative), sum and count."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.series: dict[LabelKey, Any] = {}
+
+    def check(self, key: LabelKey) -> None:
+        """Refuse labels other than the metric's own, as a Prometheus client does."""
+        if tuple(sorted(self.spec.labels)) != tuple(name for name, _ in key):
+            raise ValueError(f"metric {self.spec.prometheus} takes the labels "
+                             f"{list(self.spec.labels)}, not {[n for n, _ in key]}")
+
+    def samples(self) -> list[list[Any]]:
+        """``[sample name, labels, value]`` of every series, as Prometheus names them."""
+        spec, out = self.spec, []
+        for key, value in self.series.items():
+            labels = dict(key)
+            ordered = {name: labels[name] for name in spec.labels}
+            if spec.kind is Kind.COUNTER:
+                out.append([spec.prometheus + "_total", ordered, value])
+            elif spec.kind is Kind.GAUGE:
+                out.append([spec.prometheus, ordered, value])
+            else:
+                out.extend(self._histogram(ordered, value))
+        return out
+
+    def _histogram(self, labels: dict[str, str], value: list[float]) -> list[list[Any]]:
+        name, bounds = self.spec.prometheus, (*self.spec.buckets, float("inf"))
+        counts, total, count = value[:-2], value[-2], value[-1]
+        out, running = [], 0.0
+        for bound, n in zip(bounds, counts, strict=True):
+            running += n
+            out.append([name + "_bucket", {**labels, "le": _le(bound)}, running])
+        out.append([name + "_count", labels, count])
+        out.append([name + "_sum", labels, total])
+        return out
+
+
 class Metrics:
     """A worker's counters, gauges and histograms, by dotted name and labels."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
         self._lock = threading.Lock()
-        self._metrics: dict[str, Any] = {}
-        self._labelnames: dict[str, tuple[str, ...]] = {}
-        #: (name, label values) → the labelled child, so the hot path skips ``labels()``.
-        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._families: dict[str, _Family] = {}
 
-    def _child(self, name: str, labels: dict[str, str], kind: Kind) -> Any:
-        key = (name, tuple(sorted(labels.items())))
-        child = self._children.get(key)
-        if child is not None:
-            return child
-        with self._lock:
-            metric = self._metrics.get(name)
-            if metric is None:
-                metric = self._metrics[name] = self._create(name, labels, kind)
-            child = metric.labels(**labels) if labels else metric
-            self._children[key] = child
-        return child
-
-    def _create(self, name: str, labels: dict[str, str], kind: Kind) -> Any:
-        spec = CATALOG.get(name) or Spec(name.replace(".", "_"), kind, name,
-                                        tuple(sorted(labels)))
-        self._labelnames[name] = spec.labels
-        common: dict[str, Any] = {"labelnames": spec.labels, "registry": self.registry}
-        if spec.kind is Kind.COUNTER:
-            return Counter(spec.prometheus, spec.help, **common)
-        if spec.kind is Kind.GAUGE:
-            return Gauge(spec.prometheus, spec.help, **common)
-        return Histogram(spec.prometheus, spec.help, buckets=spec.buckets, **common)
+    def _family(self, name: str, key: LabelKey, kind: Kind) -> _Family:
+        family = self._families.get(name)
+        if family is None:
+            spec = CATALOG.get(name) or Spec(name.replace(".", "_"), kind, name,
+                                            tuple(label for label, _ in key))
+            family = self._families.setdefault(name, _Family(spec))
+        if key not in family.series:
+            family.check(key)
+        return family
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        self._child(name, labels, Kind.COUNTER).inc(amount)
+        if amount < 0:
+            raise ValueError(f"counter {name} can only go up, not by {amount}")
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            series = self._family(name, key, Kind.COUNTER).series
+            series[key] = series.get(key, 0.0) + amount
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        self._child(name, labels, Kind.GAUGE).set(value)
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            self._family(name, key, Kind.GAUGE).series[key] = float(value)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
-        self._child(name, labels, Kind.HISTOGRAM).observe(value)
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            family = self._family(name, key, Kind.HISTOGRAM)
+            buckets = family.spec.buckets
+            kept = family.series.get(key)
+            if kept is None:  # a count per bucket and +Inf, then the sum and the count
+                kept = family.series[key] = [0.0] * (len(buckets) + 3)
+            kept[bisect.bisect_left(buckets, value)] += 1
+            kept[-2] += value
+            kept[-1] += 1
 
     def forget(self, name: str, keep: Iterable[dict[str, str]]) -> None:
         """Drop the labelled series of gauge ``name`` other than ``keep`` (a workflow's
         queue that is no longer served stops being reported)."""
         kept = {tuple(sorted(labels.items())) for labels in keep}
         with self._lock:
-            metric = self._metrics.get(name)
-            if metric is None:
-                return
-            names = self._labelnames[name]
-            for key in [k for k in self._children if k[0] == name and k[1] not in kept]:
-                del self._children[key]
-                values = dict(key[1])
-                metric.remove(*(values[label] for label in names))
+            family = self._families.get(name)
+            if family is not None:
+                family.series = {k: v for k, v in family.series.items() if k in kept}
 
     def get(self, name: str, **labels: str) -> float:
         """A counter's or gauge's value; summed over the labels not given. (For a
         histogram: how many values it observed.)"""
-        metric = self._metrics.get(name)
-        if metric is None:
-            return 0.0
-        total = 0.0
-        for family in metric.collect():
-            for sample in family.samples:
-                if not sample.name.endswith(("_total", "_count")) and family.type != "gauge":
-                    continue
-                if all(sample.labels.get(k) == v for k, v in labels.items()):
-                    total += sample.value
-        return total
+        with self._lock:
+            family = self._families.get(name)
+            if family is None:
+                return 0.0
+            histogram = family.spec.kind is Kind.HISTOGRAM
+            return sum(float(value[-1] if histogram else value)
+                       for key, value in family.series.items()
+                       if all(dict(key).get(k) == v for k, v in labels.items()))
 
     def prometheus(self) -> str:
         """The Prometheus text exposition of every metric recorded so far."""
         return render(self.samples())
 
     def samples(self) -> dict[str, Any]:
-        """Every family's type, help and samples, for a fleet child's report."""
-        return families_of(self.registry)
+        """name → {"type", "help", "samples": [[sample name, labels, value], ...]}: every
+        family, for a scrape or a fleet child's report."""
+        with self._lock:
+            return {family.spec.prometheus: {"type": family.spec.kind.value,
+                                             "help": family.spec.help,
+                                             "samples": family.samples()}
+                    for family in self._families.values()}
 
 
 async def record_queues(metrics: Metrics, source: Any, names: Sequence[str], now: float) -> None:
@@ -235,17 +281,6 @@ def set_queue_gauges(metrics: Metrics, stats: Mapping[str, Any], now: float) -> 
     metrics.forget(QUEUE_AGE, served)
 
 
-def families_of(registry: CollectorRegistry) -> dict[str, Any]:
-    """name → {"type", "help", "samples": [[sample name, labels, value], ...]}."""
-    out: dict[str, Any] = {}
-    for family in registry.collect():
-        samples = [[s.name, s.labels, s.value] for s in family.samples
-                   if not s.name.endswith("_created")]
-        out[family.name] = {"type": family.type, "help": family.documentation,
-                            "samples": samples}
-    return out
-
-
 def merge(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Combine families from several workers: counters and histograms summed sample by
     sample; gauges summed, but for those in :data:`GAUGE_MAX`, which take the largest."""
@@ -270,7 +305,11 @@ def merge(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def render(families: dict[str, Any]) -> str:
-    """Prometheus text of families in the :func:`families_of` shape."""
+    """Prometheus text of families in the :meth:`Metrics.samples` shape (imports
+    ``prometheus_client`` on the first scrape, never on the way to a first run)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families))
     return generate_latest(registry).decode()
@@ -282,7 +321,9 @@ class _Families:
     def __init__(self, families: dict[str, Any]) -> None:
         self._families = families
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.metrics_core import Metric
+
         for name in sorted(self._families):
             family = self._families[name]
             metric = Metric(name, family["help"], family["type"])
