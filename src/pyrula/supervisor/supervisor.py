@@ -54,6 +54,10 @@ TICK = 0.1
 #: How long the store may take to answer at start before the health port is served
 #: anyway (to say ``store_unreachable``) rather than after the children are forked.
 STORE_ANSWER_S = 0.2
+#: The health port is served once the children first forked are ready, or this long after
+#: they were forked, whichever comes first (bound before: a probe meanwhile waits in its
+#: backlog, it is not refused).
+PORT_AT_LATEST_S = 1.0
 
 
 class ForkFailed(PyrulaError):
@@ -109,8 +113,9 @@ class Supervisor:
         #: Elastic sizing (``--min``/``--max``): the loop that sets ``desired``.
         self.autoscaler = Autoscaler(self, policy_of(options)) if options.elastic else None
         #: What serves the health port (``pyrula-fleet start`` sets it): started once the
-        #: first children are forked, so its imports are off their way to the first run,
-        #: or as soon as the store is slow to answer at start (``/readyz`` says so).
+        #: first children are ready (``PORT_AT_LATEST_S`` at the latest), so its imports
+        #: are off their way to the first run, or as soon as the store is slow to answer
+        #: at start (``/readyz`` says so).
         self.serve_port: Callable[[], Coroutine[Any, Any, None]] | None = None
         self._port_task: asyncio.Task[None] | None = None
 
@@ -142,7 +147,9 @@ class Supervisor:
         for index in range(self.desired):
             self.slots[index] = Slot(index)
             self._spawn(self.slots[index])
-        self._start_port()
+        # Served once every child is ready (its imports would hold this loop off their
+        # heartbeats), or after PORT_AT_LATEST_S whatever the children do.
+        port_at_latest = loop.call_later(PORT_AT_LATEST_S, self._start_port)
         # Spawned, not ready: ``fleet_ready`` follows once they all are, or boot failures.
         logger.info("fleet_started: %d children spawned (%s), store %s; not ready yet",
                     self.desired, self.spawner.method, shown_url(self.options.store_url),
@@ -158,6 +165,7 @@ class Supervisor:
                 except TimeoutError:
                     pass
         finally:
+            port_at_latest.cancel()
             for signum in SIGNAL_COMMANDS:
                 loop.remove_signal_handler(signum)
             if sizing is not None:
@@ -273,6 +281,8 @@ class Supervisor:
                                    "pid": child.pid, "worker_id": child.beat.worker_id})
                 self.boots.ready(self.ready_children(), self.desired,
                                  time.monotonic() - self.started_at)
+                if self.ready_children() >= self.desired:
+                    self._start_port()
                 if self.upgrade is not None:
                     self.upgrade.tell([child])
         elif kind == "boot_error":
