@@ -146,3 +146,64 @@ def test_children_of_a_fleet_started_from_a_script_do_not_run_it_again(fleets: F
         store.close()
     fleet.send(signal.SIGTERM)
     assert fleet.wait(30) == 0
+
+
+#: An app that notes each process importing it.
+COUNTED_APP = '''
+import os
+from pathlib import Path
+
+from pyrula.workflows import step, workflow
+
+with open(Path(__file__).resolve().parent / "imported.log", "a") as f:
+    f.write(f"{os.getpid()}\\n")
+
+
+@step
+def twice(x: int) -> int:
+    return 2 * x
+
+
+@workflow(name="counted")
+async def counted(ctx, params):
+    return await twice(params["x"])
+'''
+
+
+def _serves_counted(fleets: Fleets, fleet: Fleet) -> list[str]:
+    """Wait for one ready child, run ``counted`` on the fleet; the pids that imported it."""
+    fleet.wait_ready(1, timeout=60)
+    store = SQLiteStore(str(fleets.directory / STORE_FILE), create=False)
+    try:
+        client = SyncWorkflowClient(store)
+        run = client.submit("counted", {"x": 21})
+        assert client.result(run.run_id, timeout=30) == 42
+    finally:
+        store.close()
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(30) == 0
+    return (fleets.directory / "imported.log").read_text().split()
+
+
+def test_the_fork_server_started_from_the_arguments_is_the_one_children_fork_from(
+        fleets: Fleets, tmp_path: Path) -> None:
+    # The entry point starts the fork server from a quick read of its arguments, before
+    # its CLI is imported; the CLI's reading agrees, so that one fork server imports the
+    # app, once, and is kept (not started a second time).
+    write_app(tmp_path, COUNTED_APP, module="countedapp")
+    fleet = fleets.start("-n", "1", "--workflow=countedapp:counted", app=None,
+                         env=child_env(PYRULA_APP="countedapp"))
+    assert len(_serves_counted(fleets, fleet)) == 1
+
+
+def test_a_quick_read_the_options_contradict_is_replaced_before_any_fork(
+        fleets: Fleets, tmp_path: Path) -> None:
+    # ``--project --workflow`` sets the project to "--workflow": the quick read of the
+    # arguments takes "--app" for a workflow module instead and starts a fork server that
+    # cannot load it. The CLI reads the options properly and replaces that fork server
+    # with one that serves the app before it forks anything.
+    write_app(tmp_path, COUNTED_APP, module="countedapp")
+    fleet = fleets.start("-n", "1", "--project", "--workflow", "--app", "countedapp",
+                         app=None)
+    assert len(_serves_counted(fleets, fleet)) == 1
+    assert "fleet_crash_loop" not in fleet.log()

@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 import pytest
 
-from pyrula.cli.fleet import cli as fleet_cli
+from pyrula.cli.fleet_commands import cli as fleet_cli
 from pyrula.cli.main import cli as pyrula_cli
 from pyrula.workflows import SQLiteStore, SyncWorkflowClient
 from tests.conftest import wait_until
@@ -126,7 +126,7 @@ ROWS: list[tuple[str, str, list[str], dict[str, str], str]] = [
     ("pyrula-fleet", "upgrade", ["--url", "nope"], {}, "--url 'nope'"),
 ]
 
-PROGRAMS = {"pyrula": ("pyrula.cli.main", pyrula_cli), "pyrula-fleet": ("pyrula.cli.fleet",
+PROGRAMS = {"pyrula": ("pyrula.cli.main", pyrula_cli), "pyrula-fleet": ("pyrula.cli.fleet_commands",
                                                                        fleet_cli)}
 
 

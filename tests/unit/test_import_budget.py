@@ -19,7 +19,7 @@ import pytest
 
 #: What the supervisor imports before its first fork: the CLI, then (while the fork server
 #: loads the app) the supervisor, its health port and each store's backend.
-SUPERVISOR = ("pyrula.cli.fleet", "pyrula.supervisor.supervisor", "pyrula.supervisor.web",
+SUPERVISOR = ("pyrula.cli.fleet_commands", "pyrula.supervisor.supervisor", "pyrula.supervisor.web",
               "pyrula.health_http", "pyrula.workflows.stores.sqlite",
               "pyrula.workflows.stores.valkey")
 #: What the fork server imports for its children (``run_fleet``'s preload), with either
@@ -78,10 +78,8 @@ def test_the_lists_name_what_is_imported_now() -> None:
 
 
 def test_the_child_list_is_what_the_fleet_preloads() -> None:
-    import inspect
+    from pyrula.supervisor.prestart import fork_server_spec
 
-    from pyrula.cli import fleet
-
-    source = inspect.getsource(fleet.run_fleet)
-    for name in CHILD[:3]:
-        assert f'"{name}"' in source, f"run_fleet no longer preloads {name}"
+    preloads = {module for url in ("sqlite:///x.db", "redis://127.0.0.1:6379")
+                for module in fork_server_spec([], [], url, "/")["preload"]}
+    assert preloads == set(CHILD)

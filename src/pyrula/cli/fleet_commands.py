@@ -1,11 +1,14 @@
-"""``pyrula-fleet``: start a supervised fleet of worker processes, or look at one."""
+"""``pyrula-fleet``'s commands: start a supervised fleet of worker processes, or look at one
+(``pyrula.cli.fleet`` is the entry point that runs them)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from typing import Any, NoReturn
@@ -232,23 +235,27 @@ def start(children: Any, min_children: Any, max_children: Any, scale_up_after: A
 
 
 def run_fleet(options: FleetOptions) -> int:
-    from pyrula.config.store_url import backend_module
+    from pyrula.supervisor import prestart
     from pyrula.supervisor.children import Spawner
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    modules = list(options.apps) + [w.partition(":")[0] for w in options.workflows]
-    # What every child imports before it serves: imported once in the fork server, so a
-    # child starts with it loaded (and shares its memory) instead of importing it anew.
-    backend = backend_module(options.store_url)
-    runtime = [
-        "pyrula.workflows.worker.child", "pyrula.workflows.worker.worker",
-        "pyrula.workflows.stores.archive", *([backend] if backend else []),
-    ]
-    with tempfile.TemporaryDirectory(prefix="pyrula-fleet-") as scratch:
-        check = {"apps": list(options.apps), "workflows": list(options.workflows),
-                 "cwd": os.getcwd(), "report": os.path.join(scratch, "app-check.json")}
-        spawner = Spawner(preload=[*runtime, *modules], check=check)
+    spec = prestart.fork_server_spec(list(options.apps), list(options.workflows),
+                                     options.store_url, os.getcwd())
+    early = prestart.EARLY
+    with contextlib.ExitStack() as cleanup:
+        if early is not None and early.spec == spec:
+            scratch = early.scratch
+            cleanup.callback(shutil.rmtree, scratch, True)
+        else:
+            scratch = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pyrula-fleet-"))
+        check = {**spec["check"], "report": os.path.join(scratch, prestart.REPORT)}
+        spawner = Spawner(preload=spec["preload"], check=check)
+        if early is not None and early.spec != spec:
+            # Started from a quick read of the arguments that the options contradict: not
+            # the app to fork children from.
+            shutil.rmtree(early.scratch, ignore_errors=True)
+            spawner.replace_server()
         # The fork server starts (and imports the app) before this process opens anything,
         # and before it imports asyncio: the two imports run side by side.
         spawner.warm()

@@ -167,7 +167,14 @@ class Spawner:
             multiprocessing.forkserver.ensure_running()
 
     def reload(self) -> None:
-        """Make the next children load the code anew (SIGHUP): start a new fork server.
+        """Make the next children load the code anew (SIGHUP): start a new fork server."""
+        if self.method != "forkserver":
+            return
+        self.replace_server()
+        self.server += 1
+
+    def replace_server(self) -> None:
+        """Start a new fork server with this spawner's preload, in place of the running one.
 
         The old one is left to exit by itself rather than stopped: the children it forked
         (the workers still serving until their replacements are ready) hold its "alive"
@@ -191,7 +198,6 @@ class Spawner:
                 server._forkserver_address = None
         self._set_preload()
         multiprocessing.forkserver.ensure_running()
-        self.server += 1
 
     def _reap_retired(self) -> None:
         """Collect the fork servers replaced by ``reload`` that have exited since."""
