@@ -256,3 +256,36 @@ async def test_a_worker_started_before_its_server_waits_for_it_then_serves(
                     task.cancel()
     assert len(logs.events("store_unreachable")) == 1  # one line for the whole outage
     assert len(logs.events("store_reachable")) == 1
+
+
+# --- the way to the first claim ------------------------------------------------------
+
+
+async def test_a_worker_start_reads_and_writes_the_namespace_in_few_round_trips(
+    fresh_valkey_server: Server,
+) -> None:
+    # A fleet child's start is on the way to its first run: every workflow name is
+    # registered in one round trip, the binding written and read (with the meta hash the
+    # first claim's flow control needs) in one more, and the script is loaded only when the
+    # server answers NOSCRIPT, not ahead of every start.
+    store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns")
+    names = [f"vk.name{i}" for i in range(7)]
+    async with opened(store):
+        conn = store.connection
+        with fresh_valkey_server.client() as admin:
+            admin.hset("ns:meta", "flow:acme", "[2, null]")  # flow control set before
+        before = conn.stats["round_trips"]
+        await store.prepare(names)
+        # One batch, plus the script's load and the batch again on this fresh server.
+        assert conn.stats["round_trips"] - before == 2
+        assert sorted(await store.registry.names()) == names
+        again = ValkeyStore(url=fresh_valkey_server.url, namespace="ns")
+        async with opened(again):
+            before = again.connection.stats["round_trips"]
+            await again.prepare(names)
+            assert again.connection.stats["round_trips"] - before == 1
+            assert await again.bind("billing", "prod") == ("billing", "prod")
+            assert again.connection.stats["round_trips"] - before == 2
+            assert set(await again.flow._config()) == {"acme"}  # no round trip: primed
+            assert again.connection.stats["round_trips"] - before == 2
+        assert await store.bind("other", None) == ("billing", "prod")  # the first wins

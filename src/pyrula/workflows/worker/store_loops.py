@@ -25,9 +25,14 @@ class ClockLoop:
 
     def __init__(self, clock: StoreClock) -> None:
         self._clock = clock
+        #: The worker read the clock just before its loops started: not again at once.
+        self._fresh = True
 
     async def tick(self, now: float) -> float | None:
-        await self._clock.sync()
+        if self._fresh:
+            self._fresh = False
+        else:
+            await self._clock.sync()
         return None
 
 

@@ -351,10 +351,13 @@ class WorkflowWorker:
         if self._caps.prepare is not None:
             # Server-side checks (eviction policy, shard count, cluster mode) come first.
             await self._caps.prepare.prepare(self.workflow_names)
-        if isinstance(self._clock, StoreClock):
-            await self._clock.sync()  # before the first claim writes a lock
         project, environment = self.options.project, self.options.environment
-        recorded = await self.store.bind(project, environment)
+        if isinstance(self._clock, StoreClock):
+            # The clock before the first claim writes a lock; read beside the binding.
+            _, recorded = await asyncio.gather(self._clock.sync(),
+                                               self.store.bind(project, environment))
+        else:
+            recorded = await self.store.bind(project, environment)
         self._rt.binding_ok = all(
             want is None or have is None or want == have
             for want, have in zip((project, environment), recorded, strict=True)

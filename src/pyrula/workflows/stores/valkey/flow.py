@@ -34,9 +34,14 @@ class Flow:
         if time.monotonic() - stamp < 1.0:
             return config
         meta = self.connection.keys.meta
-        fields = as_hash(await self.connection.read(meta, "HGETALL", meta))
+        return self.prime(as_hash(await self.connection.read(meta, "HGETALL", meta)))
+
+    def prime(self, meta: dict[str, str]) -> dict[str, FlowControl]:
+        """Take the flow-control settings from ``meta`` (the namespace's meta hash, read
+        just now) as the cached ones: a worker reads that hash at start, so its first
+        claim need not read it again."""
         config = {}
-        for field, raw in fields.items():
+        for field, raw in meta.items():
             if field.startswith("flow:"):
                 max_concurrent, rate = orjson.loads(raw)
                 config[field[5:]] = FlowControl(field[5:], max_concurrent, rate)

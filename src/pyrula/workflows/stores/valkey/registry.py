@@ -3,11 +3,13 @@ was recorded with, the project binding; and the checks a worker runs before it s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from pyrula.errors import ConfigurationError, StoreUnavailable
-from pyrula.workflows.stores.valkey.codec import parse_info
+from pyrula.workflows.stores.valkey.codec import as_hash, parse_info
 from pyrula.workflows.stores.valkey.connection import Connection, EvictionCheck
 from pyrula.workflows.stores.valkey.resp import Durability, ReplyError
 
@@ -28,12 +30,25 @@ class Registry:
     async def prepare(self, names: Sequence[str]) -> None:
         """What a worker checks before any loop starts: cluster mode, eviction policy,
         a replica behind every primary (``durability=replicated``), the recorded shard
-        count of each name; then loads the script."""
-        await self._check_eviction()
-        await self._check_replicas()
-        for name in names:
-            await self.register(name)
-        await self.connection.load_script()
+        count of each name. The server's checks side by side, then every name in one round
+        trip: a worker's start is on the way to its first run, and a refused worker has
+        written nothing. (The script is not loaded here: every call sends it by its hash
+        and loads it only where the server answers NOSCRIPT.)"""
+        await asyncio.gather(self._check_eviction(), self._check_replicas())
+        await self.register_all(names)
+
+    async def register_all(self, names: Sequence[str]) -> None:
+        """``register`` each of ``names``, in one round trip."""
+        fresh = [name for name in dict.fromkeys(names) if name not in self._known]
+        if not fresh:
+            return
+        conn = self.connection
+        replies = await conn.batch([(conn.keys.meta, ("register", name, conn.shard_count,
+                                                      DATA_FORMAT)) for name in fresh])
+        for name, reply in zip(fresh, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            self._recorded(name, *reply)
 
     async def _check_eviction(self) -> None:
         conn = self.connection
@@ -86,11 +101,16 @@ class Registry:
         if name in self._known:
             return
         conn = self.connection
-        found, recorded = await conn.op(conn.keys.meta, "register", name, conn.shard_count,
-                                        DATA_FORMAT)
-        if int(found) != DATA_FORMAT:
-            raise self._wrong_format(int(found))
-        if int(recorded) != conn.shard_count:
+        self._recorded(name, *await conn.op(conn.keys.meta, "register", name,
+                                            conn.shard_count, DATA_FORMAT))
+
+    def _recorded(self, name: str, found: object, recorded: object) -> None:
+        """Check what ``register`` found recorded for ``name``: the namespace's data format
+        and the name's shard count."""
+        conn = self.connection
+        if int(str(found)) != DATA_FORMAT:
+            raise self._wrong_format(int(str(found)))
+        if int(str(recorded)) != conn.shard_count:
             raise ConfigurationError(
                 f"workflow {name!r} was recorded with shard_count={recorded} in namespace "
                 f"{conn.namespace!r}, this store has shard_count={conn.shard_count}; use the "
@@ -114,14 +134,20 @@ class Registry:
 
     async def bind(
         self, project: str | None, environment: str | None
-    ) -> tuple[str | None, str | None]:
-        """Record the project and environment (first binding wins); returns the recorded."""
-        recorded: list[str | None] = []
+    ) -> tuple[tuple[str | None, str | None], dict[str, str]]:
+        """Record the project and environment (first binding wins), in one round trip;
+        returns the recorded pair, and the meta hash as read after (whose flow-control
+        settings a claim needs next)."""
         conn = self.connection
         meta = conn.keys.meta
-        for key, value in (("project", project), ("environment", environment)):
-            if value is not None:
-                await conn.call(meta, "HSETNX", meta, f"binding.{key}", value)
-            found = await conn.read(meta, "HGET", meta, f"binding.{key}")
-            recorded.append(None if found is None else str(found))
-        return recorded[0], recorded[1]
+        commands: list[tuple[str | None, tuple[Any, ...]]] = [
+            (meta, ("HSETNX", meta, f"binding.{key}", value))
+            for key, value in (("project", project), ("environment", environment))
+            if value is not None
+        ]
+        replies = await conn.pipeline([*commands, (meta, ("HGETALL", meta))])
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        fields = as_hash(replies[-1])
+        return (fields.get("binding.project"), fields.get("binding.environment")), fields

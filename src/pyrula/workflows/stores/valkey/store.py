@@ -115,7 +115,9 @@ class ValkeyStore(SyncAdmin):
     async def bind(
         self, project: str | None, environment: str | None
     ) -> tuple[str | None, str | None]:
-        return await self.registry.bind(project, environment)
+        recorded, meta = await self.registry.bind(project, environment)
+        self.flow.prime(meta)
+        return recorded
 
     async def aping(self) -> None:
         await self.connection.read(None, "PING")
