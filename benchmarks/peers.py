@@ -8,8 +8,9 @@ before each scenario. The workload, for each system:
   from a synchronous client (the submit rate), then the workers are spawned as a
   subprocess (the clock starts at the spawn) and every result is read back in submit
   order and checked. Runs/s from the spawn to the last result, steady runs/s from the
-  first result to the last, and Redis commands per run (``INFO commandstats``, commands
-  inside Lua scripts included) over submit + run + read.
+  first result to the last, Redis commands per run (``INFO commandstats``, commands
+  inside Lua scripts included) and the server's own CPU time per run (``INFO cpu``, user +
+  system: what bounds every system on one server) over submit + run + read.
 - **5-step**: the same with ``--runs-5step`` (1,000) runs of five chained ``x + 1`` steps.
 - **latency**: ``--samples`` (300) sequential submit -> result round trips on warm, idle
   workers (after 20 untimed ones): p50 and p99.
@@ -169,7 +170,7 @@ class Measure:
     label: str
     scenario: str
     field: str
-    unit: str  # "rate" | "ms" | "count" | "s_as_ms" (seconds, shown as ms)
+    unit: str  # "rate" | "ms" | "fine_ms" | "count" | "s_as_ms" (seconds, shown as ms)
     #: the peers' field a pyrula/peer ratio divides by (default: ``field``)
     compare_to: str | None = None
 
@@ -190,12 +191,16 @@ MEASURES = {
     "steady1": Measure("1-step steady runs/s (first → last result)", "1-step",
                        "steady_runs_per_s", "rate"),
     "cmds1": Measure("commands per 1-step run", "1-step", "commands_per_run", "count"),
+    "cpu1": Measure("server CPU per 1-step run (ms)", "1-step", "server_cpu_ms_per_run",
+                    "fine_ms"),
     "submit5": Measure("sync-client submit rate, 5-step (submits/s)", "5-step",
                        "submit_per_s", "rate"),
     "runs5": Measure("5-step runs/s (spawn → last result)", "5-step", "runs_per_s", "rate"),
     "steady5": Measure("5-step steady runs/s (first → last result)", "5-step",
                        "steady_runs_per_s", "rate"),
     "cmds5": Measure("commands per 5-step run", "5-step", "commands_per_run", "count"),
+    "cpu5": Measure("server CPU per 5-step run (ms)", "5-step", "server_cpu_ms_per_run",
+                    "fine_ms"),
     "p50": Measure("latency p50 (ms)", "latency", "p50_ms", "ms"),
     "p99": Measure("latency p99 (ms)", "latency", "p99_ms", "ms"),
     "ap50": Measure("latency p50, pyrula's async client (ms)", "latency", "async_p50_ms", "ms",
@@ -210,8 +215,10 @@ MEASURES = {
 
 TARGETS = {
     "first1": Target("≤ Dramatiq's", "dramatiq", lambda r: r <= 1.0),
-    "runs1": Target("≥ 1.3× Dramatiq", "dramatiq", lambda r: r >= 1.3),
-    "runs5": Target("≥ 2× Dramatiq", "dramatiq", lambda r: r >= 2.0),
+    "runs1": Target("≥ 1.5× Dramatiq", "dramatiq", lambda r: r >= 1.5),
+    "steady1": Target("≥ 2× Dramatiq", "dramatiq", lambda r: r >= 2.0),
+    "runs5": Target("≥ 2.5× Dramatiq", "dramatiq", lambda r: r >= 2.5),
+    "cpu1": Target("≤ Dramatiq's", "dramatiq", lambda r: r <= 1.0),
     "submit": Target("≥ Dramatiq's", "dramatiq", lambda r: r >= 1.0),
     "p50": Target("≤ SAQ's p50", "saq", lambda r: r <= 1.0),
     "p99": Target("≤ 5 ms", None, lambda v: v <= 5.0),
@@ -236,6 +243,8 @@ def fmt(value: float, unit: str) -> str:
         return f"{value:,.0f}"
     if unit == "ms":
         return f"{value:.2f}"
+    if unit == "fine_ms":
+        return f"{value:.3f}"
     if unit == "s_as_ms":
         return f"{value * 1000:.0f}"
     return f"{value:.1f}"
@@ -278,7 +287,7 @@ def verdict(raw: Raw, key: str, measure: Measure) -> str:
         if not mine:
             return f"{target.text}: n/a"
         value = median(mine)
-        shown = f"{fmt(value, measure.unit)}{' ms' if measure.unit == 'ms' else ''}"
+        shown = f"{fmt(value, measure.unit)}{' ms' if measure.unit in ('ms', 'fine_ms') else ''}"
     else:
         rs = ratios(raw, measure, target.peer)
         if not rs:

@@ -165,12 +165,20 @@ class RedisServer:
         """Empty the server and zero its command statistics: a scenario starts from here."""
         self.client.flushall()
         self.client.config_resetstat()
+        self._cpu_at_reset = self._cpu()
 
-    def commands(self) -> int:
-        """Calls since the last reset, every command (inside scripts too) but our own."""
+    def _cpu(self) -> float:
+        """The server process's CPU seconds so far (user + system, ``INFO cpu``)."""
+        cpu = self.client.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+    def usage(self) -> tuple[int, float]:
+        """Since the last reset: the calls, every command (inside scripts too) but our own,
+        and the server's CPU seconds (the little our own INFO calls cost included)."""
         stats = self.client.info("commandstats")
-        return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_")
-                   and k not in ("cmdstat_info", "cmdstat_config|resetstat"))
+        calls = sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_")
+                    and k not in ("cmdstat_info", "cmdstat_config|resetstat"))
+        return calls, self._cpu() - self._cpu_at_reset
 
     def stop(self) -> None:
         self.client.close()
@@ -215,7 +223,8 @@ class Clock:
     def now() -> float:
         return time.perf_counter()
 
-    def figures(self, runs: int, commands: int) -> dict[str, float]:
+    def figures(self, runs: int, usage: tuple[int, float]) -> dict[str, float]:
+        commands, server_cpu_s = usage
         submit_s = self.submit_end - self.submit_start
         total_s = self.last - self.spawn
         steady_s = self.last - self.first
@@ -229,6 +238,7 @@ class Clock:
             "steady_runs_per_s": round((runs - 1) / steady_s, 1) if steady_s > 0 else 0.0,
             "commands": commands,
             "commands_per_run": round(commands / runs, 2),
+            "server_cpu_ms_per_run": round(server_cpu_s * 1000 / runs, 4),
         }
 
 
@@ -273,11 +283,11 @@ def sync_throughput(server: RedisServer, system: str, runs: int, steps: int,
             if i == 0:
                 clock.first = clock.now()
         clock.last = clock.now()
-        commands = server.commands()
+        usage = server.usage()
         workers.check()
     finally:
         stop(workers)
-    return clock.figures(runs, commands)
+    return clock.figures(runs, usage)
 
 
 def timed_round_trips(system: str, samples: int, warmup: int,

@@ -151,13 +151,13 @@ class PyrulaPeer:
                     for offset, value in enumerate(values):
                         check_value(self.name, start + offset, value, start + offset + 1)
                 clock.first, clock.last = min(done), max(done)
-                commands = self.server.commands()
+                usage = self.server.usage()
                 fleet.check()
             finally:
                 self._stop(fleet)
         finally:
             await store.aclose()
-        return clock.figures(runs, commands)
+        return clock.figures(runs, usage)
 
 
 async def _timed(awaitable: Awaitable[T], done: list[float]) -> T:

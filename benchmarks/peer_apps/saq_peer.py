@@ -156,13 +156,13 @@ class SaqPeer:
                     await self._read_in_order(jobs, clock)
                 else:
                     await self._chains(queue, jobs, steps, clock)
-                commands = self.server.commands()
+                usage = self.server.usage()
                 workers.check()
             finally:
                 self._stop(workers)
         finally:
             await self._close(queue, listener)
-        return {**clock.figures(runs, commands), "rechecks": self.rechecks,
+        return {**clock.figures(runs, usage), "rechecks": self.rechecks,
                 "swept": self.swept}
 
     async def _read_in_order(self, jobs: list[Job], clock: Clock) -> None:
