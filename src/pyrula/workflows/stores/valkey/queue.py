@@ -84,6 +84,79 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
     )
 
 
+class ClaimPass:
+    """One claim as it visits shards round by round: the runs it took, the suspects it saw,
+    the shards it emptied and those that gave all they were asked and hold more."""
+
+    def __init__(self, queue: Queue, worker_id: str, build: str,
+                 times: tuple[float, float], reserved: dict[str, tuple[int, str]],
+                 clustered: bool) -> None:
+        self.queue = queue
+        self.worker_id, self.build = worker_id, build
+        self.now, self.lock_ttl = times
+        self.reserved = reserved
+        self.clustered = clustered
+        #: Flow control's reservations as the scripts take them: owner, starts left, ...
+        self.caps: list[Any] = [x for owner, (count, _) in reserved.items()
+                                for x in (owner, count)]
+        self.claimed: list[ClaimedRun] = []
+        self.suspects: list[SuspectsAt] = []
+        self.empty: Empty = {}
+        self.fuller: list[tuple[str, int]] = []
+
+    def keys_of(self, name: str, shard: int) -> str | tuple[str, ...]:
+        keys = self.queue.connection.keys
+        base = keys.base_of(name, shard)
+        return base if self.clustered else (base, keys.ready(name))
+
+    async def visit(self, round_: Sequence[Visit]) -> None:
+        """Claim from each shard of ``round_`` its share: in one round trip, or one shard
+        after the other under flow control (each script sees what the last one left)."""
+        conn = self.queue.connection
+        self.queue._cursor.update(cursor_after(round_, conn.shard_count))
+        args = (self.worker_id, self.now, self.now + self.lock_ttl)
+        if self.reserved:
+            for visit in round_:
+                rows, left, waiting = await conn.op(
+                    self.keys_of(visit.candidate.name, visit.candidate.shard), "claim",
+                    *args, visit.share, self.build, *self.caps,
+                )
+                self.took(rows, left, waiting, visit)
+            return
+        calls: list[Call] = [(self.keys_of(c.name, c.shard), ("claim", *args, share, self.build))
+                             for c, share in round_]
+        for visit, result in zip(round_, await conn.batch(calls), strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            self.took(result[0], result[1], result[2], visit)
+
+    def took(self, rows: Sequence[Any], left: Any, waiting: Any, visit: Visit) -> None:
+        """What one shard's script gave, and what it says of the shard."""
+        (_, name, shard, rung), share = visit
+        if int(waiting):
+            self.suspects.append(SuspectsAt(name, shard))
+            left = 1  # the shard stays in the doorbell while suspects wait there
+        taken = [claimed_run(row) for row in rows]
+        self.claimed.extend(taken)
+        for run in taken:  # flow caps are owner-wide: later shards see what is left
+            owner = run.owner or NO_OWNER
+            if owner in self.reserved:
+                at = self.caps.index(owner)
+                self.caps[at + 1] = int(self.caps[at + 1]) - 1
+        if share > 1 or not int(left):
+            # Visited. (A visit for one run that left some keeps a shard rung since the
+            # last visit first in line: the owner whose queue appeared there is served
+            # on the shard's second pick, when it ties with an older head.)
+            self.queue._seen[(name, shard)] = rung
+        if not int(left):
+            if self.clustered:  # on one server the claim took it out of the doorbell
+                self.empty.setdefault(name, []).append((shard, rung))
+        elif len(taken) >= share:
+            # It gave all it was asked and has more. (One that gave less holds runs
+            # flow control holds back: asking it again would get no more.)
+            self.fuller.append((name, shard))
+
+
 class Queue:
     """Submit, claim and timer wakes, with what this store learnt from its last claims."""
 
@@ -159,7 +232,6 @@ class Queue:
     ) -> Claimed:
         if not names or limit <= 0:
             return Claimed()
-        built = build or ""
         conn, bell = self.connection, self.doorbell
         await bell.flush_unring()
         hint, bell.hint = bell.hint, None
@@ -177,97 +249,46 @@ class Queue:
             bell.forget_rings()  # nothing rung: the next claim reads the doorbell anew
             return Claimed()  # before reserving: only the settle gives a reservation back
         reserved = await self.flow.reserve(names, limit, now, lock_ttl)
-        caps: list[Any] = []
-        for owner, (count, _) in reserved.items():
-            caps.extend([owner, count])
-        claimed: list[ClaimedRun] = []
-        suspects: list[SuspectsAt] = []
-        empty: Empty = {}
-        fuller: list[tuple[str, int]] = []
-        clustered = await conn.clustered()
-
-        def keys_of(name: str, shard: int) -> str | tuple[str, ...]:
-            base = conn.keys.base_of(name, shard)
-            return base if clustered else (base, conn.keys.ready(name))
-
-        def took(rows: Sequence[Any], left: Any, waiting: Any, visit: Visit) -> None:
-            (_, name, shard, rung), share = visit
-            if int(waiting):
-                suspects.append(SuspectsAt(name, shard))
-                left = 1  # the shard stays in the doorbell while suspects wait there
-            taken = [claimed_run(row) for row in rows]
-            claimed.extend(taken)
-            for run in taken:  # flow caps are owner-wide: later shards see what is left
-                owner = run.owner or NO_OWNER
-                if owner in reserved:
-                    at = caps.index(owner)
-                    caps[at + 1] = int(caps[at + 1]) - 1
-            if share > 1 or not int(left):
-                # Visited. (A visit for one run that left some keeps a shard rung since the
-                # last visit first in line: the owner whose queue appeared there is served
-                # on the shard's second pick, when it ties with an older head.)
-                self._seen[(name, shard)] = rung
-            if not int(left):
-                if clustered:  # on one server the claim took it out of the doorbell
-                    empty.setdefault(name, []).append((shard, rung))
-            elif len(taken) >= share:
-                # It gave all it was asked and has more. (One that gave less holds runs
-                # flow control holds back: asking it again would get no more.)
-                fuller.append((name, shard))
-
-        async def claim_on(round_: Sequence[Visit]) -> None:
-            self._cursor.update(cursor_after(round_, conn.shard_count))
-            if reserved:
-                for visit in round_:
-                    rows, left, waiting = await conn.op(
-                        keys_of(visit.candidate.name, visit.candidate.shard), "claim",
-                        worker_id, now, now + lock_ttl, visit.share, built, *caps,
-                    )
-                    took(rows, left, waiting, visit)
-                return
-            calls: list[Call] = [
-                (keys_of(c.name, c.shard),
-                 ("claim", worker_id, now, now + lock_ttl, share, built))
-                for c, share in round_
-            ]
-            for visit, result in zip(round_, await conn.batch(calls), strict=True):
-                if isinstance(result, BaseException):
-                    raise result
-                took(result[0], result[1], result[2], visit)
-
+        claim = ClaimPass(self, worker_id, build or "", (now, lock_ttl), reserved,
+                          await conn.clustered())
         try:
-            await claim_on(visit)
-            # Come back short (shards ran dry, or hold only runs that flow control holds
-            # back, or other workers took them meanwhile): shards that still have runs get
-            # what is left, then shards not yet visited, other workers' first. Without the
-            # latter a worker whose own shards hold only held-back runs never takes the runs
-            # queued on the shards of a worker that is full. A few rounds at most.
-            visited = {(c.name, c.shard) for c, _ in visit}
-            for _ in range(CLAIM_ROUNDS - 1):
-                remaining = limit - len(claimed)
-                if remaining <= 0:
-                    break
-                if hint is not None:
-                    if claimed and not fuller:
-                        # The named shard gave what it had: start those runs now. Other
-                        # shards rung meanwhile left tokens of their own on the bell.
-                        break
-                    hint = None  # a wake for a shard others emptied: look at the doorbell
-                    ordered = self._order(await self._candidates(names))
-                round_ = next_round(ordered, visited, set(fuller), remaining)
-                fuller.clear()
-                if not round_:
-                    break
-                visited.update((c.name, c.shard) for c, _ in round_)
-                await claim_on(round_)
+            await claim.visit(visit)
+            await self._rounds_after(claim, names, ordered, visit, hint, limit)
         finally:
-            await self.flow.settle(reserved, claimed, now + lock_ttl)
+            await self.flow.settle(reserved, claim.claimed, now + lock_ttl)
         # Taking dry shards out of the doorbell costs two round trips: done after the
         # claimed runs have started (the worker's next wait_for_work, or the next claim).
-        bell.defer_unring(empty, now)
-        if len(claimed) < limit:
+        bell.defer_unring(claim.empty, now)
+        if len(claim.claimed) < limit:
             bell.forget_rings()  # short: the next claim reads the doorbell anew
-        return Claimed(claimed, suspects)
+        return Claimed(claim.claimed, claim.suspects)
+
+    async def _rounds_after(self, claim: ClaimPass, names: Sequence[str],
+                            ordered: list[Candidate], first: Sequence[Visit],
+                            hint: tuple[str, int] | None, limit: int) -> None:
+        """A claim that came back short (shards ran dry, or hold only runs that flow
+        control holds back, or other workers took them meanwhile): shards that still have
+        runs get what is left, then shards not yet visited, other workers' first. Without
+        the latter a worker whose own shards hold only held-back runs never takes the runs
+        queued on the shards of a worker that is full. A few rounds at most."""
+        visited = {(c.name, c.shard) for c, _ in first}
+        for _ in range(CLAIM_ROUNDS - 1):
+            remaining = limit - len(claim.claimed)
+            if remaining <= 0:
+                break
+            if hint is not None:
+                if claim.claimed and not claim.fuller:
+                    # The named shard gave what it had: start those runs now. Other
+                    # shards rung meanwhile left tokens of their own on the bell.
+                    break
+                hint = None  # a wake for a shard others emptied: look at the doorbell
+                ordered = self._order(await self._candidates(names))
+            round_ = next_round(ordered, visited, set(claim.fuller), remaining)
+            claim.fuller.clear()
+            if not round_:
+                break
+            visited.update((c.name, c.shard) for c, _ in round_)
+            await claim.visit(round_)
 
     async def claim_suspect(
         self,
