@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -207,3 +208,19 @@ def test_a_quick_read_the_options_contradict_is_replaced_before_any_fork(
                          app=None)
     assert len(_serves_counted(fleets, fleet)) == 1
     assert "fleet_crash_loop" not in fleet.log()
+
+
+def test_a_replacement_child_runs_on_the_build_its_fork_server_loaded(
+        fleets: Fleets, tmp_path: Path) -> None:
+    # The build is a fingerprint of the workflow code. The fork server reads that code's
+    # text when it loads the app, so a child forked after the file changed on disk (a
+    # replacement, a scale-up) reports the build of the code it runs, not of the file.
+    app = write_app(tmp_path, COUNTED_APP, module="countedapp")
+    fleet = fleets.start("-n", "1", app="countedapp")
+    first = fleet.wait_ready(1, timeout=60)["children"][0]
+    app.write_text(COUNTED_APP.replace("return 2 * x", "return x + x"))
+    os.kill(first["pid"], signal.SIGKILL)
+    fleet.wait_status(lambda s: any(c["state"] == "ready" and c["pid"] != first["pid"]
+                                    for c in s["children"]), 60, what="a replacement")
+    builds = re.findall(r"worker_started: \S+ serving counted \(build (\w+)\)", fleet.log())
+    assert len(builds) == 2 and builds[0] == builds[1], builds

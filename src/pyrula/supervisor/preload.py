@@ -61,10 +61,13 @@ if os.environ.get(PRELOAD_MAIN_ENV):
 def _check(spec: dict[str, Any]) -> dict[str, object]:
     """Load the app as a child would; what came of it, for the report."""
     from pyrula.apps import AppError, importable_from, load
+    from pyrula.workflows.build import read_texts
+    from pyrula.workflows.definition import REGISTRY
 
     importable_from(str(spec.get("cwd") or os.getcwd()))
     try:
         load(list(spec.get("apps") or []), list(spec.get("workflows") or []))
+        read_texts(REGISTRY)  # the build's fingerprint, read once for every child
     except AppError as exc:
         return {"ok": False, "message": str(exc), "frames": exc.frames}
     except BaseException as exc:  # a child would fail the same way: report it as the app's

@@ -12,8 +12,11 @@ lines included, so ``retries=`` or ``timeout=`` are part of it); a function with
 source (defined in ``exec``, a REPL) is fingerprinted by its compiled code instead
 (bytecode, constants and the names it uses, nested functions included). The text of each
 function is read once per process and kept with it: the build describes the code loaded,
-even if its file changes on disk later. A process whose modules were imported before
-the files changed (a fork server's preload) should pin ``PYRULA_BUILD_ID``.
+even if its file changes on disk later. A fleet's fork server reads them as soon as it has
+loaded the app (:func:`read_texts`), so its children inherit the texts of the code they
+run instead of each reading (and tokenizing) every source file again on its way to its
+first run. A process whose modules were imported long before its functions are
+fingerprinted, with the files changed meanwhile, should pin ``PYRULA_BUILD_ID``.
 """
 
 from __future__ import annotations
@@ -93,6 +96,15 @@ def _entry(spec: WorkflowSpec | StepSpec) -> tuple[str, str, str, str]:
                    f"backoff={spec.retry_backoff!r} backoff_max={spec.retry_backoff_max!r}")
         return "step", spec.name, options, code_text(spec.fn)
     return "workflow", spec.name, f"timeout={spec.timeout!r}", code_text(spec.fn)
+
+
+def read_texts(registry: Registry) -> None:
+    """Read now the text of every workflow and step ``registry`` holds (kept per function:
+    see the module's docstring)."""
+    specs: list[WorkflowSpec | StepSpec] = [*registry.workflows().values(),
+                                            *registry.steps().values()]
+    for spec in specs:
+        code_text(spec.fn)
 
 
 def code_text(fn: Any) -> str:
