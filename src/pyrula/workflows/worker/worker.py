@@ -2,8 +2,9 @@
 
 ``run()`` starts the loops and blocks until ``stop()``; then the shutdown sequence runs in
 order: stop claiming → wait up to ``shutdown_grace`` for in-flight runs → cancel the rest
-together within ``cancel_timeout`` → wait up to ``cancel_timeout`` for sync steps still in
-a thread → release shards. The class installs no signal handlers; entry points do.
+together within ``cancel_timeout`` → wait up to ``cancel_timeout`` for store calls and sync
+steps still going → release shards (``worker.shutdown``). The class installs no signal
+handlers; entry points do.
 
 This module wires the parts: each loop is a class of its own (``claim``, ``timers``,
 ``orphans``, ``schedules``, ``store_loops``), attempts run in ``attempts``, the runs held
@@ -40,7 +41,7 @@ from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.worker.attempts import AttemptParts, AttemptRunner, JournalCacheMismatch
 from pyrula.workflows.worker.cache import JournalCache
-from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts, stop_claiming
+from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts
 from pyrula.workflows.worker.generations import Generation, open_runs_of
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
@@ -50,7 +51,7 @@ from pyrula.workflows.worker.probes import Probes
 from pyrula.workflows.worker.renewal import LockRenewer, RenewalSettings
 from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.schedules import ScheduleLoop
-from pyrula.workflows.worker.shutdown import drain_runs, drain_threads
+from pyrula.workflows.worker.shutdown import Draining, shut_down
 from pyrula.workflows.worker.store_loops import ClockLoop, ReconcileLoop, ShardLeaseLoop
 from pyrula.workflows.worker.timers import TimerLoop
 from pyrula.workflows.worker.usercode import UserCodeTracker
@@ -426,40 +427,28 @@ class WorkflowWorker:
         background: list[asyncio.Task[None]],
         probe: ProbeServer | None,
     ) -> None:
-        o = self.options
         self._rt.state = WorkerState.DRAINING
-        log = self._log
-        logger.info("shutdown: 1/5 stop claiming", extra={"event": "shutdown", **log})
-        await stop_claiming(claim, self._claim, log)
-
-        await drain_runs(self._runner, self._runs, o, log)
-        await drain_threads(self._pool, o, log)
-
-        leases = self._caps.shard_leases
-        if leases is None:
-            logger.info("shutdown: 5/5 no shards to release (the store is not sharded)",
-                        extra={"event": "shutdown", **log})
-        else:
-            logger.info("shutdown: 5/5 releasing shards", extra={"event": "shutdown", **log})
-            try:
-                await leases.release_shards(self.worker_id)
-            except Exception:  # shards then lapse after shard_lease_ttl
-                logger.warning("shard release failed", exc_info=True, extra=log)
-
-        if self._traces is not None:  # the traces of the runs that just ended
-            await self._traces.drain(o.cancel_timeout)
-        try:
-            await self._orphans.membership.leave()
-        except Exception:  # the registration lapses by itself
-            logger.debug("unregister failed", exc_info=True, extra=log)
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-        if self._renewer is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._renewer.stop)
+        await shut_down(Draining(
+            options=self.options, log=self._log, claim=claim, claim_loop=self._claim,
+            runner=self._runner, runs=self._runs, pool=self._pool, renewer=self._renewer,
+            traces=self._traces, background=background, release=self._release,
+            sharded=self._caps.shard_leases is not None,
+        ))
         if probe is not None:
             await probe.close()
         self._rt.state = WorkerState.STOPPED
-        logger.info("worker_stopped: %s", self.worker_id, extra={"event": "worker_stopped", **log})
+        logger.info("worker_stopped: %s", self.worker_id,
+                    extra={"event": "worker_stopped", **self._log})
 
-
+    async def _release(self) -> None:
+        """Step 5's store calls: release the shards, unregister."""
+        leases = self._caps.shard_leases
+        if leases is not None:
+            try:
+                await leases.release_shards(self.worker_id)
+            except Exception:  # shards then lapse after shard_lease_ttl
+                logger.warning("shard release failed", exc_info=True, extra=self._log)
+        try:
+            await self._orphans.membership.leave()
+        except Exception:  # the registration lapses by itself
+            logger.debug("unregister failed", exc_info=True, extra=self._log)
