@@ -41,7 +41,8 @@ typecheck: install
 # area's tests skip without its tool, and fail under CI=true: tests/tools.py): libfaketime
 # (the chaos suite's clock-jump scenarios), chromium (the dashboard's browser tests),
 # PostgreSQL's server binaries (initdb and pg_ctl for the private clusters of the archive
-# outage scenarios), openssl (the Valkey TLS tests). Not redis-server, which those tests
+# outage scenarios), openssl (the Valkey TLS tests), docker-compose (the offline check of
+# compose.yaml). Not redis-server, which those tests
 # need too: its package would start a server on the machine's port 6379.
 # $(call apt_dep,CHECK,PACKAGE,WHAT IS SKIPPED WITHOUT IT)
 define apt_dep
@@ -57,6 +58,7 @@ system-deps:
 	$(call apt_dep,command -v chromium,chromium,the dashboard's browser tests)
 	$(call apt_dep,ls /usr/lib/postgresql/*/bin/initdb /usr/lib/postgresql/*/bin/pg_ctl,postgresql,the archive outage scenarios)
 	$(call apt_dep,command -v openssl,openssl,the Valkey TLS tests)
+	$(call apt_dep,command -v docker-compose,docker-compose,the compose.yaml check)
 
 # Every run of `make test` (this Python's, each newer one's, a newer one missing) adds the
 # areas it skipped for a missing tool to SKIPPED_AREAS; the last line lists them all.

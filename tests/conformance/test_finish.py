@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pyrula.errors import RunNotActive
 from pyrula.workflows.events import EventType
 from pyrula.workflows.records import PoisonPolicy, RunStatus
 from pyrula.workflows.stores.base import Store
@@ -276,3 +277,42 @@ async def test_renew_after_cancel_of_another_run_reports_only_that_run(store: St
 
     assert renewed.cancel_requested == {b.run_id}
     assert renewed.lost == frozenset()
+
+
+async def test_a_signal_to_an_earlier_run_of_a_chain_reaches_its_live_run(
+    store: Store,
+) -> None:
+    """The live run of a continue_as_new chain takes over the chain's inbox: a signal (or
+    a resume) sent to the start id, or to any earlier run id of the chain, is delivered to
+    it, and queues it if it waits for that name."""
+    first = await running(store, now=T0)
+    second_id = await _continue(store, first.run_id, first.token, {"n": 2}, T0 + 1)
+    [second] = await store.claim(WORKER, [WF], limit=1, now=T0 + 2, lock_ttl=TTL)
+    third_id = await _continue(store, second_id, second.token, {"n": 3}, T0 + 3)
+    [third] = await store.claim(WORKER, [WF], limit=1, now=T0 + 4, lock_ttl=TTL)
+    assert third.run_id == third_id
+    await wait_for(store, third_id, third.token, "go", now=T0 + 5)
+    before = {rid: await journal(store, rid) for rid in (first.run_id, second_id)}
+
+    await store.signal(second_id, "note", 1, now=T0 + 6)
+    assert (await info(store, third_id)).status == RunStatus.WAITING
+    await store.signal(first.run_id, "go", {"by": "ann"}, now=T0 + 7)
+
+    assert (await info(store, third_id)).status == RunStatus.QUEUED
+    received = [e for e in await journal(store, third_id)
+                if e["type"] == EventType.SIGNAL_RECEIVED]
+    assert [(e["name"], e["payload"]) for e in received] == [("note", 1), ("go", {"by": "ann"})]
+    for rid, events in before.items():  # the earlier runs' journals stay as they ended
+        assert await journal(store, rid) == events
+        assert (await info(store, rid)).status == RunStatus.CONTINUED
+
+
+async def test_a_signal_to_a_chain_whose_last_run_ended_is_refused(store: Store) -> None:
+    first = await running(store, now=T0)
+    second_id = await _continue(store, first.run_id, first.token, {"n": 2}, T0 + 1)
+    [second] = await store.claim(WORKER, [WF], limit=1, now=T0 + 2, lock_ttl=TTL)
+    await complete(store, second_id, second.token, now=T0 + 3)
+
+    for rid in (first.run_id, second_id):
+        with pytest.raises(RunNotActive, match="completed"):
+            await store.signal(rid, "late", None, now=T0 + 4)

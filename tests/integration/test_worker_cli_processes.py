@@ -254,7 +254,8 @@ def test_dev_drains_with_a_3_s_grace_and_a_2_s_cancel_timeout(
               if e.get("event") == "shutdown"}
     assert "waiting up to 3.0 s for 1 in-flight runs" in events["2/5"]["message"]
     assert _seconds(events["2/5"], events["3/5"]) >= 2.9  # the grace was served
-    assert "waiting up to 2.0 s for 1 calls still in a thread" in events["4/5"]["message"]
+    assert "waiting up to 2.0 s for 0 store calls and 1 calls still in a thread" in (
+        events["4/5"]["message"])
     stuck = [e for e in worker.json_events()
              if e.get("event") == "worker_thread_calls_still_running"]
     assert len(stuck) == 1 and "after 2.0 s" in stuck[0]["message"]

@@ -143,7 +143,9 @@ class WorkflowClient:
         return await self.store.read_events(run_id, after_seq)
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        """Deliver a signal; a run waiting for it is queued. Raises RunNotActive if ended."""
+        """Deliver a signal; a run waiting for it is queued. To a run that continued as
+        new, it goes to the live run of its chain (the latest), which takes over the
+        chain's inbox. Raises RunNotActive if that run has ended."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"signal name must be a non-empty str, got {name!r}")
         if name == INTERRUPT_SIGNAL:

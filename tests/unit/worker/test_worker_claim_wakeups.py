@@ -11,7 +11,16 @@ import pytest
 
 from pyrula.workflows import MemoryStore, WorkflowContext, WorkflowWorker, workflow
 from tests.conftest import await_until
-from tests.unit.worker.worker_support import Bell, Spy, fast_options, serving, start, stop
+from tests.unit.worker.worker_support import (
+    Bell,
+    Spy,
+    capture,
+    claim_cut,
+    fast_options,
+    serving,
+    start,
+    stop,
+)
 
 
 @workflow(name="wwake_quick")
@@ -236,32 +245,29 @@ async def test_without_a_backlog_a_run_is_claimed_into_the_last_free_slot_at_onc
 
 
 async def test_a_full_worker_stops_without_waiting_for_a_free_slot(
-    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Its claim loop waits for a slot or the stop: it ends at once, not when the shutdown
-    gives up on it (CLAIM_STOP_S, a minute here)."""
-    from pyrula.workflows.worker import claim as claim_loop
-
-    monkeypatch.setattr(claim_loop, "CLAIM_STOP_S", 60.0)
+    gives up on it (after the grace)."""
+    capture(caplog)
     store, worker = gated_worker(1, 40.0)
     [run] = await fill(worker, ["full"])
     task = await start(worker)
     await await_until(lambda: worker.in_flight == 1, what="the slot taken")
     await stop(worker, task, deadline=20)
+    assert not claim_cut(caplog)
     assert (await worker.client.get(run.run_id)).status == "queued"  # put back at shutdown
     GATES["full"].set()
 
 
 async def test_a_worker_stopped_while_its_claim_waits_under_a_backlog_stops(
-    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Twelve slots (a quarter is three), one free under a backlog, so the claim waits for
     more (up to 30 s, a quarter of the 120 s poll). Stopped meanwhile, the worker stops
-    without the shutdown giving up on its claim (CLAIM_STOP_S, a minute here), and a run
-    that ends meanwhile completes."""
-    from pyrula.workflows.worker import claim as claim_loop
-
-    monkeypatch.setattr(claim_loop, "CLAIM_STOP_S", 60.0)
+    without the shutdown giving up on its claim (after the grace), and a run that ends
+    meanwhile completes."""
+    capture(caplog)
     _, worker = gated_worker(12, 120.0)
     gates = [f"s{i}" for i in range(12)]
     runs = await fill(worker, gates)
@@ -272,6 +278,7 @@ async def test_a_worker_stopped_while_its_claim_waits_under_a_backlog_stops(
     worker.stop()
     GATES["s1"].set()
     await asyncio.wait_for(task, 20)
+    assert not claim_cut(caplog)
     assert (await worker.client.get(runs[1].run_id)).status == "completed"
     for gate in gates:
         GATES[gate].set()

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pyrula.metrics import Metrics
 from pyrula.workflows import (
     RunStatus,
     StoreUnavailable,
@@ -16,7 +17,16 @@ from pyrula.workflows import (
     step,
     workflow,
 )
-from pyrula.workflows.worker.loops import BACKOFF_MAX, BACKOFF_MIN, backoff_delays
+from pyrula.workflows.clock import SYSTEM_CLOCK
+from pyrula.workflows.worker.loops import (
+    BACKOFF_MAX,
+    BACKOFF_MIN,
+    LIVENESS_FAILURE_S,
+    LoopState,
+    backoff_delays,
+    failing_loop,
+    run_loop,
+)
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
     Outage,
@@ -235,3 +245,57 @@ async def test_the_runs_of_a_claim_whose_reply_was_lost_are_put_back_once(
         events = await worker.client.events(run.run_id)
         assert [e["reason"] for e in of_type(events, "run:requeued")] == ["store_unavailable"]
         assert (await worker.client.get(run.run_id)).attempt == 2
+
+
+class Reconciling:
+    """A loop with a long interval whose ticks fail while ``down``."""
+
+    name = "reconcile"
+    interval = 300.0
+
+    def __init__(self) -> None:
+        self.down = False
+        self.ticks = 0
+
+    async def tick(self, now: float) -> float | None:
+        self.ticks += 1
+        if self.down:
+            raise StoreUnavailable("injected: the store is down")
+        return None
+
+
+@pytest.mark.usefixtures("quick_backoff")
+async def test_a_long_interval_loop_fails_livez_from_the_window_after_a_failed_tick() -> None:
+    """reconcile_interval=300: waiting 300 s for its next tick is not failing; a failed tick
+    fails /livez from LIVENESS_FAILURE_S (2 minutes) after it until a tick completes. The
+    monotonic clock is the test's, so no 2 minutes pass."""
+    assert LIVENESS_FAILURE_S == 120.0
+    clock = [1000.0]
+    loop, state, stopping = Reconciling(), LoopState("reconcile"), asyncio.Event()
+    task = asyncio.create_task(run_loop(state, loop, SYSTEM_CLOCK, stopping, Metrics(), {},
+                                        monotonic=lambda: clock[0]))
+    try:
+        await await_until(lambda: loop.ticks == 1, what="the first tick")
+        clock[0] += 299.0  # idle between ticks, far past the window
+        assert failing_loop([state], clock[0]) is None
+        loop.down = True
+        stopping.set()  # wake it for a tick now rather than in 300 s; restart below
+        await asyncio.wait_for(task, 5)
+        stopping.clear()
+        task = asyncio.create_task(run_loop(state, loop, SYSTEM_CLOCK, stopping, Metrics(),
+                                            {}, monotonic=lambda: clock[0]))
+        await await_until(lambda: state.failing_since == clock[0], what="a failed tick")
+        failed_at = clock[0]
+        clock[0] = failed_at + 119.0
+        assert failing_loop([state], clock[0]) is None
+        clock[0] = failed_at + 120.0
+        assert failing_loop([state], clock[0]) == "reconcile"
+        clock[0] = failed_at + 250.0
+        assert failing_loop([state], clock[0]) == "reconcile"  # until a tick completes
+        loop.down = False
+        await await_until(lambda: state.failing_since is None, what="a completed tick")
+        assert failing_loop([state], clock[0] + 299.0) is None
+    finally:
+        stopping.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
+import time
 from typing import Any
 
 import pytest
 
 from pyrula.workflows import WorkflowContext, WorkflowWorker, step, workflow
+from pyrula.workflows.worker import loops as loops_module
 from pyrula.workflows.worker import probes as probes_module
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
@@ -221,7 +224,7 @@ async def test_readyz_reports_a_store_whose_ping_hangs(
 async def test_livez_fails_once_a_loop_has_been_failing_too_long_and_recovers(
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(probes_module, "LIVENESS_FAILURE_S", 1.0)
+    monkeypatch.setattr(loops_module, "LIVENESS_FAILURE_S", 1.0)
     outage = Outage(store, "wake_due")
     worker = make_worker(store)
     async with serving(worker):
@@ -251,3 +254,85 @@ async def test_unknown_routes_are_404(store: Any) -> None:
     async with serving(worker):
         assert (await http_get(worker.health_address, "/nope"))[0] == 404
 
+
+
+async def test_livez_answers_after_run_returns_until_aclose(store: Any) -> None:
+    """An app that embeds the worker lives on after run() returned: /livez still answers
+    (200, the worker stopped), /readyz says 503 stopped, until aclose() frees the port."""
+    worker = make_worker(store)
+    task = await start(worker)
+    address = worker.health_address
+    await stop(worker, task)
+    assert worker.state == "stopped"
+    assert await http_get(address, "/livez") == (
+        200, {"status": "stopped", "worker_id": worker.worker_id})
+    status, body = await http_get(address, "/readyz")
+    assert (status, body["status"]) == (503, "stopped")
+    await worker.aclose()
+    assert worker.health_address is None
+    with pytest.raises(ConnectionRefusedError):
+        await http_get(address, "/livez")
+
+
+def _serve_and_stop_in_a_loop_of_its_own(store_path: str) -> tuple[str, int]:
+    """A whole program: asyncio.run() of a worker that stops, without aclose()."""
+    from pyrula.workflows import SQLiteStore
+
+    async def main() -> tuple[str, int]:
+        worker = make_worker(SQLiteStore(store_path))
+        task = await start(worker)
+        address = worker.health_address
+        await stop(worker, task)
+        assert address is not None and (await http_get(address, "/livez"))[0] == 200
+        return address
+
+    return asyncio.run(main())
+
+
+async def test_the_port_is_freed_when_the_event_loop_ends(tmp_path: Any) -> None:
+    address = await asyncio.to_thread(_serve_and_stop_in_a_loop_of_its_own,
+                                      str(tmp_path / "own.db"))
+    with socket.socket() as sock:  # a listener may bind it again: nothing listens there
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()
+
+
+async def test_a_loop_that_died_reads_loop_failed_not_draining(store: Any) -> None:
+    """Both probes name the dead loop, while the worker drains and after run() raised."""
+    key = unique("died")
+    GATES[key] = asyncio.Event()
+    outage = Outage(store, "wake_due", error=lambda: RuntimeError("a bug in the timer loop"))
+    worker = make_worker(store, shutdown_grace=10.0)
+    task = await start(worker)
+    await worker.client.submit(wprobe_held, {"key": key})
+    await await_until(lambda: worker.in_flight == 1, what="the run in flight")
+    outage.active = True
+    await await_until(lambda: worker.state == "draining", what="the worker stopping")
+    want = {"status": "loop_failed", "loop": "timer", "worker_id": worker.worker_id}
+    assert await http_get(worker.health_address, "/livez") == (503, want)
+    assert await http_get(worker.health_address, "/readyz") == (503, want)
+    GATES[key].set()
+    with pytest.raises(RuntimeError, match="a bug in the timer loop"):
+        await asyncio.wait_for(task, 30)
+    assert await http_get(worker.health_address, "/livez") == (503, want)
+    assert await http_get(worker.health_address, "/readyz") == (503, want)
+
+
+async def test_a_failure_left_by_a_loop_at_stop_does_not_fail_livez_later(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loops end at stop(): a store error one of them had then is not a loop failing
+    once the liveness window has passed."""
+    monkeypatch.setattr(loops_module, "LIVENESS_FAILURE_S", 0.2)
+    outage = Outage(store, "wake_due")
+    worker = make_worker(store)
+    task = await start(worker)
+    outage.active = True
+    await await_until(lambda: outage.failures >= 1, what="the timer loop failing")
+    await stop(worker, task)
+    state = worker._loops["timer"]
+    assert state.failing_since is not None
+    await await_until(lambda: time.monotonic() - (state.failing_since or 0.0) > 0.2,
+                      what="the liveness window passed")
+    assert (await http_get(worker.health_address, "/livez"))[0] == 200

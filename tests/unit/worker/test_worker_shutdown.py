@@ -5,17 +5,26 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from pyrula.workflows import RunStatus, WorkflowContext, WorkflowWorker, step, workflow
+from pyrula.workflows import (
+    RunStatus,
+    StoreUnavailable,
+    WorkflowContext,
+    WorkflowWorker,
+    step,
+    workflow,
+)
 from pyrula.workflows.worker.pool import default_pool_size
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
     Outage,
     capture,
+    claim_cut,
     fast_options,
     logged,
     of_type,
@@ -280,14 +289,15 @@ class HeldReply:
         return claimed
 
 
-async def _claim_held_back(store: Any, name: str) -> tuple[str, HeldReply, WorkflowWorker,
-                                                         asyncio.Task[None], Any]:
+async def _claim_held_back(store: Any, name: str, **options: Any
+                           ) -> tuple[str, HeldReply, WorkflowWorker, asyncio.Task[None], Any]:
     """A serving worker whose claim of a submitted run has run in the store, its reply
     held back: (the run's gate key, the hold, the worker, its task, the run)."""
     key = unique(name)
     async_gate(key).set()
     held = HeldReply(store)
-    worker = WorkflowWorker(store=store, workflows=[wshut_async], options=fast_options())
+    worker = WorkflowWorker(store=store, workflows=[wshut_async],
+                            options=fast_options(**options))
     task = await start(worker)
     run = await worker.client.submit(wshut_async, {"key": key})
     await asyncio.wait_for(held.ran.wait(), 10)
@@ -309,13 +319,11 @@ async def test_a_claim_in_flight_when_the_worker_stops_is_finished_and_its_runs_
 
 
 async def test_a_claim_that_never_answers_is_cancelled_and_its_runs_put_back(
-    store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from pyrula.workflows.worker import claim as claim_module
-
-    monkeypatch.setattr(claim_module, "CLAIM_STOP_S", 0.2)
+    """It is let answer within the grace (its runs would be in flight), then cancelled."""
     capture(caplog)
-    _, _, worker, task, run = await _claim_held_back(store, "unanswered")
+    _, _, worker, task, run = await _claim_held_back(store, "unanswered", shutdown_grace=0.2)
     await stop(worker, task)
     info = await worker.client.get(run.run_id)
     assert info.status is RunStatus.QUEUED
@@ -326,14 +334,11 @@ async def test_a_claim_that_never_answers_is_cancelled_and_its_runs_put_back(
 
 
 async def test_a_failed_put_back_of_an_unanswered_claim_is_logged_and_the_worker_stops(
-    store: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The runs then lapse and are reclaimed as orphans: the stop goes on, and says why."""
-    from pyrula.workflows.worker import claim as claim_module
-
-    monkeypatch.setattr(claim_module, "CLAIM_STOP_S", 0.2)
     capture(caplog)
-    _, _, worker, task, run = await _claim_held_back(store, "putback")
+    _, _, worker, task, run = await _claim_held_back(store, "putback", shutdown_grace=0.2)
     Outage(store, "requeue_unheld").active = True
     await stop(worker, task)
     [record] = [r for r in caplog.records
@@ -341,3 +346,77 @@ async def test_a_failed_put_back_of_an_unanswered_claim_is_logged_and_the_worker
     assert record.levelname == "WARNING"
     assert record.exc_info is not None and record.exc_info[0].__name__ == "StoreUnavailable"
     assert record.worker_id == worker.worker_id  # type: ignore[attr-defined]
+
+
+class Hang:
+    """From ``active`` on, some store methods never answer (until ``release()``, when they
+    raise StoreUnavailable). ``stubborn`` ones also outlive a first cancellation, as a call
+    whose clean-up waits on the same store would."""
+
+    def __init__(self, store: Any, methods: list[str], stubborn: tuple[str, ...] = ()) -> None:
+        self.active = False
+        self.hung: list[str] = []
+        self._released = threading.Event()  # threads too: the renewal thread calls renew
+        for method in methods:
+            setattr(store, method, self._wrap(method, getattr(store, method),
+                                              method in stubborn))
+
+    def _wrap(self, method: str, real: Any, stubborn: bool) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return await real(*args, **kwargs)
+            self.hung.append(method)
+            try:
+                await self._never()
+            except asyncio.CancelledError:
+                if not stubborn:
+                    raise
+                await self._never()
+            raise StoreUnavailable(f"{method} gave up")
+
+        return call
+
+    async def _never(self) -> None:
+        while not self._released.is_set():  # a fake call that never answers, not a sync
+            await asyncio.sleep(0.01)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+async def test_a_drain_whose_store_calls_hang_ends_within_its_bound(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every store call of the drain hangs: the claim in flight, its put-back, the stand-down
+    write (which outlives its cancellation), the lock renewal, the unregistering. The drain
+    still ends within shutdown_grace + 3 x cancel_timeout, with no wait of its own beside
+    (a fixed 5 s wait for the claim would break the bound)."""
+    capture(caplog)
+    key = unique("hung-store")
+    async_gate(key)
+    grace, cancel = 0.3, 0.4
+    hang = Hang(store, ["claim", "requeue", "requeue_unheld", "renew", "unregister_worker"],
+                stubborn=("requeue",))
+    worker = WorkflowWorker(
+        store=store, workflows=[wshut_async],
+        options=fast_options(shutdown_grace=grace, cancel_timeout=cancel, lock_ttl=0.6),
+    )
+    task = await start(worker)
+    try:
+        await worker.client.submit(wshut_async, {"key": key})
+        await await_until(lambda: key in ENTERED, what="the run in its step")
+        hang.active = True
+        await await_until(lambda: {"claim", "renew"} <= set(hang.hung),
+                          what="a claim and a renewal hung")
+        began = time.monotonic()
+        worker.stop()
+        await asyncio.wait_for(asyncio.shield(task), 30)
+        took = time.monotonic() - began
+    finally:
+        hang.release()
+        ASYNC_GATES[key].set()
+    assert took < grace + 3 * cancel + 1.0, took
+    assert {"requeue", "requeue_unheld", "unregister_worker"} <= set(hang.hung)
+    assert shutdown_steps(caplog) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert claim_cut(caplog)
+    assert len(logged(caplog, "worker_store_calls_still_running")) == 1

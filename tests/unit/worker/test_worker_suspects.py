@@ -33,6 +33,8 @@ from tests.conftest import await_until
 from tests.unit.worker.worker_support import (
     Bell,
     Spy,
+    capture,
+    claim_cut,
     fast_options,
     of_type,
     serving,
@@ -548,14 +550,12 @@ async def test_a_suspect_is_claimed_as_soon_as_the_held_runs_end() -> None:
 
 
 async def test_a_worker_stopped_while_it_waits_to_take_a_suspect_stops_at_once(
-    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Its wait for the held runs to end watches the stop too: the claim loop ends at once,
-    # not at the next poll (30 s here), nor when the shutdown gives up on it (CLAIM_STOP_S,
-    # a minute here); the held run is then put back as at any shutdown.
-    from pyrula.workflows.worker import claim as claim_loop
-
-    monkeypatch.setattr(claim_loop, "CLAIM_STOP_S", 60.0)
+    # not at the next poll (30 s here), nor when the shutdown gives up on it (after the
+    # grace); the held run is then put back as at any shutdown.
+    capture(caplog)
     RELEASE["held"] = False
     store = MemoryStore()
     Bell(store)
@@ -575,6 +575,7 @@ async def test_a_worker_stopped_while_it_waits_to_take_a_suspect_stops_at_once(
         await asyncio.wait_for(task, 20)
     finally:
         RELEASE["held"] = True
+    assert not claim_cut(caplog)
     for run in (long_run, suspect):
         assert (await client.get(run.run_id)).status is RunStatus.QUEUED
 

@@ -74,6 +74,13 @@ def capture(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
 
 
+def claim_cut(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether a shutdown had to cancel a claim loop that had not ended by itself within
+    the grace (step 3 says so)."""
+    return any(r.getMessage().startswith("shutdown: 3/5")
+               and "a claim that has not answered" in r.getMessage() for r in caplog.records)
+
+
 class Spy:
     """Records every call of some methods of one store instance (args and result)."""
 

@@ -241,7 +241,12 @@ class RunControl(Protocol):
     async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
         """Append ``signal:received``; a run waiting for ``name`` is queued. Atomic.
 
-        Raises WorkflowNotFound for an unknown run, RunNotActive for an ended one.
+        A run that continued as new hands its inbox on: the signal goes to the live run
+        of its chain (following ``successor_id`` in the same atomic step), whatever run id
+        of the chain it was sent to; the earlier runs' journals stay as they ended.
+
+        Raises WorkflowNotFound for an unknown run, RunNotActive when the run (the chain's
+        last) has ended.
         """
         ...
 

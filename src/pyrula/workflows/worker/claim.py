@@ -39,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: How long a stopping worker lets a claim already sent to the store finish.
-CLAIM_STOP_S = 5.0
 #: How long a worker that saw suspects waiting stops claiming for its held runs to end,
 #: and how long it then passes suspects over if they did not: a worker busy with long runs
 #: must not idle its free slots for them (another worker, or a quieter moment, takes the
@@ -265,28 +263,3 @@ class ClaimLoop:
                 await asyncio.wait_for(self._rt.capacity.wait(), left)
             except TimeoutError:
                 return
-
-
-async def stop_claiming(
-    task: asyncio.Task[None], loop: ClaimLoop | None, log: dict[str, str]
-) -> None:
-    """End the claim loop run by ``task`` (the worker is stopping) without cutting a claim
-    in half.
-
-    The worker's ``stopping`` is set, so the loop ends after its current pass; a claim
-    already sent is let finish, and the runs it returns are held and drained like the
-    others. Cancelled mid-call instead, a claim would lock runs in the store that this
-    worker never learns of: nobody would renew them, and another worker would reclaim each
-    once its lock lapsed, charged a crash. Only a claim that does not answer within
-    ``CLAIM_STOP_S`` is cancelled; the runs locked here but not held are then put back.
-    """
-    await asyncio.wait({task}, timeout=CLAIM_STOP_S)
-    if not task.done():
-        task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    if loop is not None and loop.lost:
-        try:
-            await loop.requeue_lost_claims()
-        except Exception:  # they lapse and are reclaimed as orphans instead
-            logger.warning("putting back the runs of an unanswered claim failed",
-                           exc_info=True, extra=log)

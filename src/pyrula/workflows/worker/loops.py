@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,7 +31,8 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 
 BACKOFF_MIN = 0.5
 BACKOFF_MAX = 30.0
-#: /livez fails once a loop has been failing this long without a completed tick.
+#: /livez fails once a loop has been failing this long without a completed tick
+#: (``failing_loop``; read at each call, so a test may lower it).
 LIVENESS_FAILURE_S = 120.0
 
 
@@ -58,6 +59,20 @@ class LoopState:
         return 0.0 if self.failing_since is None else now - self.failing_since
 
 
+def failing_loop(states: Iterable[LoopState], now: float) -> str | None:
+    """The first loop whose ticks have failed for ``LIVENESS_FAILURE_S`` (monotonic ``now``)
+    without one completing since: what fails /livez.
+
+    Judged from the first failed tick of the outage, never from the last completed tick: a
+    loop with an interval over the window (``reconcile_interval=300``) is not failing while
+    it waits for its next tick, only from the window after a failed tick until a tick
+    completes."""
+    for state in states:
+        if state.failed_for(now) >= LIVENESS_FAILURE_S:
+            return state.name
+    return None
+
+
 def backoff_delays(start: float = BACKOFF_MIN, cap: float = BACKOFF_MAX) -> Callable[[], float]:
     """Successive jittered delays doubling from ``start`` up to ``cap``."""
     current = start / 2
@@ -77,17 +92,18 @@ async def run_loop(
     stopping: asyncio.Event,
     metrics: Metrics,
     log_extra: dict[str, str],
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> None:
     """Run ``loop.tick`` every ``loop.interval`` seconds (or what it returns) until
-    ``stopping``."""
+    ``stopping``; ``state`` says when ticks failed and completed, by ``monotonic``."""
     delays = backoff_delays()
     while not stopping.is_set():
         try:
             wait = await loop.tick(clock.now())
         except TRANSIENT as exc:
-            state.last_failed = time.monotonic()
+            state.last_failed = monotonic()
             if state.failing_since is None:
-                state.failing_since = time.monotonic()
+                state.failing_since = state.last_failed
                 logger.warning(
                     "loop_failed: %s loop failed on a store/network error (%s: %s); "
                     "restarting with backoff", state.name, type(exc).__name__, exc,
@@ -100,12 +116,12 @@ async def run_loop(
             if state.failing_since is not None:
                 logger.info(
                     "loop_recovered: %s loop recovered after %.1f s", state.name,
-                    time.monotonic() - state.failing_since,
+                    monotonic() - state.failing_since,
                     extra={"event": "loop_recovered", "loop": state.name, **log_extra},
                 )
                 delays = backoff_delays()
             state.failing_since = None
-            state.last_ok = time.monotonic()
+            state.last_ok = monotonic()
         pause = loop.interval if wait is None else wait
         if pause > 0 or stopping.is_set():
             try:

@@ -1,9 +1,12 @@
 """A worker's probes: /livez (its loops turn), /readyz (it serves), /metrics.
 
-/livez fails once a loop has failed for ``LIVENESS_FAILURE_S`` without a completed tick,
-or a fatal error stopped the worker. /readyz says why the worker does not serve: it
-drains, a loop failed, the store is bound to another project, it is still starting, or
-the store does not answer a ping within ``PING_TIMEOUT_S``.
+/livez fails (503 ``loop_failed``) once a loop has failed for ``LIVENESS_FAILURE_S``
+without a completed tick (``loops.failing_loop``), or a loop died and stopped the worker;
+otherwise it answers 200, also while the worker drains and after ``run()`` returned
+(``stopped``), for as long as the server is kept (``WorkflowWorker.aclose``). /readyz says
+why the worker does not serve: a loop died, it drains or has stopped, a loop failed, the
+store is bound to another project, it is still starting, or the store does not answer a
+ping within ``PING_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from pyrula.errors import ConfigurationError
@@ -19,7 +23,7 @@ from pyrula.metrics import Metrics, record_queues
 from pyrula.wire import WorkerState
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import QueueStats
-from pyrula.workflows.worker.loops import LIVENESS_FAILURE_S
+from pyrula.workflows.worker.loops import failing_loop
 from pyrula.workflows.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -67,10 +71,12 @@ class Probed(Protocol):
 
 class Probes:
     def __init__(self, worker: Probed, runtime: Runtime,
-                 queue_stats: QueueStats | None = None) -> None:
+                 queue_stats: QueueStats | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._w = worker
         self._rt = runtime
         self._queue_stats = queue_stats
+        self._monotonic = monotonic
 
     async def start(self, host: str, port: int) -> tuple[ProbeServer, tuple[str, int]]:
         """Serve the probes on ``host``:``port``; the server and the address it listens on."""
@@ -102,25 +108,41 @@ class Probes:
         return True
 
     def _failed_loop(self) -> str | None:
-        now = time.monotonic()
-        for state in self._rt.loops.values():
-            if state.failed_for(now) >= LIVENESS_FAILURE_S:
-                return state.name
-        return None
+        """A loop failing past the liveness window, while the loops run (they end at
+        ``stop()``: a failure they left behind is no longer a failing loop)."""
+        if self._rt.stop_requested:
+            return None
+        return failing_loop(self._rt.loops.values(), self._monotonic())
+
+    def _died(self) -> tuple[int, Any] | None:
+        rt = self._rt
+        if rt.fatal is None:
+            return None
+        return 503, {"status": "loop_failed", "loop": rt.died, "worker_id": self._w.worker_id}
 
     async def livez(self) -> tuple[int, Any]:
         worker_id = self._w.worker_id
+        died = self._died()
+        if died is not None:
+            return died
+        if self._rt.state is WorkerState.STOPPED:
+            return 200, {"status": "stopped", "worker_id": worker_id}
         failed = self._failed_loop()
-        if failed is not None or self._rt.fatal is not None:
+        if failed is not None:
             return 503, {"status": "loop_failed", "loop": failed, "worker_id": worker_id}
         return 200, {"status": "ok", "worker_id": worker_id}
 
     async def readyz(self) -> tuple[int, Any]:
         body: dict[str, Any] = {"worker_id": self._w.worker_id}
         rt = self._rt
-        if rt.stop_requested or rt.state in (WorkerState.DRAINING, WorkerState.STOPPED):
+        died = self._died()
+        if died is not None:
+            return died
+        if rt.state is WorkerState.STOPPED:
+            return 503, {"status": "stopped", **body}
+        if rt.stop_requested or rt.state is WorkerState.DRAINING:
             return 503, {"status": "draining", **body}
-        if rt.fatal is not None or self._failed_loop() is not None:
+        if self._failed_loop() is not None:
             return 503, {"status": "loop_failed", **body}
         if not rt.binding_ok:
             return 503, {"status": "store_binding_mismatch", **body}

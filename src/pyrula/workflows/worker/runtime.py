@@ -32,6 +32,8 @@ class Runtime:
         self.retiring = False
         #: The error that stopped the worker (``run()`` re-raises it).
         self.fatal: BaseException | None = None
+        #: The loop that raised it, if a loop did (what the probes name as failed).
+        self.died: str | None = None
         self.loops: dict[str, LoopState] = {}
         self.stopping = asyncio.Event()
         #: Set whenever an attempt ends (a slot is free).
@@ -70,10 +72,12 @@ class Runtime:
             else:
                 loop.call_soon_threadsafe(stopping.set)
 
-    def fail(self, exc: BaseException) -> None:
-        """Stop the worker for ``exc`` (the first such error is the one re-raised)."""
+    def fail(self, exc: BaseException, loop: str | None = None) -> None:
+        """Stop the worker for ``exc``, raised by ``loop`` if a loop raised it (the first
+        such error is the one re-raised)."""
         if self.fatal is None:
             self.fatal = exc
+            self.died = loop
         self.stop()
 
     # --- the store's health ---------------------------------------------------------

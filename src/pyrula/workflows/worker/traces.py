@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 class TraceExports:
-    """The trace exports of one worker: started by ``run_ended``, awaited by ``drain``."""
+    """The trace exports of one worker: started by ``run_ended``; the shutdown waits for
+    ``tasks`` (``worker.shutdown``, step 4)."""
 
     def __init__(self, store: Store, exporter: SpanExporter, log: Mapping[str, str]) -> None:
         self._store = store
@@ -58,14 +59,3 @@ class TraceExports:
             self._failing = False
             logger.info("trace_export_recovered: traces are exported again",
                         extra={"event": "trace_export_recovered", **self._log})
-
-    async def drain(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the exports still going, then cancel the rest (a
-        run's trace can always be exported again later from its journal)."""
-        pending = set(self.tasks)
-        if pending:
-            _, pending = await asyncio.wait(pending, timeout=timeout)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=1.0)

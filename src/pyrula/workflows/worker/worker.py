@@ -2,8 +2,14 @@
 
 ``run()`` starts the loops and blocks until ``stop()``; then the shutdown sequence runs in
 order: stop claiming → wait up to ``shutdown_grace`` for in-flight runs → cancel the rest
-together within ``cancel_timeout`` → wait up to ``cancel_timeout`` for sync steps still in
-a thread → release shards. The class installs no signal handlers; entry points do.
+together within ``cancel_timeout`` → wait up to ``cancel_timeout`` for store calls and sync
+steps still going → release shards (``worker.shutdown``). The class installs no signal
+handlers; entry points do.
+
+The probe server outlives ``run()``: /livez answers for as long as the process (its event
+loop) lives, so an app that embeds the worker is not read as dead once the worker has
+stopped. ``aclose()`` releases the port; so does the end of the event loop, whose runner
+(``asyncio.run``) cancels the task that holds the server.
 
 This module wires the parts: each loop is a class of its own (``claim``, ``timers``,
 ``orphans``, ``schedules``, ``store_loops``), attempts run in ``attempts``, the runs held
@@ -40,7 +46,7 @@ from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.worker.attempts import AttemptParts, AttemptRunner, JournalCacheMismatch
 from pyrula.workflows.worker.cache import JournalCache
-from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts, stop_claiming
+from pyrula.workflows.worker.claim import ClaimLoop, ClaimParts
 from pyrula.workflows.worker.generations import Generation, open_runs_of
 from pyrula.workflows.worker.held import HeldRuns
 from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
@@ -50,7 +56,7 @@ from pyrula.workflows.worker.probes import Probes
 from pyrula.workflows.worker.renewal import LockRenewer, RenewalSettings
 from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.schedules import ScheduleLoop
-from pyrula.workflows.worker.shutdown import drain_runs, drain_threads
+from pyrula.workflows.worker.shutdown import Draining, shut_down
 from pyrula.workflows.worker.store_loops import ClockLoop, ReconcileLoop, ShardLeaseLoop
 from pyrula.workflows.worker.timers import TimerLoop
 from pyrula.workflows.worker.usercode import UserCodeTracker
@@ -141,6 +147,9 @@ class WorkflowWorker:
         self.build = serving_build(self._specs.values(), registry, build)
         self.client = WorkflowClient(self.store, clock=clock, max_payload_bytes=o.max_payload_bytes)
         self.health_address: tuple[str, int] | None = None
+        #: The task that holds the probe server until ``aclose()`` or the loop's end.
+        self._probes_held: asyncio.Task[None] | None = None
+        self._closing: asyncio.Event | None = None
         self.metrics = Metrics()
         self._cloud = cloud
         self._clock = clock
@@ -261,6 +270,15 @@ class WorkflowWorker:
         """Begin the graceful shutdown; safe from a signal handler, a coroutine or a thread."""
         self._rt.stop()
 
+    async def aclose(self) -> None:
+        """Close the probe server, which otherwise answers after ``run()`` returned until
+        the event loop ends (call it after ``run()``, from the loop that ran it)."""
+        held, self._probes_held = self._probes_held, None
+        if held is not None and self._closing is not None:
+            self._closing.set()
+            await asyncio.gather(held, return_exceptions=True)
+        self.health_address = None
+
     async def run(self) -> None:
         """Serve until ``stop()``. Raises ConfigurationError before any loop starts for
         what only the server can show, and re-raises a fatal loop error after shutdown."""
@@ -277,7 +295,7 @@ class WorkflowWorker:
         rt.start(loop)
         self._timers.start()
         # The probes first: while the store does not answer, /readyz says so.
-        probe = await self._start_probes()
+        await self._start_probes()
         rt.store_waiting = True
         try:
             ready = await until_reachable(
@@ -286,11 +304,10 @@ class WorkflowWorker:
             )
         except BaseException:  # the store refused the worker, or stayed away too long
             ready = False
+            await self.aclose()  # nothing started but the probes: serve nothing
             raise
         finally:
             rt.store_waiting = False
-            if not ready:  # nothing started but the probes: close them, serve nothing
-                await self._close_probes(probe)
         if not ready:  # stopped while waiting for the store
             rt.state = WorkerState.STOPPED
             return
@@ -325,7 +342,7 @@ class WorkflowWorker:
         try:
             await rt.stopping.wait()
         finally:
-            await self._shutdown(claim, background, probe)
+            await self._shutdown(claim, background)
         if rt.fatal is not None:
             raise rt.fatal
 
@@ -370,18 +387,24 @@ class WorkflowWorker:
                 extra={"event": "store_binding_mismatch", **self._log},
             )
 
-    async def _start_probes(self) -> ProbeServer | None:
-        if self.options.health_port is None:
-            return None
+    async def _start_probes(self) -> None:
+        """Serve the probes, held by a task of their own until ``aclose()`` or the loop's
+        end (a server kept from an earlier ``run()`` serves on)."""
+        if self.options.health_port is None or self._probes_held is not None:
+            return
         probe, self.health_address = await self._probes.start(
             self.options.health_host, self.options.health_port
         )
-        return probe
+        self._closing = asyncio.Event()
+        self._probes_held = asyncio.create_task(self._hold_probes(probe, self._closing),
+                                                name="pyrula-probes")
 
-    async def _close_probes(self, probe: ProbeServer | None) -> None:
-        if probe is not None:
+    @staticmethod
+    async def _hold_probes(probe: ProbeServer, closing: asyncio.Event) -> None:
+        try:
+            await closing.wait()
+        finally:  # aclose(), or cancelled as the event loop ends
             await probe.close()
-            self.health_address = None
 
     def _start_loops(self) -> list[asyncio.Task[None]]:
         o, caps = self.options, self._caps
@@ -411,7 +434,7 @@ class WorkflowWorker:
                 "loop_died: %s loop failed with %s; stopping the worker", loop.name,
                 type(exc).__name__, extra={"event": "loop_died", "loop": loop.name, **self._log},
             )
-            self._rt.fail(exc)
+            self._rt.fail(exc, loop.name)
 
     def shards(self) -> dict[str, int]:
         """The shards this worker leases: workflow name -> how many, every name it serves
@@ -424,45 +447,28 @@ class WorkflowWorker:
     # --- shutdown -------------------------------------------------------------------
 
     async def _shutdown(
-        self,
-        claim: asyncio.Task[None],
-        background: list[asyncio.Task[None]],
-        probe: ProbeServer | None,
+        self, claim: asyncio.Task[None], background: list[asyncio.Task[None]]
     ) -> None:
-        o = self.options
         self._rt.state = WorkerState.DRAINING
-        log = self._log
-        logger.info("shutdown: 1/5 stop claiming", extra={"event": "shutdown", **log})
-        await stop_claiming(claim, self._claim, log)
+        await shut_down(Draining(
+            options=self.options, log=self._log, claim=claim, claim_loop=self._claim,
+            runner=self._runner, runs=self._runs, pool=self._pool, renewer=self._renewer,
+            traces=self._traces, background=background, release=self._release,
+            sharded=self._caps.shard_leases is not None,
+        ))
+        self._rt.state = WorkerState.STOPPED
+        logger.info("worker_stopped: %s", self.worker_id,
+                    extra={"event": "worker_stopped", **self._log})
 
-        await drain_runs(self._runner, self._runs, o, log)
-        await drain_threads(self._pool, o, log)
-
+    async def _release(self) -> None:
+        """Step 5's store calls: release the shards, unregister."""
         leases = self._caps.shard_leases
-        if leases is None:
-            logger.info("shutdown: 5/5 no shards to release (the store is not sharded)",
-                        extra={"event": "shutdown", **log})
-        else:
-            logger.info("shutdown: 5/5 releasing shards", extra={"event": "shutdown", **log})
+        if leases is not None:
             try:
                 await leases.release_shards(self.worker_id)
             except Exception:  # shards then lapse after shard_lease_ttl
-                logger.warning("shard release failed", exc_info=True, extra=log)
-
-        if self._traces is not None:  # the traces of the runs that just ended
-            await self._traces.drain(o.cancel_timeout)
+                logger.warning("shard release failed", exc_info=True, extra=self._log)
         try:
             await self._orphans.membership.leave()
         except Exception:  # the registration lapses by itself
-            logger.debug("unregister failed", exc_info=True, extra=log)
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-        if self._renewer is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._renewer.stop)
-        if probe is not None:
-            await probe.close()
-        self._rt.state = WorkerState.STOPPED
-        logger.info("worker_stopped: %s", self.worker_id, extra={"event": "worker_stopped", **log})
-
-
+            logger.debug("unregister failed", exc_info=True, extra=self._log)

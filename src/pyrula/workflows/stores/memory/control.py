@@ -22,6 +22,9 @@ class MemoryControl:
     async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
         with self._state.lock:
             run = self._state.get(run_id)
+            # The live run of a continue_as_new chain takes over the chain's inbox.
+            while run.status is RunStatus.CONTINUED and run.successor_id is not None:
+                run = self._state.get(run.successor_id)
             if run.status.terminal:
                 raise RunNotActive(f"run {run_id} has already ended ({run.status.value})")
             interrupt = name == INTERRUPT_SIGNAL

@@ -36,7 +36,10 @@ class RunControl:
         def op() -> None:
             with self._db.tx() as conn:
                 row = require_run(conn, run_id)
-                status = RunStatus(row["status"])
+                # The live run of a continue_as_new chain takes over the chain's inbox.
+                while row["status"] == RunStatus.CONTINUED and row["successor_id"]:
+                    row = require_run(conn, row["successor_id"])
+                live, status = row["run_id"], RunStatus(row["status"])
                 if status.terminal:
                     raise RunNotActive(f"run {run_id} has already ended ({status.value})")
                 type_ = (
@@ -44,13 +47,13 @@ class RunControl:
                     else EventType.SIGNAL_RECEIVED
                 )
                 event = make_event(type_, now, name=name, payload=payload)
-                last = append_events(conn, run_id, row["journal_len"], [event], now)
+                last = append_events(conn, live, row["journal_len"], [event], now)
                 seen = from_json(row["signal_seq"]) or {}
                 seen[name] = last
-                conn.execute("UPDATE runs SET signal_seq=? WHERE run_id=?", (to_json(seen), run_id))
+                conn.execute("UPDATE runs SET signal_seq=? WHERE run_id=?", (to_json(seen), live))
                 waiting = from_json(row["waiting_for"]) or []
                 if status is RunStatus.WAITING and name in waiting:
-                    enqueue(conn, run_id, row["name"], row["owner"], now)
+                    enqueue(conn, live, row["name"], row["owner"], now)
 
         await self._calls.call(op, inline=True)
 

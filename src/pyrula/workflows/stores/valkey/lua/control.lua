@@ -1,8 +1,27 @@
 -- Run control from clients.
 
+-- The live run of id's continue_as_new chain, which takes over the chain's inbox: id
+-- itself unless it continued. The chain's tail record (:chain:<start id>) names it in one
+-- step while the chain runs; once that has expired, successor_id leads there run by run.
+-- A start id whose own record expired is found by its tail record too.
+local function chain_live(base, id)
+  local f = redis.call('HMGET', runk(base, id), 'status', 'successor_id', 'start_id')
+  if not f[1] then return redis.call('GET', base .. ':chain:' .. id) or id end
+  if f[1] ~= 'continued' then return id end
+  local tail = redis.call('GET', base .. ':chain:' .. tostring(f[3]))
+  if tail then return tail end
+  while f[1] == 'continued' and f[2] and f[2] ~= '' do
+    id = f[2]
+    f = redis.call('HMGET', runk(base, id), 'status', 'successor_id')
+  end
+  return id
+end
+
 -- signal: ARGV op, run_id, now, name, event -> 'NOTFOUND' | 'ENDED <status>' | 'OK' | 'QUEUED'
+-- (delivered to the live run of run_id's chain: chain_live)
 ops.signal = function(k, a)
-  local base, id, now, name, ev = k[1], a[2], a[3], a[4], a[5]
+  local base, now, name, ev = k[1], a[3], a[4], a[5]
+  local id = chain_live(base, a[2])
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'status', 'waiting_for', 'owner', 'jnl', 'started_at')
   if not f[1] then return 'NOTFOUND' end
