@@ -16,7 +16,9 @@ server preloads this module instead. It first loads the app exactly as a child w
 to the report file ``PRELOAD_CHECK_ENV`` names: the supervisor reads it before it forks the
 first child, so an app that cannot load is refused once, with the app's own frames, instead
 of by every child in a crash loop. Then it imports the modules named in ``PRELOAD_ENV`` (the
-worker's runtime), letting their errors go, while the supervisor goes on with its start.
+worker's runtime), letting their errors go, while the supervisor goes on with its start,
+and runs the children's ``CHILD_PRELOADED`` hook: what each child would otherwise do for
+itself after the fork (reading the workflow code's text for the build).
 (After a reload the report is not read: a new fork server's children report a failure as
 boot failures, and the crash-loop rule stops the fleet.)
 
@@ -40,6 +42,7 @@ import signal
 import sys
 from typing import Any
 
+from pyrula.supervisor.trampoline import CHILD_PRELOADED
 from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV, PRELOAD_MAIN_ENV
 
 
@@ -61,13 +64,10 @@ if os.environ.get(PRELOAD_MAIN_ENV):
 def _check(spec: dict[str, Any]) -> dict[str, object]:
     """Load the app as a child would; what came of it, for the report."""
     from pyrula.apps import AppError, importable_from, load
-    from pyrula.workflows.build import read_texts
-    from pyrula.workflows.definition import REGISTRY
 
     importable_from(str(spec.get("cwd") or os.getcwd()))
     try:
         load(list(spec.get("apps") or []), list(spec.get("workflows") or []))
-        read_texts(REGISTRY)  # the build's fingerprint, read once for every child
     except AppError as exc:
         return {"ok": False, "message": str(exc), "frames": exc.frames}
     except BaseException as exc:  # a child would fail the same way: report it as the app's
@@ -96,3 +96,11 @@ for _name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
         importlib.import_module(_name)
     except BaseException:  # reported by each child, which imports it again
         pass
+
+# What every child would do for itself after the fork, done once here (named, as the
+# children's entry is: this process is the children's side).
+try:
+    _module, _, _hook = CHILD_PRELOADED.partition(":")
+    getattr(importlib.import_module(_module), _hook)()
+except BaseException:  # each child does it for itself then, and reports what fails
+    pass

@@ -11,6 +11,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 CHILD_ENTRY = "pyrula.workflows.worker.child:main"
+#: What the fork server calls once it has loaded the app and the runtime, before any fork.
+CHILD_PRELOADED = "pyrula.workflows.worker.child:preloaded"
 
 
 def run(entry: str, config: dict[str, Any], conn: Connection) -> None:

@@ -79,6 +79,17 @@ def _import(target: str) -> Any:
     return getattr(module, attr) if attr else module
 
 
+def preloaded() -> None:
+    """In the fork server, once it has loaded the app and this runtime: read the text of
+    the workflow code for the build, which every child would otherwise read (and tokenize)
+    for itself on its way to its first run. Inherited by fork; and the text of the code the
+    children run, even if its file changes on disk later."""
+    from pyrula.workflows.build import read_texts
+    from pyrula.workflows.definition import REGISTRY
+
+    read_texts(REGISTRY)
+
+
 def main(config: dict[str, Any], conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
