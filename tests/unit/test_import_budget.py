@@ -29,7 +29,7 @@ CHILD = ("pyrula.workflows.worker.child", "pyrula.workflows.worker.worker",
          "pyrula.workflows.stores.valkey")
 
 #: The packages outside the standard library each may load.
-SUPERVISOR_PACKAGES = {"click", "hiredis", "orjson", "psutil", "pyrula"}
+SUPERVISOR_PACKAGES = {"click", "hiredis", "orjson", "pyrula"}
 CHILD_PACKAGES = {"hiredis", "orjson", "pyrula"}
 #: Parts of pyrula each must not load (a child forks from the fork server's state: what the
 #: supervisor alone uses would be copied into every child for nothing).

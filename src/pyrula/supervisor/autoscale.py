@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from pyrula.config.parse import env_value, parse_float
 from pyrula.logs import FLEET_LOGGER
 from pyrula.supervisor.children import Child, ChildState
@@ -56,6 +54,9 @@ class Host:
         self.cores = os.cpu_count() or 1
         self._cpu_free: float | None = None
         self._usage: tuple[float, float] | None = None  # (monotonic, cgroup usage seconds)
+        import psutil  # an elastic fleet's only: not on every fleet's way to its children
+
+        self._psutil = psutil
         psutil.cpu_percent(None)  # the first call only starts the measurement
 
     def _read(self, name: str) -> str | None:
@@ -75,7 +76,7 @@ class Host:
             return None
 
     def memory_free(self) -> int | None:
-        free: list[int] = [int(psutil.virtual_memory().available)]
+        free: list[int] = [int(self._psutil.virtual_memory().available)]
         room = self.cgroup_memory_free()
         if room is not None:
             free.append(room)
@@ -101,7 +102,7 @@ class Host:
 
     def cpu_free(self) -> float:
         """Free cores (smoothed): the host's, or the container quota's if smaller."""
-        free = self.cores * (1.0 - psutil.cpu_percent(None) / 100.0)
+        free = self.cores * (1.0 - self._psutil.cpu_percent(None) / 100.0)
         quota_free = self._cgroup_cpu_free()
         if quota_free is not None:
             free = min(free, quota_free)

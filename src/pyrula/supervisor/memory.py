@@ -19,6 +19,7 @@ from pathlib import Path
 from pyrula.config.fleet import FleetOptions, check_memory_limits
 from pyrula.config.parse import MIB
 from pyrula.logs import FLEET_LOGGER
+from pyrula.supervisor.capacity import total_memory
 from pyrula.supervisor.children import Child
 from pyrula.supervisor.watch import over_hard_limit
 
@@ -60,8 +61,6 @@ def cgroup_memory_limit(v2: str | None, v1: str | None,
 
 def read_cgroup_memory_limit(root: Path | None = None) -> int | None:
     """``cgroup_memory_limit`` of this process's container, read from ``root``."""
-    import psutil
-
     base = CGROUP_ROOT if root is None else root
 
     def text(name: str) -> str | None:
@@ -71,7 +70,7 @@ def read_cgroup_memory_limit(root: Path | None = None) -> int | None:
             return None
 
     return cgroup_memory_limit(text(CGROUP_V2_FILE), text(CGROUP_V1_FILE),
-                               psutil.virtual_memory().total)
+                               total_memory())
 
 
 @dataclass(frozen=True, slots=True)

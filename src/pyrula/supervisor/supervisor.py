@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import psutil
-
 from pyrula.config.fleet import FleetOptions
 from pyrula.config.store_url import shown_url
 from pyrula.config.worker import WorkerOptions
@@ -35,6 +33,7 @@ from pyrula.store_wait import until_reachable
 from pyrula.supervisor import upgrades
 from pyrula.supervisor.autoscale import Autoscaler, policy_of
 from pyrula.supervisor.boot import BootReport
+from pyrula.supervisor.capacity import rss_of
 from pyrula.supervisor.children import Child, ChildState, Spawner
 from pyrula.supervisor.commands import SIGNAL_COMMANDS, handle_commands
 from pyrula.supervisor.exits import child_exited
@@ -381,10 +380,9 @@ class Supervisor:
 
     def _measure(self) -> None:
         for child in self._children():
-            try:
-                child.rss_bytes = psutil.Process(child.pid).memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-                pass
+            rss = rss_of(child.pid)
+            if rss is not None:
+                child.rss_bytes = rss
 
     def _watch(self, child: Child, now: float) -> None:
         slot = self.slots.get(child.slot)
