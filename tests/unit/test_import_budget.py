@@ -12,8 +12,10 @@ made here, not an accident of some module's top.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
@@ -23,10 +25,10 @@ SUPERVISOR = ("pyrula.cli.fleet_commands", "pyrula.supervisor.supervisor", "pyru
               "pyrula.health_http", "pyrula.workflows.stores.sqlite",
               "pyrula.workflows.stores.valkey")
 #: What the fork server imports for its children (``run_fleet``'s preload), with either
-#: backend.
+#: backend, and the archive (preloaded where one is configured).
 CHILD = ("pyrula.workflows.worker.child", "pyrula.workflows.worker.worker",
-         "pyrula.workflows.stores.archive", "pyrula.workflows.stores.sqlite",
-         "pyrula.workflows.stores.valkey")
+         "pyrula.workflows.stores.sqlite", "pyrula.workflows.stores.valkey",
+         "pyrula.workflows.stores.archive")
 
 #: The packages outside the standard library each may load.
 SUPERVISOR_PACKAGES = {"click", "hiredis", "orjson", "pyrula"}
@@ -80,6 +82,11 @@ def test_the_lists_name_what_is_imported_now() -> None:
 def test_the_child_list_is_what_the_fleet_preloads() -> None:
     from pyrula.supervisor.prestart import fork_server_spec
 
-    preloads = {module for url in ("sqlite:///x.db", "redis://127.0.0.1:6379")
-                for module in fork_server_spec([], [], url, "/")["preload"]}
-    assert preloads == set(CHILD)
+    def preloads(environ: dict[str, str]) -> set[str]:
+        with mock.patch.dict(os.environ, environ, clear=True):
+            return {module for url in ("sqlite:///x.db", "redis://127.0.0.1:6379")
+                    for module in fork_server_spec([], [], url, "/")["preload"]}
+
+    # The archive only where one is configured: its module is not on every child's way.
+    assert preloads({}) == set(CHILD) - {"pyrula.workflows.stores.archive"}
+    assert preloads({"PYRULA_POSTGRES_DSN": "postgresql://127.0.0.1/x"}) == set(CHILD)

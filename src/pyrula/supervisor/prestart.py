@@ -26,10 +26,11 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-#: What every child imports before it serves, besides its store's backend and the app:
-#: imported once in the fork server, so a child starts with it loaded (and shares it).
-RUNTIME = ("pyrula.workflows.worker.child", "pyrula.workflows.worker.worker",
-           "pyrula.workflows.stores.archive")
+#: What every child imports before it serves, besides its store's backend, the archive
+#: (where one is configured) and the app: imported once in the fork server, so a child
+#: starts with it loaded (and shares it).
+RUNTIME = ("pyrula.workflows.worker.child", "pyrula.workflows.worker.worker")
+ARCHIVE = "pyrula.workflows.stores.archive"
 #: The file in the scratch directory where the fork server reports the app's import.
 REPORT = "app-check.json"
 #: The options the quick read takes, by what they set.
@@ -54,12 +55,15 @@ EARLY: Early | None = None
 def fork_server_spec(apps: list[str], workflows: list[str], store_url: str,
                      cwd: str) -> dict[str, Any]:
     """What a fleet's fork server preloads and checks: the worker's runtime, the store's
-    backend and the app's modules; the app as the children load it."""
+    backend, the archive where one is configured and the app's modules; the app as the
+    children load it."""
+    from pyrula.config.defaults import archive_configured
     from pyrula.config.store_url import backend_module
 
     backend = backend_module(store_url)
+    archive = [ARCHIVE] if archive_configured(os.environ) else []
     modules = [*apps, *(target.partition(":")[0] for target in workflows)]
-    return {"preload": [*RUNTIME, *([backend] if backend else []), *modules],
+    return {"preload": [*RUNTIME, *([backend] if backend else []), *archive, *modules],
             "check": {"apps": list(apps), "workflows": list(workflows), "cwd": cwd}}
 
 

@@ -90,6 +90,18 @@ def preloaded() -> None:
     read_texts(REGISTRY)
 
 
+def _archived(store: Any) -> Any:
+    """``store``, archived to Postgres where the fleet's environment names an archive (its
+    module is imported only then: the fork server preloads it only then)."""
+    from pyrula.config.defaults import archive_configured
+
+    if not archive_configured(os.environ):
+        return store
+    from pyrula.workflows.stores.archive import archived_if_configured
+
+    return archived_if_configured(store)
+
+
 def main(config: dict[str, Any], conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -102,7 +114,6 @@ def main(config: dict[str, Any], conn: Connection) -> None:
         from pyrula.config.store_url import shown_url
         from pyrula.config.worker import WorkerOptions
         from pyrula.workflows.stores import store_from_url
-        from pyrula.workflows.stores.archive import archived_if_configured
         from pyrula.workflows.worker.worker import WorkflowWorker
 
         for app in config.get("apps", []):
@@ -113,7 +124,7 @@ def main(config: dict[str, Any], conn: Connection) -> None:
             store_options["namespace"] = config["namespace"]
         if config.get("cluster") is not None:
             store_options["cluster"] = config["cluster"]
-        backend = archived_if_configured(store_from_url(config["store_url"], **store_options))
+        backend = _archived(store_from_url(config["store_url"], **store_options))
         options = WorkerOptions(**config.get("worker_options", {}), health_port=None)
         reach = StoreCheck()
 
