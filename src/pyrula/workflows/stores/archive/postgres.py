@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from pyrula.config.defaults import ARCHIVE_DSN_ENV
 from pyrula.errors import ArchiveSchemaMismatch, ConfigurationError, WorkflowNotFound
 from pyrula.workflows.events import Event
 from pyrula.workflows.records import RunInfo, RunStatus
@@ -82,11 +83,11 @@ class PostgresArchive:
         connect_timeout: float = 5.0,
         command_timeout: float = 30.0,
     ) -> None:
-        dsn = dsn if dsn is not None else (os.environ.get("PYRULA_POSTGRES_DSN") or "").strip()
+        dsn = dsn if dsn is not None else (os.environ.get(ARCHIVE_DSN_ENV) or "").strip()
         if not dsn:
             raise ConfigurationError(
-                "PostgresArchive needs a DSN: pass dsn='postgresql://...' or set "
-                "PYRULA_POSTGRES_DSN"
+                f"PostgresArchive needs a DSN: pass dsn='postgresql://...' or set "
+                f"{ARCHIVE_DSN_ENV}"
             )
         scheme = urlsplit(dsn).scheme.lower() if "://" in dsn else ""
         if scheme not in DSN_SCHEMES:

@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from pyrula.config.defaults import ARCHIVE_DSN_ENV
 from pyrula.config.parse import env_value, parse_float
 from pyrula.errors import ConfigurationError, RunNotActive, WorkflowNotFound
 from pyrula.workflows.events import Event
@@ -329,7 +330,7 @@ def archived_if_configured(store: Store, dsn: str | None = None) -> Store:
     """``store`` wrapped in an ArchivingStore when a DSN is given or PYRULA_POSTGRES_DSN is
     set (the CLI and fleet children open their store through this); else ``store``.
     ``PYRULA_ARCHIVE_RECONCILE_GRACE`` (seconds, default 30) sets its ``reconcile_grace``."""
-    dsn = dsn or os.environ.get("PYRULA_POSTGRES_DSN", "").strip() or None
+    dsn = dsn or os.environ.get(ARCHIVE_DSN_ENV, "").strip() or None
     if dsn is None or isinstance(store, ArchivingStore):
         return store
     grace = env_value(GRACE_ENV)
