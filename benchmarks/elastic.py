@@ -8,6 +8,8 @@ from /status polled every ``POLL`` on a thread of its own and from the fleet's l
 
 - from the load step (the first submit) to the first ``fleet_scaled: up`` and to the
   first added child ready, and to each later size;
+- for each scale-up, from the decision (its ``fleet_scaled: up`` line) to the added
+  child's ``child_ready`` line, from the log lines' own times;
 - throughput (runs done per second, from the children's ``runs_done``) at each number of
   ready children;
 - the way back: from the last run done to each ``fleet_scaled: down`` and to one child;
@@ -129,6 +131,7 @@ def measure(directory: Path, runs: int, scale_up_after: float,
             "runs_per_s_by_ready_children": _throughput(samples, step, finished),
             "down_decisions_after_load_s": downs,
             "back_to_one_s": round(back - finished, 3),
+            "up_decision_to_child_ready_ms": decision_to_ready(log),
             "scaled": re.findall(r"fleet_scaled: [^\n]*", log),
             "held": re.findall(r"fleet_scale_held: [^\n]*", log),
         }
@@ -139,6 +142,29 @@ def measure(directory: Path, runs: int, scale_up_after: float,
         store.close()
         fleets.reap()
         server.kill()
+
+
+#: A text log line's time and message (``2026-12-01T12:00:00.123Z INFO    name: message``).
+LINE = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+)Z\s+\w+\s+(?:\[[^]]*\] )?\S+: (.*)$")
+
+
+def decision_to_ready(log: str) -> list[float]:
+    """For each ``fleet_scaled: up``, ms from it to the next ``child_ready`` (the child it
+    added, forked as the decision is taken), from the log lines' own times."""
+    from datetime import datetime
+
+    out, decided = [], None
+    for line in log.splitlines():
+        found = LINE.match(line)
+        if found is None:
+            continue
+        at = datetime.fromisoformat(found.group(1)).timestamp()
+        if found.group(2).startswith("fleet_scaled: up"):
+            decided = at
+        elif found.group(2).startswith("child_ready") and decided is not None:
+            out.append(round((at - decided) * 1000, 1))
+            decided = None
+    return out
 
 
 def main() -> None:
@@ -155,6 +181,8 @@ def main() -> None:
           f"done in {figures['load_s']} s ({figures['runs_per_s_overall']} runs/s)")
     print(f"first up decision after {figures['first_up_decision_s']} s; ready children "
           f"reached (s after the step): {figures['ready_children_reached_s']}")
+    print(f"each scale-up, decision -> the child it added ready (ms): "
+          f"{figures['up_decision_to_child_ready_ms']}")
     print(f"runs/s by ready children: {figures['runs_per_s_by_ready_children']}")
     print(f"after the load: down decisions at {figures['down_decisions_after_load_s']} s, "
           f"one child again after {figures['back_to_one_s']} s")

@@ -13,6 +13,7 @@ import pytest
 
 from pyrula.config.fleet import FleetOptions, resolve_bounds
 from pyrula.errors import ConfigurationError
+from pyrula.metrics import Metrics
 from pyrula.supervisor.autoscale import IDLE_QUEUE_READ_S, Autoscaler, Host
 from pyrula.supervisor.children import Child
 from pyrula.supervisor.scaling import (
@@ -376,3 +377,18 @@ async def test_a_fleet_not_idle_reads_its_queue_every_tick(tmp_path: Path, chang
     assert queues.reads == 2 and inputs.queued == (6 if change == "names" else 3)
     await scaler.measure(0.0)
     assert queues.reads == 3
+
+
+@pytest.mark.parametrize(("size", "desired", "resized"), [(2, 3, 1), (2, 1, 1), (2, 2, 0)])
+def test_a_decision_resizes_the_fleet_as_it_is_taken(tmp_path: Path, size: int, desired: int,
+                                                     resized: int) -> None:
+    # A child the fleet adds is forked as the decision is taken, not at the supervisor's
+    # next tick (up to a tick later, on the way to the scale-up's first run).
+    sup, _, _ = _fleet(size)
+    calls: list[int] = []
+    sup.resize = lambda: calls.append(sup.desired)
+    sup.fleet_metrics.own = Metrics()
+    _autoscaler(sup, tmp_path).apply(ScalingInputs(now=NOW, size=size),
+                                     Decision(desired, "a test decision"))
+    assert calls == [desired] * resized
+    assert sup.desired == desired

@@ -235,6 +235,7 @@ class Autoscaler:
             return
         self._refusal = None
         self.supervisor.desired = decision.desired
+        self.supervisor.resize()  # now, not at the supervisor's next tick
         self.last_change = inputs.now
         self.supervisor.fleet_metrics.own.inc(SCALED, direction=direction.value)
         logger.info("fleet_scaled: %s %d -> %d children: %s; %s", direction.value,

@@ -443,6 +443,12 @@ class Supervisor:
             old.terminate()
             self._leaving.add(old)
 
+    def resize(self) -> None:
+        """Move the fleet's size one child towards ``desired`` (each tick does; elastic
+        sizing calls it as it decides, so a child it adds is forked at once)."""
+        if not self.draining:
+            self._scale()
+
     def _scale(self) -> None:
         live = sorted(self.slots)
         if len(live) < self.desired:
