@@ -34,17 +34,6 @@ EXIT_BOOT_FAILURE = 3
 HEARTBEAT_INTERVAL = 0.25
 #: How often a child sends its metrics (seconds): the fleet's /metrics lags by up to this.
 METRICS_INTERVAL = 1.0
-#: Environment variable naming the modules the fork server preloads (comma-separated;
-#: internal, set by the supervisor's Spawner, read by ``pyrula.supervisor.preload``).
-PRELOAD_ENV = "_PYRULA_FLEET_PRELOAD"
-#: Environment variable with the fork server's app check (JSON ``{"apps", "workflows",
-#: "report"}``; internal): it loads the app as a child would and writes what came of it
-#: (JSON ``{"ok": true}`` or ``{"ok": false, "message", "frames"}``) to ``report``.
-PRELOAD_CHECK_ENV = "_PYRULA_FLEET_PRELOAD_CHECK"
-#: Environment variable with the path of the supervisor's main script (the
-#: ``pyrula-fleet`` console script; internal): the fork server takes it as its own
-#: ``__main__.__file__``, so that a child does not run that script again at its start.
-PRELOAD_MAIN_ENV = "_PYRULA_FLEET_MAIN"
 
 
 class WorkerState(StrEnum):

@@ -279,7 +279,7 @@ def _serving_imports(store_url: str) -> None:
     first child."""
     import importlib
 
-    from pyrula.config.store_url import backend_module
+    from pyrula.config.schemes import backend_module
 
     backend = backend_module(store_url)
     for name in ("pyrula.supervisor.supervisor", "pyrula.supervisor.web", "pyrula.health_http",

@@ -1,6 +1,6 @@
-"""Every option and PYRULA_* variable, parsed and validated in one place."""
+"""Every option and PYRULA_* variable, parsed and validated in one place.
 
-from pyrula.config.cloud import check_cloud
-from pyrula.config.parse import env_value, parse_bool, parse_bytes, parse_float, parse_int
-
-__all__ = ["check_cloud", "env_value", "parse_bool", "parse_bytes", "parse_float", "parse_int"]
+The package imports nothing itself: a fleet reads one of its modules before it has
+imported anything else (the store's backend, to start its fork server), and pays for that
+module alone.
+"""

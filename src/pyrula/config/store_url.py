@@ -11,27 +11,8 @@ import os
 from urllib.parse import unquote, urlsplit
 
 from pyrula.config.parse import redact_url
+from pyrula.config.schemes import SCHEMES
 from pyrula.errors import ConfigurationError
-
-#: The URL schemes of the Valkey store (TLS: ``rediss``, ``valkeys``).
-VALKEY_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
-SCHEMES = ("memory", "sqlite", *VALKEY_SCHEMES)
-
-
-#: The module of each scheme's backend (imported by ``store_from_url`` on first use).
-BACKEND_MODULES = {
-    "memory": "pyrula.workflows.stores.memory",
-    "sqlite": "pyrula.workflows.stores.sqlite",
-    **{scheme: "pyrula.workflows.stores.valkey" for scheme in VALKEY_SCHEMES},
-}
-
-
-def backend_module(url: str) -> str | None:
-    """The module of the backend ``url`` names (None for a URL ``store_from_url`` refuses):
-    what a fleet's fork server imports once, before it forks the children that open it.
-    Here, in a leaf, so that the fleet names it before it imports any store."""
-    scheme = urlsplit(url).scheme.lower() if isinstance(url, str) and "://" in url else ""
-    return BACKEND_MODULES.get(scheme)
 
 
 def sqlite_file(url: str) -> str | None:

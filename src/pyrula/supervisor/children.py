@@ -16,17 +16,14 @@ import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pyrula.supervisor import trampoline
-from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV, PRELOAD_MAIN_ENV, Heartbeat, WorkerState
-
-PRELOAD_MODULE = "pyrula.supervisor.preload"
+from pyrula.supervisor import forkserver, trampoline
+from pyrula.wire import Heartbeat, WorkerState
 
 
 class ChildState(StrEnum):
@@ -99,22 +96,6 @@ class Child:
             pass
 
 
-def main_script() -> str | None:
-    """The path multiprocessing gives each child of this process as the main script to
-    run again (``__main__``'s file, made absolute as it does), or None when it gives none
-    (an interpreter run with ``-c`` or ``-m``)."""
-    main = sys.modules["__main__"]
-    if getattr(main.__spec__, "name", None) is not None:
-        return None
-    path = getattr(main, "__file__", None)
-    if not isinstance(path, str):
-        return None
-    origin = multiprocessing.process.ORIGINAL_DIR  # type: ignore[attr-defined]
-    if not os.path.isabs(path) and origin is not None:
-        path = os.path.join(origin, path)
-    return os.path.normpath(path)
-
-
 class Spawner:
     """Starts children from the fork server (or as fresh interpreters without fork)."""
 
@@ -134,13 +115,7 @@ class Spawner:
         """Preload the app in the fork server through ``preload`` (which survives an app
         that fails to import), not by name."""
         if self.method == "forkserver":
-            os.environ[PRELOAD_ENV] = ",".join(self.preload)
-            main = main_script()
-            if main is not None:
-                os.environ[PRELOAD_MAIN_ENV] = main
-            if self.check is not None:
-                os.environ[PRELOAD_CHECK_ENV] = json.dumps(self.check)
-            self._ctx.set_forkserver_preload([PRELOAD_MODULE])
+            forkserver.configure(self.preload, self.check)
 
     def checked(self, poll: float = 0.01) -> dict[str, Any] | None:
         """Wait for the fork server's app check (started by ``warm``) and return its
@@ -164,7 +139,7 @@ class Spawner:
         """Start the fork server now (it imports the app), before the supervisor opens
         sockets or threads of its own."""
         if self.method == "forkserver":
-            multiprocessing.forkserver.ensure_running()
+            forkserver.start()
 
     def reload(self) -> None:
         """Make the next children load the code anew (SIGHUP): start a new fork server."""
@@ -197,7 +172,7 @@ class Spawner:
                 server._forkserver_pid = None
                 server._forkserver_address = None
         self._set_preload()
-        multiprocessing.forkserver.ensure_running()
+        forkserver.start()
 
     def _reap_retired(self) -> None:
         """Collect the fork servers replaced by ``reload`` that have exited since."""

@@ -42,8 +42,8 @@ import signal
 import sys
 from typing import Any
 
+from pyrula.supervisor.forkserver import PRELOAD_CHECK_ENV, PRELOAD_ENV, PRELOAD_MAIN_ENV
 from pyrula.supervisor.trampoline import CHILD_PRELOADED
-from pyrula.wire import PRELOAD_CHECK_ENV, PRELOAD_ENV, PRELOAD_MAIN_ENV
 
 
 def _one_line(kind: type[BaseException], exc: BaseException, tb: object) -> None:
@@ -99,8 +99,9 @@ for _name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
 
 # What every child would do for itself after the fork, done once here (named, as the
 # children's entry is: this process is the children's side).
-try:
-    _module, _, _hook = CHILD_PRELOADED.partition(":")
-    getattr(importlib.import_module(_module), _hook)()
-except BaseException:  # each child does it for itself then, and reports what fails
-    pass
+if os.environ.get(PRELOAD_ENV):
+    try:
+        _module, _, _hook = CHILD_PRELOADED.partition(":")
+        getattr(importlib.import_module(_module), _hook)()
+    except BaseException:  # each child does it for itself then, and reports what fails
+        pass

@@ -58,7 +58,7 @@ def fork_server_spec(apps: list[str], workflows: list[str], store_url: str,
     backend, the archive where one is configured and the app's modules; the app as the
     children load it."""
     from pyrula.config.defaults import archive_configured
-    from pyrula.config.store_url import backend_module
+    from pyrula.config.schemes import backend_module
 
     backend = backend_module(store_url)
     archive = [ARCHIVE] if archive_configured(os.environ) else []
@@ -96,13 +96,14 @@ def start_early(argv: list[str]) -> None:
     if read is None:
         return
     try:
-        from pyrula.supervisor.children import Spawner
+        from pyrula.supervisor import forkserver
 
         spec = fork_server_spec(read["apps"], read["workflows"], read["store_url"],
                                 os.getcwd())
         scratch = tempfile.mkdtemp(prefix="pyrula-fleet-")
-        Spawner(spec["preload"], {**spec["check"], "report": os.path.join(scratch, REPORT)}
-                ).warm()
+        forkserver.configure(spec["preload"],
+                             {**spec["check"], "report": os.path.join(scratch, REPORT)})
+        forkserver.start()
     except Exception:  # noqa: BLE001  (the CLI starts the fork server itself, and says why)
         return
     EARLY = Early(spec, scratch)

@@ -6,15 +6,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pyrula.config.parse import redact_url
-from pyrula.config.store_url import (
-    BACKEND_MODULES,
-    SCHEMES,
-    VALKEY_SCHEMES,
-    backend_module,
-    check_url,
-    shown_url,
-    sqlite_file,
-)
+from pyrula.config.schemes import BACKEND_MODULES, SCHEMES, VALKEY_SCHEMES, backend_module
+from pyrula.config.store_url import check_url, shown_url, sqlite_file
 from pyrula.workflows.errors import ConfigurationError
 from pyrula.workflows.stores.base import Store
 
