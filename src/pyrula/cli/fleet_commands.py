@@ -262,6 +262,7 @@ def run_fleet(options: FleetOptions) -> int:
         import asyncio
 
         _serving_imports(options.store_url)  # meanwhile, while the fork server loads the app
+        spawner.start_tracker()  # then, with this process's imports done
 
         try:
             outcome = spawner.checked()

@@ -137,9 +137,15 @@ class Spawner:
 
     def warm(self) -> None:
         """Start the fork server now (it imports the app), before the supervisor opens
-        sockets or threads of its own."""
+        sockets or threads of its own; multiprocessing's resource tracker is left to
+        ``start_tracker`` (or the first spawn)."""
         if self.method == "forkserver":
-            forkserver.start()
+            forkserver.start(tracker_later=True)  # the caller starts it: start_tracker
+
+    def start_tracker(self) -> None:
+        """Start multiprocessing's resource tracker (children are handed it at spawn)."""
+        if self.method == "forkserver":
+            forkserver.start_tracker()
 
     def reload(self) -> None:
         """Make the next children load the code anew (SIGHUP): start a new fork server."""

@@ -13,6 +13,7 @@ import multiprocessing.forkserver
 import multiprocessing.process
 import os
 import sys
+from multiprocessing import resource_tracker
 from typing import Any
 
 #: The module the fork server preloads: it loads the app and the modules below itself.
@@ -59,6 +60,30 @@ def configure(preload: list[str], check: dict[str, Any] | None) -> None:
     multiprocessing.forkserver.set_forkserver_preload([PRELOAD_MODULE])
 
 
-def start() -> None:
-    """Start the fork server now, unless one is running."""
-    multiprocessing.forkserver.ensure_running()
+def start(*, tracker_later: bool = False) -> None:
+    """Start the fork server now, unless one is running.
+
+    multiprocessing starts its resource tracker (another interpreter) first. With
+    ``tracker_later`` it does not: at a fleet's start that interpreter would take a core
+    from the fork server's imports and the supervisor's, both on the way to the first
+    child. The supervisor starts it with ``start_tracker`` once its own imports are done;
+    a first spawn would start it anyway (multiprocessing does when it passes the tracker
+    to a child)."""
+    if not tracker_later:
+        multiprocessing.forkserver.ensure_running()
+        return
+    real = resource_tracker.ensure_running
+    resource_tracker.ensure_running = _not_yet
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        resource_tracker.ensure_running = real
+
+
+def _not_yet() -> None:
+    """The resource tracker's start, left for later (``start``)."""
+
+
+def start_tracker() -> None:
+    """Start multiprocessing's resource tracker, unless it is running."""
+    resource_tracker.ensure_running()

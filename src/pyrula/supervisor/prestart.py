@@ -103,7 +103,7 @@ def start_early(argv: list[str]) -> None:
         scratch = tempfile.mkdtemp(prefix="pyrula-fleet-")
         forkserver.configure(spec["preload"],
                              {**spec["check"], "report": os.path.join(scratch, REPORT)})
-        forkserver.start()
+        forkserver.start(tracker_later=True)
     except Exception:  # noqa: BLE001  (the CLI starts the fork server itself, and says why)
         return
     EARLY = Early(spec, scratch)
