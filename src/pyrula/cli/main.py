@@ -203,6 +203,9 @@ def emit(topic: str, payload: str, key: str | None, owner: str | None, store: st
          namespace: str | None) -> None:
     """Emit an event on TOPIC with the JSON payload; print its id. Workflows declared with
     trigger=BatchTrigger(TOPIC, ...) get it in a batch run (docs/triggers.md)."""
+    from pyrula.workflows.triggers import check_topic
+
+    check_topic(topic)  # a usage mistake, said before the store is opened
     value = json_argument("the payload", payload)
     click.echo(runs.client(store, namespace).emit(topic, value, key=key, owner=owner))
 
