@@ -171,8 +171,9 @@ class Triggers(Protocol):
         Taking one batch's events and queueing its run is one atomic step: an event is
         in exactly one run of ``name``, whatever fails or races. The run's params are
         ``{"topic", "events": [{"id", "key", "payload", "emitted_at"}]}``
-        (``triggers.batch_params``), its idempotency key ``triggers.batch_key``. Returns
-        the runs started, oldest batch first."""
+        (``triggers.batch_params``), its idempotency key ``triggers.batch_key``. Owners are
+        served in the order their oldest pending event was emitted (ties by owner), each
+        while it has a due batch. Returns the runs started, in that order."""
         ...
 
 

@@ -74,7 +74,7 @@ class MemoryTriggers:
         with self._state.lock:
             sub = self._route(name, topic)
             started: list[RunHandle] = []
-            for owner in sorted(sub.pending, key=lambda o: sub.pending[o][0].seq):
+            for owner in sorted(sub.pending, key=lambda o: (sub.pending[o][0].emitted_at, o)):
                 queue = sub.pending[owner]
                 while len(started) < limit and batch_due(
                     len(queue), queue[0].emitted_at if queue else None,

@@ -101,14 +101,17 @@ def _route(conn: sqlite3.Connection, name: str, topic: str) -> None:
 
 
 def _pending(conn: sqlite3.Connection, name: str, topic: str) -> list[tuple[str, int, float]]:
-    """(owner, events pending, when the oldest was emitted) per owner, oldest first."""
+    """(owner, events pending, when its oldest pending event was emitted) per owner, the
+    longest waiting first (ties by owner)."""
     rows = conn.execute(
-        "SELECT p.owner, COUNT(*), MIN(e.emitted_at), MIN(p.seq) FROM trigger_pending p "
-        "JOIN trigger_events e ON e.seq=p.seq WHERE p.name=? AND p.topic=? "
-        "GROUP BY p.owner ORDER BY MIN(p.seq)",
+        "SELECT p.owner, COUNT(*), e.emitted_at FROM trigger_pending p JOIN trigger_events e "
+        "ON e.seq=(SELECT MIN(q.seq) FROM trigger_pending q WHERE q.name=p.name "
+        "AND q.topic=p.topic AND q.owner=p.owner) WHERE p.name=? AND p.topic=? "
+        "GROUP BY p.owner",
         (name, topic),
     ).fetchall()
-    return [(str(r[0]), int(r[1]), float(r[2])) for r in rows]
+    return sorted(((str(r[0]), int(r[1]), float(r[2])) for r in rows),
+                  key=lambda row: (row[2], row[0]))
 
 
 def _oldest(conn: sqlite3.Connection, name: str, topic: str, owner: str) -> float | None:
