@@ -5,7 +5,6 @@ and queues their runs there, one script on one slot (lua/trigger.lua has the lay
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from pyrula.workflows.events import dumps
@@ -71,13 +70,12 @@ class Triggers:
             conn.keys.topic(topic), "trigger_route", name, self._copied.get((name, topic), ""),
             ROUTE_BATCH, conn.completed_ttl,
         )
-        elements: Sequence[Any] = rows[0::2]
         end = int(float(rows[-1])) if rows else int(start)
         shard = self.trigger_shard(topic)
         base = conn.keys.base_of(name, shard)
         args = ("trigger_take", name, name_hash(topic), topic, int(start), end, max_size,
                 repr(float(max_wait)), repr(float(now)), limit,
-                f"{name_hash(name)}{shard:04x}", params_prefix(topic), *elements)
+                f"{name_hash(name)}{shard:04x}", params_prefix(topic), *rows)
         clustered = await conn.clustered()
         keys = base if clustered else (base, conn.keys.ready(name), conn.keys.bell)
         found = await conn.op(keys, *args)

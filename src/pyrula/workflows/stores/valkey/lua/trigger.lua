@@ -10,7 +10,7 @@
 -- copied here), :tp:<topic hash>:q:<owner> (FIFO of pending elements of one owner),
 -- :tp:<topic hash>:owners (zset owner -> emit time of its oldest pending event).
 -- So taking a batch and queueing its run is one script on one slot; copying the log into
--- B is a compare-and-set on :wm, which a second copier (or a retry) cannot repeat.
+-- B copies only what is after :wm, so a second copier (or a retry) copies nothing twice.
 --
 -- An element is a header and the event as a batch run's params list it, on two lines:
 -- '[emitted_at, owner, key|null, event id]\n{"id":...,"key":...,"payload":...,
@@ -78,12 +78,23 @@ ops.trigger_route = function(k, a)
   return {from, rows}
 end
 
-local function trig_copy(t, elements)
-  for _, e in ipairs(elements) do
-    local h = trig_header(e)
-    local q = t .. ':q:' .. h[2]
-    if redis.call('RPUSH', q, e) == 1 then redis.call('ZADD', t .. ':owners', h[1], h[2]) end
+local function trig_copy(t, a, from)
+  -- Copy the log's events after `from` (ARGV a[13..]: element, seq, element, seq...) that
+  -- are after the mark :wm too; none if the mark is before `from` (the read would leave a
+  -- gap). Events at or below the mark were copied already: each is copied once.
+  local wm = tonumber(redis.call('GET', t .. ':wm') or '')
+  if wm ~= nil and wm < from then return end
+  local last = wm or from
+  for i = 13, #a, 2 do
+    local seq = tonumber(a[i + 1])
+    if seq > last then
+      local h = trig_header(a[i])
+      local q = t .. ':q:' .. h[2]
+      if redis.call('RPUSH', q, a[i]) == 1 then redis.call('ZADD', t .. ':owners', h[1], h[2]) end
+      last = seq
+    end
   end
+  redis.call('SET', t .. ':wm', last)
 end
 
 local function trig_start(base, t, owner, c)
@@ -110,20 +121,16 @@ end
 
 -- trigger_take (base B [, ready zset, bell list] as submit): ARGV op, name, topic hash,
 -- topic, from, to, max_size, max_wait, now, limit, run id prefix (name hash and shard),
--- params prefix ('{"topic":...,"events":['), element... -> {wm, ring 1|0, run id...}.
--- Copies the elements (the log after `from` up to `to`) unless :wm says another copy was
--- made since; then starts up to limit runs, one per due batch, oldest owner first.
+-- params prefix ('{"topic":...,"events":['), then element, seq... (the log after `from`
+-- up to `to`) -> {wm, ring 1|0, run id...}. Copies what of the log is new here
+-- (trig_copy), then starts up to limit runs, one per due batch, oldest owner first.
 ops.trigger_take = function(k, a)
   local base, th = k[1], a[3]
   local c = {name = a[2], topic = a[4], max_size = tonumber(a[7]), max_wait = tonumber(a[8]),
     now = a[9], prefix = a[11], params = a[12]}
   local t = base .. ':tp:' .. th
+  if #a > 12 then trig_copy(t, a, tonumber(a[5])) end
   local wm = redis.call('GET', t .. ':wm')
-  if #a > 12 and (wm == false or wm == a[5]) then
-    trig_copy(t, {unpack(a, 13, #a)})
-    redis.call('SET', t .. ':wm', a[6])
-    wm = a[6]
-  end
   local out = {wm or '', 0}
   local due_by = tonumber(c.now) - c.max_wait
   local owners = redis.call('ZRANGE', t .. ':owners', 0, -1, 'WITHSCORES')
