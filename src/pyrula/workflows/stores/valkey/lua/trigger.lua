@@ -33,7 +33,10 @@ ops.emit = function(k, a)
     if existing then return {existing, 0} end
     redis.call('SET', base .. ':key:' .. key, id)
   end
-  redis.call('ZADD', base .. ':log', redis.call('INCR', base .. ':seq'), element)
+  -- The seq by GET and SET (the script is atomic): the store's documented command set.
+  local seq = tonumber(redis.call('GET', base .. ':seq') or '0') + 1
+  redis.call('SET', base .. ':seq', seq)
+  redis.call('ZADD', base .. ':log', seq, element)
   return {id, 1}
 end
 
@@ -41,8 +44,9 @@ local function trig_prune(base, ttl)
   -- Drop the log's events every subscription has copied (a batch at a time); their emit
   -- keys are kept for ttl more seconds (0: for ever).
   local low = nil
-  for _, v in ipairs(redis.call('HVALS', base .. ':subs')) do
-    if low == nil or tonumber(v) < low then low = tonumber(v) end
+  local subs = redis.call('HGETALL', base .. ':subs')
+  for i = 2, #subs, 2 do
+    if low == nil or tonumber(subs[i]) < low then low = tonumber(subs[i]) end
   end
   if low == nil or low <= 0 then return end
   local old = redis.call('ZRANGEBYSCORE', base .. ':log', '-inf', low, 'LIMIT', 0, 1000)
@@ -65,7 +69,9 @@ ops.trigger_route = function(k, a)
   local from = tonumber(redis.call('HGET', subs, name) or '-1')
   if from < 0 then
     from = 0
-    if redis.call('HLEN', subs) > 0 then from = tonumber(redis.call('GET', base .. ':seq') or '0') end
+    if #redis.call('HKEYS', subs) > 0 then
+      from = tonumber(redis.call('GET', base .. ':seq') or '0')
+    end
     redis.call('HSET', subs, name, from)
   end
   if confirmed ~= '' and tonumber(confirmed) > from then
@@ -102,7 +108,7 @@ local function trig_start(base, t, owner, c)
   -- Returns the run's id and whether the doorbell must ring.
   local q = t .. ':q:' .. owner
   local taken = redis.call('LPOP', q, c.max_size)
-  local head = redis.call('LINDEX', q, 0)
+  local head = redis.call('LRANGE', q, 0, 0)[1]
   if head then
     redis.call('ZADD', t .. ':owners', trig_header(head)[1], owner)
   else
