@@ -110,6 +110,9 @@ CATALOG: dict[str, Spec] = {
         "pyrula_schedules_fired", C, "Schedule occurrences submitted."),
     "pyrula.workflows.schedules.skipped": _spec(
         "pyrula_schedules_skipped", C, "Schedule occurrences skipped, by reason.", "reason"),
+    "pyrula.workflows.triggers.started": _spec(
+        "pyrula_trigger_runs_started", C, "Runs a batch trigger started, one per batch of "
+        "events.", "workflow"),
     "pyrula.workflows.archive.lag": _spec(
         "pyrula_archive_lag_seconds", G, "How long ago the oldest ended run that may not be "
         "archived yet ended (0 when the archive has caught up)."),

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from pyrula.workflows import SQLiteStore, WorkflowContext, workflow
+from pyrula.workflows import BatchTrigger, SQLiteStore, WorkflowContext, workflow
 from pyrula.workflows.http import OPENAPI, RunRouter
 from tests.conftest import wait_until
 from tests.integration.valkey_support import make_worker, serving
@@ -48,12 +48,18 @@ async def asks(ctx: WorkflowContext, params: Any) -> Any:
     return await ctx.interrupt({"question": "ok?"})
 
 
+@workflow(name="rr.batch", trigger=BatchTrigger("rr.topic", max_size=2, max_wait=60.0))
+async def batch(ctx: WorkflowContext, params: Any) -> Any:
+    return [event["payload"] for event in params["events"]]
+
+
 def _app(db: Path) -> Starlette:
     store = SQLiteStore(str(db))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with serving(make_worker(store, [echo, fails, waits, asks])):
+        async with serving(make_worker(store, [echo, fails, waits, asks, batch],
+                                       trigger_interval=0.05)):
             yield
         store.close()
 
@@ -124,6 +130,35 @@ def test_submit_show_result_events(api: httpx.Client) -> None:
     assert events[0]["type"] == "run:submitted" and events[-1]["type"] == "run:completed"
     later = api.get(f"/{run_id}/events", params={"after_seq": events[0]["seq"]}).json()
     assert later["events"] == events[1:]
+
+
+def test_events_are_emitted_once_per_key_and_start_a_batch_run(api: httpx.Client) -> None:
+    first = api.post("/events", json={"topic": "rr.topic", "payload": {"n": 1}, "key": "e-1"})
+    assert first.status_code == 201, first.text
+    event_id = first.json()["event_id"]
+    again = api.post("/events", json={"topic": "rr.topic", "payload": {"n": 9}, "key": "e-1"})
+    assert again.status_code == 200 and again.json() == {"event_id": event_id}
+    second = api.post("/events", json={"topic": "rr.topic", "payload": None, "owner": None})
+    assert second.status_code == 201, second.text
+
+    def batch_run() -> Any:
+        runs = api.get("/", params={"workflow": "rr.batch", "status": "completed"}).json()
+        return runs["runs"]
+
+    [run] = wait_until(batch_run, timeout=20, what="the batch run")
+    assert [e["id"] for e in run["params"]["events"]] == [event_id, second.json()["event_id"]]
+    assert api.get(f"/{run['run_id']}/result").json() == {"result": [{"n": 1}, None]}
+
+
+def test_bad_events_are_refused_naming_the_field(api: httpx.Client) -> None:
+    assert _refused(api.post("/events", json={"payload": 1}), 422, "topic") == "invalid_input"
+    _refused(api.post("/events", json={"topic": "", "payload": 1}), 422, "topic")
+    _refused(api.post("/events", json={"topic": "a\nb", "payload": 1}), 422, "topic")
+    _refused(api.post("/events", json={"topic": "t"}), 422, "payload")
+    _refused(api.post("/events", json={"topic": "t", "payload": 1, "key": ""}), 422, "key")
+    _refused(api.post("/events", content=b'{"topic": "t", "payload": 1e400}'), 422, "payload")
+    _refused(api.post("/events", json={"topic": "t", "payload": "x" * (PAYLOAD_LIMIT + 1)}),
+             413, "payload")
 
 
 def test_a_failed_run_is_424_and_an_unended_one_409(api: httpx.Client) -> None:
@@ -287,7 +322,8 @@ def test_openapi_describes_every_route(api: httpx.Client) -> None:
     assert doc["openapi"].startswith("3.")
     routes = {(path, method) for path, ops in doc["paths"].items() for method in ops}
     assert routes == {
-        ("/", "post"), ("/", "get"), ("/openapi.json", "get"), ("/{run_id}", "get"),
+        ("/", "post"), ("/", "get"), ("/events", "post"), ("/openapi.json", "get"),
+        ("/{run_id}", "get"),
         ("/{run_id}/result", "get"), ("/{run_id}/events", "get"),
         ("/{run_id}/signal", "post"), ("/{run_id}/resume", "post"),
         ("/{run_id}/cancel", "post"),

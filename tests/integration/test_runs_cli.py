@@ -154,6 +154,10 @@ MISTAKES = [
     (["runs", "list", "--limit", "0"], 2, "Invalid value for '--limit'"),
     (["runs", "nosuch"], 2, "No such command 'nosuch'"),
     (["runs", "result", "0" * 32, "--timeout", "soon"], 2, "runs result --help')"),
+    (["emit", "", "{}"], 2, "a topic must be a non-empty str"),
+    (["emit", "orders", "{bad"], 2, "the payload is not JSON"),
+    (["emit", "orders"], 2, "Missing argument 'JSON'"),
+    (["emit", "orders", "1", "--key", ""], 2, "key must be a non-empty str"),
 ]
 
 
@@ -179,7 +183,8 @@ ON_A_STORE = [
     ["runs", "signal", "0" * 32, "go"], ["runs", "resume", "0" * 32], ["runs", "stuck"],
     ["runs", "submit", "rc_ok"], ["submit", "rc_ok"], ["get", "0" * 32],
     ["result", "0" * 32], ["events", "0" * 32], ["signal", "0" * 32, "go"],
-    ["cancel", "0" * 32], ["schedules", "list"], ["schedules", "delete", "s"],
+    ["cancel", "0" * 32], ["emit", "orders", "{}"], ["schedules", "list"],
+    ["schedules", "delete", "s"],
     ["schedules", "pause", "s"], ["schedules", "resume", "s"], ["schedules", "run-now", "s"],
     ["schedules", "create", "rc_ok", "--every", "60"], ["db", "check", "--postgres-dsn", "postgresql://127.0.0.1:1/x"],
 ]
@@ -224,6 +229,14 @@ def test_a_submit_no_live_worker_serves_warns_and_succeeds(empty: Cli) -> None:
         assert json.loads(proc.stdout)["name"] == "rc_nobody"
         assert proc.stderr.strip() == ("warning: no live worker serves 'rc_nobody' yet; "
                                        "the run waits until one does")
+
+
+def test_emit_prints_the_event_id_once_per_key(empty: Cli) -> None:
+    first = empty.ok("emit", "orders", '{"n": 1}', "--key", "k-1").strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", first)
+    assert empty.ok("emit", "orders", '{"n": 2}', "--key", "k-1").strip() == first
+    other = empty.ok("emit", "orders", "[1, 2]", "--owner", "acme").strip()
+    assert other != first
 
 
 # --- listing -------------------------------------------------------------------------

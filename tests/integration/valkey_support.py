@@ -298,6 +298,20 @@ async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") ->
     assert len(listed) == 3
     assert await store.aflow_control_delete("metered")
 
+    # Events: emitted (a key repeated), each taken into a batch run of its own by the
+    # store's take (twice: the second pass prunes the copied log); the runs are cancelled.
+    topic = f"{tag}vk.topic"
+    first = await client.emit(topic, {"n": 1}, key="e1")
+    assert await client.emit(topic, {"n": 1}, key="e1") == first
+    await client.emit(topic, {"n": 2}, owner="metered")
+    batches = []
+    for _ in range(2):
+        batches += await store.take_batches("vk.batch", topic, max_size=1, max_wait=60.0,
+                                            now=time.time(), limit=10)
+    assert len(batches) == 2
+    for batch in batches:
+        assert await client.cancel(batch.run_id)
+
     # Schedules: created, listed, paused and resumed, run now, fired by the worker's loop
     # (due a second after it is created, when the worker's schedule_interval is short).
     sched = Schedule.create(two_steps, every=60, params={"tag": f"{tag}sched"},

@@ -32,6 +32,7 @@ ENGINE = {
     "pyrula.workflows.records",
     "pyrula.workflows.clock",
     "pyrula.workflows.schedules",
+    "pyrula.workflows.triggers",
 }
 BACKENDS = (
     "pyrula.workflows.stores.memory",

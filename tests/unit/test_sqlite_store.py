@@ -45,7 +45,7 @@ def test_a_version_1_file_gains_the_schedules_table(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 4
+        assert _version(path) == SCHEMA_VERSION == 5
         store.schedule_create(Schedule.create("wf", "0 * * * *", schedule_id="s"))
         assert [s.schedule_id for s in store.schedule_list()] == ["s"]
     finally:
@@ -112,6 +112,36 @@ async def test_a_version_3_file_gains_suspect_seq_and_its_queued_runs_stay_ordin
         assert list(passed) == [] and passed.suspects
         again = await store.claim_suspect("w", passed.suspects, now=202.0, lock_ttl=30.0)
         assert again is not None and again.run_id == crashed.run_id and again.suspect
+    finally:
+        store.close()
+
+
+async def test_a_version_4_file_gains_the_trigger_tables(tmp_path: Path) -> None:
+    path = tmp_path / "v4.db"
+    store = SQLiteStore(path)
+    try:
+        queued, _ = await store.submit("wf", {"x": 1}, now=100.0)
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)  # what pyrula with schema 4 left behind: no trigger tables
+    try:
+        for table in ("trigger_events", "trigger_subs", "trigger_pending"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
+        conn.commit()
+    finally:
+        conn.close()
+
+    store = SQLiteStore(path)
+    try:
+        assert _version(path) == SCHEMA_VERSION
+        event_id, created = await store.emit("topic", {"n": 1}, now=200.0, key="k")
+        assert created
+        [run] = await store.take_batches("batch", "topic", max_size=1, max_wait=1.0,
+                                         now=200.0, limit=5)
+        info = await store.get_run(run.run_id)
+        assert info is not None and info.params["events"][0]["id"] == event_id
+        assert (await store.get_run(queued.run_id)) is not None  # the old run is kept
     finally:
         store.close()
 

@@ -18,6 +18,7 @@ from pyrula.cli.common import (
     NAMESPACE,
     STORE,
     existing_store,
+    json_argument,
     load_workflows,
     open_store,
     option_flags,
@@ -188,6 +189,25 @@ def submit(workflow: str, params: str, owner: str | None, idempotency_key: str |
            store: str | None, namespace: str | None) -> None:
     """Submit a run of WORKFLOW with PARAMS_JSON (same as "pyrula runs submit")."""
     runs.submit_run(workflow, params, owner, idempotency_key, store, namespace)
+
+
+@cli.command("emit")
+@click.argument("topic")
+@click.argument("payload", metavar="JSON")
+@click.option("--key", default=None, help="the event's key: a second emit with it on this "
+              "topic is the same event")
+@click.option("--owner", default=None, help="the tenant whose batch run takes the event")
+@STORE
+@NAMESPACE
+def emit(topic: str, payload: str, key: str | None, owner: str | None, store: str | None,
+         namespace: str | None) -> None:
+    """Emit an event on TOPIC with the JSON payload; print its id. Workflows declared with
+    trigger=BatchTrigger(TOPIC, ...) get it in a batch run (docs/triggers.md)."""
+    from pyrula.workflows.triggers import check_topic
+
+    check_topic(topic)  # a usage mistake, said before the store is opened
+    value = json_argument("the payload", payload)
+    click.echo(runs.client(store, namespace).emit(topic, value, key=key, owner=owner))
 
 
 @cli.command("get")

@@ -47,6 +47,8 @@ class WorkerOptions:
     stranded_policy: str = "wait"
     stranded_timeout: float = 86400.0
     schedule_interval: float = 30.0
+    #: How often the trigger loop starts runs from due batches of events (BatchTrigger).
+    trigger_interval: float = 1.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     health_port: int | None = None
     health_host: str = "127.0.0.1"
@@ -155,6 +157,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "stranded_policy": _choice("wait", "fail"),
     "stranded_timeout": _seconds(),
     "schedule_interval": _seconds(),
+    "trigger_interval": _seconds(),
     "max_payload_bytes": lambda name, value: parse_bytes(name, value, minimum=1),
     "health_port": _port,
     "health_host": _text,

@@ -38,12 +38,14 @@ if TYPE_CHECKING:
     from pyrula.workflows.stores.memory import MemoryStore
     from pyrula.workflows.stores.sqlite import SQLiteStore
     from pyrula.workflows.stores.valkey import ValkeyStore
+    from pyrula.workflows.triggers import BatchTrigger
     from pyrula.workflows.worker import WorkerOptions, WorkflowWorker
 
 #: Each public name and the module it comes from.
 _SOURCES = {
     "ArchiveSchemaMismatch": "pyrula.workflows.errors",
     "ArchivingStore": "pyrula.workflows.stores.archive",
+    "BatchTrigger": "pyrula.workflows.triggers",
     "ConfigurationError": "pyrula.workflows.errors",
     "InlineWorkflowRunner": "pyrula.workflows.inline",
     "MemoryStore": "pyrula.workflows.stores.memory",
@@ -80,6 +82,7 @@ _SOURCES = {
 __all__ = [
     "ArchiveSchemaMismatch",
     "ArchivingStore",
+    "BatchTrigger",
     "ConfigurationError",
     "InlineWorkflowRunner",
     "MemoryStore",

@@ -23,6 +23,8 @@ from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, INTERRUPT_SIGNAL,
 from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import Store
+from pyrula.workflows.stores.capabilities import Triggers, capabilities_of
+from pyrula.workflows.triggers import check_topic
 
 T = TypeVar("T")
 
@@ -40,6 +42,11 @@ def _env_payload_limit() -> int:
     if value <= 0:
         raise ConfigurationError(f"PYRULA_MAX_PAYLOAD_BYTES must be > 0, got {raw!r}")
     return value
+
+
+def _check_optional(what: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{what} must be a non-empty str or None, got {value!r}")
 
 
 class WorkflowClient:
@@ -89,19 +96,45 @@ class WorkflowClient:
         name = workflow_name(workflow)
         if params is None:
             params = {}
-        if owner is not None and (not isinstance(owner, str) or not owner):
-            raise ValueError(f"owner must be a non-empty str or None, got {owner!r}")
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key
-        ):
-            raise ValueError(
-                f"idempotency_key must be a non-empty str or None, got {idempotency_key!r}"
-            )
+        _check_optional("owner", owner)
+        _check_optional("idempotency_key", idempotency_key)
         self._payload(params, f"params for workflow {name!r}")
         handle, _ = await self.store.submit(
             name, params, now=self._clock.now(), owner=owner, idempotency_key=idempotency_key
         )
         return handle
+
+    async def emit(
+        self, topic: str, payload: Any, *, key: str | None = None, owner: str | None = None
+    ) -> str:
+        """Record an event on ``topic``; return its id. Workflows declared with
+        ``trigger=BatchTrigger(topic, ...)`` get it in the params of one of their runs.
+
+        A second emit with the same ``key`` on the same topic is the same event: it returns
+        the first one's id. Raises ValueError for an empty topic or a payload that is not
+        JSON, PayloadTooLarge above ``max_payload_bytes``."""
+        event_id, _ = await self.emit_event(topic, payload, key=key, owner=owner)
+        return event_id
+
+    async def emit_event(
+        self, topic: str, payload: Any, *, key: str | None = None, owner: str | None = None
+    ) -> tuple[str, bool]:
+        """``emit``, telling also whether this call recorded the event (False: ``key``
+        named one emitted before)."""
+        topic = check_topic(topic)
+        _check_optional("owner", owner)
+        _check_optional("key", key)
+        self._payload(payload, f"payload of the event on topic {topic!r}")
+        return await self._triggers().emit(
+            topic, payload, now=self._clock.now(), key=key, owner=owner
+        )
+
+    def _triggers(self) -> Triggers:
+        triggers = capabilities_of(self.store).triggers
+        if triggers is None:
+            raise ConfigurationError(f"{self.store!r} keeps no events: emit needs a store "
+                                     "with batch triggers (memory, SQLite, Valkey)")
+        return triggers
 
     async def served_names(self) -> list[str]:
         """Every workflow name a worker of this store has ever served, sorted (empty before
@@ -224,6 +257,11 @@ class SyncWorkflowClient:
         return self._run(
             self._client.submit(workflow, params, owner=owner, idempotency_key=idempotency_key)
         )
+
+    def emit(
+        self, topic: str, payload: Any, *, key: str | None = None, owner: str | None = None
+    ) -> str:
+        return self._run(self._client.emit(topic, payload, key=key, owner=owner))
 
     def served_names(self) -> list[str]:
         return self._run(self._client.served_names())

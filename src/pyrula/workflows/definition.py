@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
     from pyrula.workflows.context import WorkflowContext
+    from pyrula.workflows.triggers import BatchTrigger
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
@@ -91,6 +92,8 @@ class WorkflowSpec:
     name: str
     fn: Callable[..., Awaitable[Any]]
     timeout: float | None = None
+    #: Starts a run per batch of a topic's events (a ``BatchTrigger``), or None.
+    trigger: BatchTrigger | None = None
 
 
 class Registry:
@@ -242,18 +245,24 @@ def workflow(fn: F, /) -> F: ...
 
 
 @overload
-def workflow(*, name: str | None = None, timeout: float | None = None) -> Callable[[F], F]: ...
+def workflow(
+    *, name: str | None = None, timeout: float | None = None,
+    trigger: BatchTrigger | None = None,
+) -> Callable[[F], F]: ...
 
 
 def workflow(
-    fn: F | None = None, /, *, name: str | None = None, timeout: float | None = None
+    fn: F | None = None, /, *, name: str | None = None, timeout: float | None = None,
+    trigger: BatchTrigger | None = None,
 ) -> F | Callable[[F], F]:
     """Declare a workflow: ``async def wf(ctx: WorkflowContext, params) -> result``.
 
     ``name`` defaults to the function's ``__name__``; ``timeout`` (seconds) bounds the
-    whole run from its first start, sleeps and waits included.
+    whole run from its first start, sleeps and waits included. ``trigger`` (a
+    ``BatchTrigger``) starts a run per batch of a topic's events (docs/triggers.md).
     """
     _check_positive("timeout", timeout, allow_zero=False)
+    _check_trigger(trigger)
 
     def decorate(func: F) -> F:
         if not inspect.iscoroutinefunction(func):
@@ -265,6 +274,7 @@ def workflow(
             name=check_workflow_name(func.__name__ if name is None else name),
             fn=func,
             timeout=float(timeout) if timeout is not None else None,
+            trigger=trigger,
         )
         REGISTRY.add_workflow(spec)
         func.__pyrula_workflow__ = spec  # type: ignore[attr-defined]
@@ -275,6 +285,13 @@ def workflow(
     return decorate
 
 
+def _check_trigger(trigger: Any) -> None:
+    from pyrula.workflows.triggers import BatchTrigger
+
+    if trigger is not None and not isinstance(trigger, BatchTrigger):
+        raise TypeError(f"trigger must be a BatchTrigger or None, got {type(trigger).__name__}")
+
+
 #: The longest workflow name, in characters.
 MAX_NAME_LENGTH = 200
 
@@ -283,14 +300,21 @@ def check_workflow_name(name: Any) -> str:
     """``name`` if it may name a workflow, else ValueError saying why: a str of 1 to
     MAX_NAME_LENGTH characters, any of them but control characters (a newline, a tab, NUL)
     and lone surrogates (which no UTF-8 store can hold)."""
+    return check_name("workflow name", name, MAX_NAME_LENGTH)
+
+
+def check_name(what: str, name: Any, longest: int) -> str:
+    """``name`` if it may be a ``what`` (a workflow name, a topic): a str of 1 to
+    ``longest`` characters, none a control character or a lone surrogate; else ValueError
+    naming ``what`` and saying why."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"a workflow name must be a non-empty str, got {name!r}")
-    if len(name) > MAX_NAME_LENGTH:
-        raise ValueError(f"workflow name {name[:40]!r}... is {len(name)} characters, above "
-                         f"the limit of {MAX_NAME_LENGTH}")
+        raise ValueError(f"a {what} must be a non-empty str, got {name!r}")
+    if len(name) > longest:
+        raise ValueError(f"{what} {name[:40]!r}... is {len(name)} characters, above "
+                         f"the limit of {longest}")
     for char in name:
         if unicodedata.category(char) in ("Cc", "Cs"):
-            raise ValueError(f"workflow name {name!r} holds the character {char!r}: control "
+            raise ValueError(f"{what} {name!r} holds the character {char!r}: control "
                              "characters and lone surrogates are not allowed in names")
     return name
 

@@ -218,6 +218,16 @@ OPENAPI: dict[str, Any] = {
                 ],
             ),
         },
+        "/events": {"post": _operation(
+            "Emit an event (workflows with a BatchTrigger on its topic get it in a run)",
+            {"201": _answer("the event is recorded", "Emitted"),
+             "200": _answer("an event with this key was emitted on the topic before: its "
+                            "id", "Emitted")},
+            {"422": _REFUSALS["422"], "413": _PAYLOAD_REFUSALS["413"]},
+            body=_body_of({"topic": {"type": "string", "minLength": 1}, "payload": _ANY,
+                           "key": _OPTIONAL_STR, "owner": _OPTIONAL_STR},
+                          ["topic", "payload"]),
+        )},
         "/openapi.json": {"get": _operation(
             "This description", {"200": _answer("OpenAPI 3 document")}, {})},
         "/{run_id}": {"get": _operation(
@@ -258,6 +268,8 @@ OPENAPI: dict[str, Any] = {
                            "known": {"type": "array", "items": {"type": "string"},
                                      "description": "unknown_workflow: the names workers "
                                      "of the store have served"}}}}},
+        "Emitted": {"type": "object", "required": ["event_id"], "properties": {
+            "event_id": {"type": "string"}}},
         "Submitted": {"type": "object", "required": ["run_id", "workflow"], "properties": {
             "run_id": {"type": "string"}, "workflow": {"type": "string"}}},
         "Run": {"type": "object", "required": ["run_id", "name", "status"], "properties": {
@@ -300,6 +312,7 @@ class RunRouter:
         self.body_cap = 2 * self.client.max_payload_bytes + BODY_OVERHEAD_BYTES
         routes: list[BaseRoute] = [
             Route("/", self._guard(self.submit), methods=["POST"]),
+            Route("/events", self._guard(self.emit), methods=["POST"]),
             Route("/", self._guard(self.list_runs), methods=["GET"]),
             Route("/openapi.json", self._guard(self.openapi), methods=["GET"]),
             Route("/{run_id}", self._guard(self.show), methods=["GET"]),
@@ -380,6 +393,28 @@ class RunRouter:
         except ValueError as exc:
             raise _client_call("params", exc) from None
         return json_response({"run_id": handle.run_id, "workflow": handle.name}, 201)
+
+    async def emit(self, request: Request) -> Response:
+        """``POST /events``: 201 with the new event's id, 200 with the first one's when its
+        ``key`` was emitted on the topic before."""
+        body = await _body(request, self.body_cap)
+        topic = body.get("topic")
+        if not isinstance(topic, str) or not topic:
+            raise bad_input("topic", "required, a non-empty string")
+        if "payload" not in body:
+            raise bad_input("payload", "required, any JSON value")
+        key = _optional_str(body, "key")
+        owner = _optional_str(body, "owner")
+        try:
+            event_id, created = await self.client.emit_event(
+                topic, body["payload"], key=key, owner=owner
+            )
+        except PayloadTooLarge:
+            raise
+        except ValueError as exc:
+            raise _client_call("payload" if str(exc).startswith("payload") else "topic",
+                               exc) from None
+        return json_response({"event_id": event_id}, 201 if created else 200)
 
     async def list_runs(self, request: Request) -> Response:
         limit = _integer(request, "limit", DEFAULT_LIST_LIMIT, 1, MAX_LIST_LIMIT)

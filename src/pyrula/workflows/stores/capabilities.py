@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pyrula.workflows.events import Event
-    from pyrula.workflows.records import RunInfo
+    from pyrula.workflows.records import RunHandle, RunInfo
 
 
 @runtime_checkable
@@ -137,6 +137,46 @@ class ShardMap(Protocol):
         ...
 
 
+@runtime_checkable
+class Triggers(Protocol):
+    """A store that keeps events and starts batch runs from them (``BatchTrigger``).
+
+    Each workflow triggered by a topic is a subscription of it with events pending for it:
+    the first subscription of a topic finds every event emitted to it so far pending;
+    one made while the topic has another finds those emitted from then on. Every
+    subscription gets every event emitted after it was made (two workflows triggered by
+    one topic each get each event)."""
+
+    async def emit(
+        self, topic: str, payload: Any, *, now: float, key: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[str, bool]:
+        """Record one event on ``topic`` emitted at ``now``; return (its id, created).
+
+        Atomic with the key check: a second emit with the same ``(topic, key)`` returns
+        the first event's id and ``created`` False (the key is remembered while its event
+        is kept)."""
+        ...
+
+    async def take_batches(
+        self, name: str, topic: str, *, max_size: int, max_wait: float, now: float,
+        limit: int,
+    ) -> list[RunHandle]:
+        """Start up to ``limit`` runs of workflow ``name``, one per due batch of the
+        events of ``topic`` pending for it (subscribing it first if it is not yet): a
+        batch is due when ``max_size`` events of one owner are pending, or the oldest has
+        waited ``max_wait``; it holds that owner's oldest pending events, at most
+        ``max_size``, in emit order, and its run has their owner.
+
+        Taking one batch's events and queueing its run is one atomic step: an event is
+        in exactly one run of ``name``, whatever fails or races. The run's params are
+        ``{"topic", "events": [{"id", "key", "payload", "emitted_at"}]}``
+        (``triggers.batch_params``), its idempotency key ``triggers.batch_key``. Owners are
+        served in the order their oldest pending event was emitted (ties by owner), each
+        while it has a due batch. Returns the runs started, in that order."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """The optional abilities of one store, resolved once (None: the store lacks it)."""
@@ -151,6 +191,7 @@ class Capabilities:
     finished_reader: FinishedReader | None = None
     queue_stats: QueueStats | None = None
     shard_map: ShardMap | None = None
+    triggers: Triggers | None = None
 
 
 @runtime_checkable
@@ -175,4 +216,5 @@ def capabilities_of(store: object) -> Capabilities:
         finished_reader=store if isinstance(store, FinishedReader) else None,
         queue_stats=store if isinstance(store, QueueStats) else None,
         shard_map=store if isinstance(store, ShardMap) else None,
+        triggers=store if isinstance(store, Triggers) else None,
     )

@@ -59,6 +59,7 @@ from pyrula.workflows.worker.schedules import ScheduleLoop
 from pyrula.workflows.worker.shutdown import Draining, shut_down
 from pyrula.workflows.worker.store_loops import ClockLoop, ReconcileLoop, ShardLeaseLoop
 from pyrula.workflows.worker.timers import TimerLoop
+from pyrula.workflows.worker.triggers import trigger_loops
 from pyrula.workflows.worker.usercode import UserCodeTracker
 
 if TYPE_CHECKING:
@@ -416,6 +417,9 @@ class WorkflowWorker:
             loops.append(ReconcileLoop(caps.reconcile, self.worker_id, names, o, self.metrics))
         if caps.shard_leases is not None:
             loops.append(ShardLeaseLoop(caps.shard_leases, self.worker_id, names, o))
+        loops += trigger_loops(self._specs, caps.triggers, self.metrics, self._log,
+                               interval=o.trigger_interval, runtime=self._rt,
+                               store_shown=repr(self.store))
         tasks = [asyncio.create_task(self._rt.beat(), name="pyrula-heartbeat")]
         tasks += [
             asyncio.create_task(self._supervise(loop), name=f"pyrula-{loop.name}")

@@ -25,6 +25,7 @@ from pyrula.workflows.stores.memory.queue import MemoryQueue
 from pyrula.workflows.stores.memory.reads import MemoryReads
 from pyrula.workflows.stores.memory.schedules import MemorySchedules
 from pyrula.workflows.stores.memory.state import MemoryState
+from pyrula.workflows.stores.memory.triggers import MemoryTriggers
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class MemoryStore(SyncAdmin):
         self._reads = MemoryReads(self._state)
         self._membership = MemoryMembership(self._state)
         self._schedules = MemorySchedules(self._state)
+        self._triggers = MemoryTriggers(self._state)
         self._binding: tuple[str | None, str | None] = (None, None)
 
     # the work queue
@@ -134,6 +136,10 @@ class MemoryStore(SyncAdmin):
     schedules_due = _Via("_schedules", MemorySchedules.schedules_due)
     schedule_advance = _Via("_schedules", MemorySchedules.schedule_advance)
     schedule_set_paused = _Via("_schedules", MemorySchedules.schedule_set_paused)
+
+    # events and batch triggers (Triggers)
+    emit = _Via("_triggers", MemoryTriggers.emit)
+    take_batches = _Via("_triggers", MemoryTriggers.take_batches)
 
     # lifecycle
 

@@ -189,9 +189,11 @@ def enqueue_suspect(conn: sqlite3.Connection, run_id: str, now: float) -> None:
 def new_run(
     conn: sqlite3.Connection, name: str, params: Any, owner: str, now: float,
     idempotency_key: str | None, start_id: str | None, predecessor: str | None = None,
+    run_id: str | None = None,
 ) -> str:
-    """Insert a run, journal its ``run:submitted`` and queue it; its id."""
-    run_id = new_run_id(now)
+    """Insert a run (``run_id``, else a new id), journal its ``run:submitted`` and queue
+    it; its id."""
+    run_id = run_id or new_run_id(now)
     conn.execute(
         "INSERT INTO runs(run_id, name, owner, params, status, attempt, created_at, "
         "updated_at, idempotency_key, start_id, journal_len, crashes, signal_seq) "

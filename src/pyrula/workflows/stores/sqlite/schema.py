@@ -14,10 +14,10 @@ from pyrula.workflows.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Versions this schema upgrades in place (2 added the schedules table, 3 runs.queued_at,
-#: 4 runs.suspect_seq).
-ADDITIVE_FROM = frozenset({1, 2, 3})
+#: 4 runs.suspect_seq, 5 the trigger_* tables of events and batch triggers).
+ADDITIVE_FROM = frozenset({1, 2, 3, 4})
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -92,6 +92,34 @@ SCHEMA = (
     )""",
     """CREATE INDEX IF NOT EXISTS schedules_due
         ON schedules(name, next_run_at) WHERE paused = 0""",
+    # Events (client.emit): ``seq`` is the emit order of every topic's log.
+    """CREATE TABLE IF NOT EXISTS trigger_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_id TEXT NOT NULL UNIQUE,
+        topic TEXT NOT NULL,
+        key TEXT,
+        owner TEXT NOT NULL DEFAULT '',
+        payload BLOB NOT NULL,
+        emitted_at REAL NOT NULL
+    )""",
+    """CREATE UNIQUE INDEX IF NOT EXISTS trigger_events_key
+        ON trigger_events(topic, key) WHERE key IS NOT NULL""",
+    """CREATE INDEX IF NOT EXISTS trigger_events_topic ON trigger_events(topic, seq)""",
+    # A workflow triggered by a topic: the log's events up to ``routed`` are pending for it
+    # (in trigger_pending until a batch takes them) or predate it.
+    """CREATE TABLE IF NOT EXISTS trigger_subs (
+        name TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        routed INTEGER NOT NULL,
+        PRIMARY KEY (name, topic)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS trigger_pending (
+        name TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        PRIMARY KEY (name, topic, owner, seq)
+    ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS flow_control (
         owner TEXT PRIMARY KEY,
         max_concurrent INTEGER,

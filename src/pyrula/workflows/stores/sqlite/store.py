@@ -47,6 +47,7 @@ from pyrula.workflows.stores.sqlite.membership import Membership
 from pyrula.workflows.stores.sqlite.queue import WorkQueue
 from pyrula.workflows.stores.sqlite.reads import Reads, Wakeups
 from pyrula.workflows.stores.sqlite.schedules import Schedules
+from pyrula.workflows.stores.sqlite.triggers import EventTriggers
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class SQLiteStore(SyncAdmin):
         self._membership = Membership(db, calls, wakeups)
         self._flow = FlowLimits(db, calls)
         self._schedules = Schedules(db, calls)
+        self._triggers = EventTriggers(db, calls)
         db.connection()  # fail fast on an unusable path
 
     @classmethod
@@ -320,6 +322,22 @@ class SQLiteStore(SyncAdmin):
     ) -> bool:
         return await self._schedules.schedule_set_paused(
             schedule_id, paused, next_run_at=next_run_at
+        )
+
+    # --- events and batch triggers (Triggers) ----------------------------------------
+
+    async def emit(
+        self, topic: str, payload: Any, *, now: float, key: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[str, bool]:
+        return await self._triggers.emit(topic, payload, now=now, key=key, owner=owner)
+
+    async def take_batches(
+        self, name: str, topic: str, *, max_size: int, max_wait: float, now: float,
+        limit: int,
+    ) -> list[RunHandle]:
+        return await self._triggers.take_batches(
+            name, topic, max_size=max_size, max_wait=max_wait, now=now, limit=limit
         )
 
     # --- lifecycle ------------------------------------------------------------------

@@ -28,10 +28,21 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:meta                     hash     shards:<name> -> shard_count; binding.*; flow:<owner>;
                                            served:<name> (a worker has served it)
     <ns>:workers                  hash     live worker -> {names, expires} (membership)
+    <ns>:{tp.<t>}:log            zset     a topic's events: seq -> element (emit order)
+    <ns>:{tp.<t>}:seq            string   the topic's last seq
+    <ns>:{tp.<t>}:key:<key>      string   an emit key -> its event id
+    <ns>:{tp.<t>}:subs           hash     triggered workflow -> seq its copy reached
+    <ns>:{<h>.<s>}:tp:<t>:wm     string   a triggered workflow's copy of the log reached this
+    <ns>:{<h>.<s>}:tp:<t>:q:<o>  list     its events pending, of one owner (emit order)
+    <ns>:{<h>.<s>}:tp:<t>:owners zset     owners with events pending -> oldest emit time
     <ns>:{schedules}:s:<id>       hash     a schedule: def (JSON), name, paused, next, last_run,
                                            last_run_at
     <ns>:{schedules}:ids          zset     every schedule id (score 0: listed by id)
     <ns>:{schedules}:due:<name>   zset     unpaused schedules of a workflow -> next_run_at
+
+``<t>`` is the topic's hash; a workflow's events pending from a topic are kept on the
+shard its batch runs are queued on (``trigger_shard``), so that taking a batch and
+queueing its run is one script on one slot (see lua/trigger.lua).
 
 Every schedule lives in the one slot of ``{schedules}``, so each schedule operation is one
 script call, in a cluster too.
@@ -113,6 +124,10 @@ class KeySpace:
 
     def flow(self, owner: str) -> str:
         return f"{self.ns}:{{flow.{owner_hash(owner)}}}"
+
+    def topic(self, topic: str) -> str:
+        """The base key of a topic's events (one slot per topic)."""
+        return f"{self.ns}:{{tp.{name_hash(topic)}}}"
 
     @property
     def schedules(self) -> str:

@@ -46,6 +46,7 @@ from pyrula.workflows.stores.valkey.queue import Queue
 from pyrula.workflows.stores.valkey.reads import Reads
 from pyrula.workflows.stores.valkey.registry import Registry
 from pyrula.workflows.stores.valkey.schedules import Schedules
+from pyrula.workflows.stores.valkey.triggers import Triggers
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class ValkeyStore(SyncAdmin):
                                  self.reads)
         self.control = Control(conn, self.doorbell)
         self.schedules = Schedules(conn)
+        self.triggers = Triggers(conn, self.registry, self.doorbell)
 
     def __repr__(self) -> str:
         return (f"ValkeyStore({self.connection.where()!r}, namespace={self.namespace!r}, "
@@ -175,6 +177,22 @@ class ValkeyStore(SyncAdmin):
 
     async def wait_for_work(self, names: Sequence[str], timeout: float) -> bool:
         return await self.doorbell.wait_for_work(names, timeout)
+
+    # --- events and batch triggers (Triggers) ----------------------------------------
+
+    async def emit(
+        self, topic: str, payload: Any, *, now: float, key: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[str, bool]:
+        return await self.triggers.emit(topic, payload, now=now, key=key, owner=owner)
+
+    async def take_batches(
+        self, name: str, topic: str, *, max_size: int, max_wait: float, now: float,
+        limit: int,
+    ) -> list[RunHandle]:
+        return await self.triggers.take_batches(
+            name, topic, max_size=max_size, max_wait=max_wait, now=now, limit=limit
+        )
 
     # --- attempts -------------------------------------------------------------------
 

@@ -88,6 +88,22 @@ local function enqueue(base, id, owner, now, fresh)
   return rang
 end
 
+local function new_run(base, id, name, owner, params, now, idem, start_id)
+  -- Create a queued run (the idempotency key checked first). Returns the run's id, whether
+  -- this call created it, and whether the shard's doorbell must ring (see enqueue).
+  if idem ~= '' then
+    local existing = redis.call('GET', base .. ':idem:' .. idem)
+    if existing then return existing, false, false end
+    redis.call('SET', base .. ':idem:' .. idem, id)
+  end
+  if start_id == '' then start_id = id end
+  redis.call('HSET', runk(base, id), 'name', name, 'owner', owner, 'params', params,
+    'status', 'queued', 'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', idem,
+    'start_id', start_id)
+  redis.call('ZADD', base .. ':index', now, id)
+  return id, true, enqueue(base, id, owner, now, true)
+end
+
 local function dequeue(base, id, owner)
   local q = base .. ':q:' .. owner
   if redis.call('LREM', q, 1, id) == 0 then redis.call('LREM', base .. ':suspects', 1, id) end

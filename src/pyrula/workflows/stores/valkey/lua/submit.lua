@@ -8,17 +8,9 @@
 ops.submit = function(k, a)
   local base, id, name, owner, params, now, idem, start_id =
     k[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]
-  if idem ~= '' then
-    local existing = redis.call('GET', base .. ':idem:' .. idem)
-    if existing then return {existing, 0, 0} end
-    redis.call('SET', base .. ':idem:' .. idem, id)
-  end
-  if start_id == '' then start_id = id end
-  redis.call('HSET', runk(base, id), 'name', name, 'owner', owner, 'params', params,
-    'status', 'queued', 'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', idem,
-    'start_id', start_id)
-  redis.call('ZADD', base .. ':index', now, id)
-  if not enqueue(base, id, owner, now, true) then return {id, 1, 0} end
+  local run_id, created, rings = new_run(base, id, name, owner, params, now, idem, start_id)
+  if not created then return {run_id, 0, 0} end
+  if not rings then return {id, 1, 0} end
   if k[2] == nil then return {id, 1, 1} end
   ring(k[2], k[3], id, now)
   return {id, 1, 0}
