@@ -73,7 +73,11 @@ SEEN_ALL = {s: 100.0 for s in range(8)}
                      {"limit": 16, "held": [2], "seen": SEEN_ALL},
                      [(2, 8), (1, 8)], id="own-shards-before-a-newer-ring-on-another-workers"),
         pytest.param([(0, 100.0), (1, 200.0)], {"limit": 8, "cursor": {OTHER: 0}},
-                     [(1, 8)], id="a-shard-never-visited-counts-as-rung-since-the-last-visit"),
+                     [(0, 8)], id="shards-never-visited-oldest-ring-first-the-oldest-runs"),
+        pytest.param([(0, 100.0), (1, 300.0), (2, 50.0), (3, 200.0), (4, 250.0)],
+                     {"limit": 32, "seen": {0: 90.0, 1: 250.0}},
+                     [(2, 8), (1, 8), (4, 8), (3, 8)],
+                     id="the-oldest-never-visited-then-rung-since-seen-newest-first"),
     ],
 )
 def test_first_round(rings: Rings, options: dict[str, Any],

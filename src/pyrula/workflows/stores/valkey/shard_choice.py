@@ -5,8 +5,12 @@ last claim stopped (the cursor) and which rings this store has seen; the claim r
 A claim visits the rung shards, own (leased) shards first. Within each group, first the
 shards rung since this store last visited them, newest ring first: a shard rings when an
 owner's queue appears on it, and deficit round robin serves that owner next there, so a
-newcomer waits one claim, not a round over every shard. Then the others in turn from where
-this store's last claim of the name stopped: every rung shard is visited within a round.
+newcomer waits one claim, not a round over every shard. Ahead of them, the one shard this
+store never visited whose ring is oldest: a shard rings when its queue starts, so each
+claim of a fresh worker (a deploy, a scale-up, a fleet started on a backlog) also takes
+from the queue that started first, and the runs queued first are not the last to run, at
+the cost of one shard's visit to a newcomer. Then the others in turn from where this
+store's last claim of the name stopped: every rung shard is visited within a round.
 (A random pick leaves some shard unvisited for many claims, and with it a small owner whom
 deficit round robin serves next.)
 
@@ -95,15 +99,23 @@ def candidates(rings: Sequence[tuple[str, Sequence[tuple[str, float]]]],
 
 def order(found: Sequence[Candidate], *, cursor: Cursor, seen: Seen,
           shard_count: int) -> list[Candidate]:
-    """``found`` in the order a claim visits them: by group; in each, the shards rung
-    since last seen, newest first, then the others from the group's cursor on."""
+    """``found`` in the order a claim visits them: by group; in each, the shard never
+    visited with the oldest ring, then the shards rung since last seen (never visited
+    included), newest first, then the others from the group's cursor on."""
 
     def key(c: Candidate) -> tuple[Group, int, float]:
         if c.rung > seen.get((c.name, c.shard), -1.0):
             return c.group, 0, -c.rung
         return c.group, 1, float((c.shard - cursor[(c.name, c.group)]) % shard_count)
 
-    return sorted(found, key=key)
+    ordered = sorted(found, key=key)
+    never = [c for c in ordered if (c.name, c.shard) not in seen]
+    if never:  # the oldest ring of the shards never visited leads its group
+        oldest = min(never, key=lambda c: (c.group, c.rung))
+        ordered.remove(oldest)
+        ordered.insert(next(i for i, c in enumerate(ordered + [oldest])
+                            if c.group >= oldest.group), oldest)
+    return ordered
 
 
 def first_round(ordered: Sequence[Candidate], limit: int) -> list[Visit]:
