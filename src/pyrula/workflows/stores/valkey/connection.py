@@ -27,6 +27,8 @@ from pyrula.workflows.stores.valkey.resp import (
     AsyncIO,
     Command,
     Durability,
+    Endpoint,
+    LinkOptions,
     ReplyError,
     SyncIO,
     parse_durability,
@@ -102,18 +104,8 @@ class Connection:
         replica_timeout: float | None = None,
     ) -> None:
         self.url, self.tls = _url(url)
-        if namespace is not None:
-            ns = parse_namespace("namespace", namespace)
-        else:
-            from_env = os.environ.get("PYRULA_VALKEY_NAMESPACE")
-            ns = ("default" if not from_env else
-                  parse_namespace("PYRULA_VALKEY_NAMESPACE", from_env))
-        self.namespace = ns
-        if isinstance(shard_count, bool) or not isinstance(shard_count, int) or not (
-            1 <= shard_count <= 4096
-        ):
-            raise ConfigurationError(f"shard_count must be an int in 1..4096, got {shard_count!r}")
-        self.shard_count = shard_count
+        self.namespace = _namespace(namespace)
+        self.shard_count = _shard_count(shard_count)
         if cluster not in (None, True, False):
             raise ConfigurationError(f"cluster must be None, True or False, got {cluster!r}")
         self.cluster = cluster
@@ -122,30 +114,11 @@ class Connection:
         ):
             raise ConfigurationError(f"completed_ttl must be seconds >= 0, got {completed_ttl!r}")
         self.completed_ttl = int(completed_ttl)
-        check = eviction_policy_check or os.environ.get("PYRULA_VALKEY_EVICTION_CHECK") or "error"
-        if check not in tuple(EvictionCheck):
-            raise ConfigurationError(
-                f"eviction_policy_check must be one of {', '.join(EvictionCheck)}, got {check!r}"
-            )
-        self.eviction_policy_check = EvictionCheck(check)
-        self.keys = KeySpace(ns)
+        self.eviction_policy_check = _eviction_check(eviction_policy_check)
+        self.keys = KeySpace(self.namespace)
         self._max_connections = max_connections
-        try:
-            self._seed, self.link_options = parse_url(self.url, socket_timeout)
-        except ValueError as exc:
-            raise ConfigurationError(f"ValkeyStore url {redact_url(url)!r}: {exc}") from None
-        if durability is not None or replica_timeout is not None:
-            # A value given in code wins over the URL's.
-            try:
-                given = self.link_options
-                chosen, seconds = parse_durability(
-                    durability if durability is not None else given.durability,
-                    replica_timeout if replica_timeout is not None else given.replica_timeout,
-                    socket_timeout)
-            except ValueError as exc:
-                raise ConfigurationError(f"ValkeyStore: {exc}") from None
-            self.link_options = replace(self.link_options, durability=chosen,
-                                        replica_timeout=seconds)
+        self._seed, self.link_options = _links(url, self.url, socket_timeout, durability,
+                                               replica_timeout)
         self.durability: Durability = self.link_options.durability
         self._mode = ClusterMode(cluster_mode(self._seed.host, cluster))
         self._lock = threading.Lock()
@@ -390,3 +363,47 @@ async def _closer(router: Router) -> AsyncIterator[None]:
 
 def _noscript(result: Any) -> bool:
     return isinstance(result, ReplyError) and result.code == "NOSCRIPT"
+
+
+def _namespace(given: str | None) -> str:
+    """The namespace given, else ``PYRULA_VALKEY_NAMESPACE``, else ``default``; checked."""
+    if given is not None:
+        return parse_namespace("namespace", given)
+    from_env = os.environ.get("PYRULA_VALKEY_NAMESPACE")
+    return "default" if not from_env else parse_namespace("PYRULA_VALKEY_NAMESPACE", from_env)
+
+
+def _shard_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise ConfigurationError(f"shard_count must be an int in 1..4096, got {value!r}")
+    return value
+
+
+def _eviction_check(given: str | None) -> EvictionCheck:
+    """The eviction-policy check given, else ``PYRULA_VALKEY_EVICTION_CHECK``, else error."""
+    check = given or os.environ.get("PYRULA_VALKEY_EVICTION_CHECK") or "error"
+    if check not in tuple(EvictionCheck):
+        raise ConfigurationError(
+            f"eviction_policy_check must be one of {', '.join(EvictionCheck)}, got {check!r}"
+        )
+    return EvictionCheck(check)
+
+
+def _links(given_url: str, url: str, socket_timeout: float, durability: str | None,
+           replica_timeout: float | None) -> tuple[Endpoint, LinkOptions]:
+    """The seed node and the link options of ``url``; a durability or replica timeout
+    given in code wins over the URL's."""
+    try:
+        seed, options = parse_url(url, socket_timeout)
+    except ValueError as exc:
+        raise ConfigurationError(f"ValkeyStore url {redact_url(given_url)!r}: {exc}") from None
+    if durability is None and replica_timeout is None:
+        return seed, options
+    try:
+        chosen, seconds = parse_durability(
+            durability if durability is not None else options.durability,
+            replica_timeout if replica_timeout is not None else options.replica_timeout,
+            socket_timeout)
+    except ValueError as exc:
+        raise ConfigurationError(f"ValkeyStore: {exc}") from None
+    return seed, replace(options, durability=chosen, replica_timeout=seconds)
