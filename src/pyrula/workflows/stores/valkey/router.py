@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyrula.errors import ConfigurationError, StoreUnavailable
@@ -227,75 +227,86 @@ class Router:
         results: list[Any] = [None] * len(commands)
         todo = list(range(len(commands)))
         asking: dict[int, Endpoint] = {}
-        deadline: float | None = None
-        delay = 0.025
+        settling = _Settling()
         for _ in range(_MAX_ROUNDS):
             if not todo:
                 break
-            groups: dict[Endpoint, list[int]] = {}
-            for i in todo:
-                where = asking.get(i)
-                if where is None:
-                    key = keys[i]
-                    where = await self._node(key) if key is not None else self._seed
-                groups.setdefault(where, []).append(i)
+            groups = await self._groups(todo, keys, asking)
             sent = await self._io.gather([
                 self._send_group(where, [commands[i] for i in idx], [i in asking for i in idx],
                                  wait)
                 for where, idx in groups.items()
             ])
-            again: list[int] = []
-            settle = False
-            last: BaseException | ReplyError | None = None
-            for (where, idx), replies in zip(groups.items(), sent, strict=True):
-                for i, reply in zip(idx, replies, strict=True):
-                    asking.pop(i, None)
-                    if isinstance(reply, ReplyError):
-                        code = reply.code
-                        if code == "MOVED":
-                            self._moved(reply)
-                            again.append(i)
-                            continue
-                        if code == "ASK":
-                            asking[i] = _address(reply)
-                            again.append(i)
-                            continue
-                        if code in _SETTLING:
-                            settle, last = True, reply
-                            again.append(i)
-                            continue
-                    elif isinstance(reply, ConnectFailed) or (
-                        isinstance(reply, LinkLost) and idempotent
-                    ):
-                        settle, last = True, reply
-                        again.append(i)
-                        continue
-                    elif isinstance(reply, LinkLost):
-                        results[i] = self._unavailable(where, reply)
-                        continue
-                    results[i] = reply
+            again, last = self._sort_replies(groups, sent, results, asking, idempotent)
             if not again:
                 break
-            if settle:
-                now = time.monotonic()
-                deadline = deadline if deadline is not None else now + self._options.timeout
-                if now > deadline:
-                    for i in again:
-                        results[i] = (last if isinstance(last, ReplyError)
-                                      else self._unavailable(self._seed, last))
-                    break
-                await self._io.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                try:
-                    await self._refresh()
-                except StoreUnavailable:
-                    pass  # no node answers yet: the deadline decides
+            if last is not None and not await self._settle(settling):
+                for i in again:  # the cluster did not settle within the timeout
+                    results[i] = (last if isinstance(last, ReplyError)
+                                  else self._unavailable(self._seed, last))
+                break
             todo = again
         else:
             for i in todo:  # redirected in circles: a cluster that disagrees with itself
                 results[i] = StoreUnavailable(
                     f"Valkey cluster at {self._seed} kept redirecting a command")
         return results
+
+    async def _groups(self, todo: Sequence[int], keys: Sequence[str | None],
+                      asking: Mapping[int, Endpoint]) -> dict[Endpoint, list[int]]:
+        """The commands ``todo`` by the node each goes to: its key's, the one an ASK named,
+        or the seed for a command without a key."""
+        groups: dict[Endpoint, list[int]] = {}
+        for i in todo:
+            where = asking.get(i)
+            if where is None:
+                key = keys[i]
+                where = await self._node(key) if key is not None else self._seed
+            groups.setdefault(where, []).append(i)
+        return groups
+
+    def _sort_replies(self, groups: Mapping[Endpoint, list[int]], sent: Sequence[Any],
+                      results: list[Any], asking: dict[int, Endpoint], idempotent: bool,
+                      ) -> tuple[list[int], BaseException | ReplyError | None]:
+        """Put each final reply in ``results``; the commands to send again (redirected, or
+        caught while the cluster moves or a node is down), and the last reason to wait for
+        it to settle (None: only redirects, send again at once)."""
+        again: list[int] = []
+        last: BaseException | ReplyError | None = None
+        for (where, idx), replies in zip(groups.items(), sent, strict=True):
+            for i, reply in zip(idx, replies, strict=True):
+                asking.pop(i, None)
+                if isinstance(reply, ReplyError) and reply.code == "MOVED":
+                    self._moved(reply)
+                    again.append(i)
+                elif isinstance(reply, ReplyError) and reply.code == "ASK":
+                    asking[i] = _address(reply)
+                    again.append(i)
+                elif (isinstance(reply, ReplyError) and reply.code in _SETTLING) or isinstance(
+                        reply, ConnectFailed) or (isinstance(reply, LinkLost) and idempotent):
+                    last = reply
+                    again.append(i)
+                elif isinstance(reply, LinkLost):
+                    results[i] = self._unavailable(where, reply)
+                else:
+                    results[i] = reply
+        return again, last
+
+    async def _settle(self, settling: _Settling) -> bool:
+        """Wait (backing off) for the cluster to settle and read its slots again; False
+        once ``timeout`` has passed since the first wait of this call."""
+        now = time.monotonic()
+        if settling.deadline is None:
+            settling.deadline = now + self._options.timeout
+        if now > settling.deadline:
+            return False
+        await self._io.sleep(settling.delay)
+        settling.delay = min(settling.delay * 2, 0.5)
+        try:
+            await self._refresh()
+        except StoreUnavailable:
+            pass  # no node answers yet: the deadline decides
+        return True
 
     async def _send_group(self, where: Endpoint, commands: Sequence[Command],
                           asking: Sequence[bool], wait: Command | None = None) -> list[Any]:
@@ -495,3 +506,12 @@ def _address(reply: ReplyError) -> Endpoint:
     target = str(reply).split()[-1]
     host, _, port = target.rpartition(":")
     return Endpoint(host.strip("[]") or "127.0.0.1", int(port))
+
+
+class _Settling:
+    """One call's wait for a cluster to settle: its deadline, once it started, and the
+    next pause (doubling from 25 ms to 0.5 s)."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.delay = 0.025
