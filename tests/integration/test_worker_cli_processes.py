@@ -211,14 +211,15 @@ def test_a_bad_option_value_in_the_environment_fails_the_start(workers: Workers)
     assert "worker_started" not in log
 
 
-def test_a_cloud_key_without_the_client_fails_the_start_unless_no_cloud(
+def test_a_cloud_key_that_does_not_parse_fails_the_start_unless_no_cloud(
     workers: Workers,
 ) -> None:
     env = child_env(PYRULA_CLOUD_API_KEY="x")
     refused = workers.start(env=env, name="refused")
     assert refused.wait() == 2
     log = refused.log()
-    assert "error: " in log and "pyrula-cloud-client is not installed" in log
+    assert "error: PYRULA_CLOUD_API_KEY is not a pyrula Cloud key" in log
+    assert "Traceback" not in log
     assert "worker_started" not in log
 
     accepted = workers.start("--no-cloud", env=env, name="accepted")
@@ -232,7 +233,7 @@ def test_the_cloud_key_refusal_is_a_configuration_error_raised_by_run(
 ) -> None:
     monkeypatch.setenv("PYRULA_CLOUD_API_KEY", "x")
     worker = WorkflowWorker(store=MemoryStore())
-    with pytest.raises(ConfigurationError, match="pyrula-cloud-client is not installed"):
+    with pytest.raises(ConfigurationError, match="PYRULA_CLOUD_API_KEY is not a pyrula Cloud"):
         asyncio.run(worker.run())
     assert worker.state == "starting"  # refused before any loop started
 
@@ -252,14 +253,14 @@ def test_dev_drains_with_a_3_s_grace_and_a_2_s_cancel_timeout(
     assert worker.wait(timeout=15) == 0
     events = {e["message"].split(" ")[1]: e for e in worker.json_events()
               if e.get("event") == "shutdown"}
-    assert "waiting up to 3.0 s for 1 in-flight runs" in events["2/5"]["message"]
-    assert _seconds(events["2/5"], events["3/5"]) >= 2.9  # the grace was served
+    assert "waiting up to 3.0 s for 1 in-flight runs" in events["2/6"]["message"]
+    assert _seconds(events["2/6"], events["3/6"]) >= 2.9  # the grace was served
     assert "waiting up to 2.0 s for 0 store calls and 1 calls still in a thread" in (
-        events["4/5"]["message"])
+        events["4/6"]["message"])
     stuck = [e for e in worker.json_events()
              if e.get("event") == "worker_thread_calls_still_running"]
     assert len(stuck) == 1 and "after 2.0 s" in stuck[0]["message"]
-    assert _seconds(events["4/5"], stuck[0]) >= 1.9  # the cancel timeout was served
+    assert _seconds(events["4/6"], stuck[0]) >= 1.9  # the cancel timeout was served
     assert client.events(run.run_id)[-1]["reason"] == "shutdown"
 
 

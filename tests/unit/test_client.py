@@ -307,11 +307,11 @@ async def test_deployment_modes_runner_returns_the_journal(runner: InlineWorkflo
     assert events[-1]["result"] == {"x": 2}
 
 
-def test_cloud_key_without_client_is_a_configuration_error(
+def test_cloud_key_that_does_not_parse_is_a_configuration_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PYRULA_CLOUD_API_KEY", "k-123")
     runner = InlineWorkflowRunner(store=MemoryStore())
-    with pytest.raises(ConfigurationError, match="pyrula-cloud-client"):
+    with pytest.raises(ConfigurationError, match="PYRULA_CLOUD_API_KEY is not a pyrula Cloud"):
         asyncio.run(runner.start())
     asyncio.run(InlineWorkflowRunner(store=MemoryStore(), cloud=False).start())

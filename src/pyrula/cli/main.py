@@ -13,6 +13,7 @@ import click
 from pyrula import logs
 from pyrula.apps import AppError
 from pyrula.cli import runs
+from pyrula.cli.cloud import cloud
 from pyrula.cli.common import (
     CLUSTER,
     NAMESPACE,
@@ -114,6 +115,7 @@ cli.command(
 
 
 cli.add_command(schedules)
+cli.add_command(cloud)
 
 
 def _restart() -> None:

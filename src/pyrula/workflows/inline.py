@@ -11,9 +11,9 @@ import os
 import socket
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyrula.config.cloud import check_cloud
+from pyrula.config.cloud import cloud_config
 from pyrula.workflows.build import serving_build
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
@@ -24,7 +24,11 @@ from pyrula.workflows.events import Event
 from pyrula.workflows.records import ClaimedRun
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.memory import MemoryStore
+from pyrula.workflows.worker.attempts import report_attempt
 from pyrula.workflows.worker.pool import default_pool_size
+
+if TYPE_CHECKING:
+    from pyrula.cloud.connector import CloudConnector
 
 
 class InlineWorkflowRunner:
@@ -49,6 +53,7 @@ class InlineWorkflowRunner:
         self._started = False
         self._executor: ThreadPoolExecutor | None = None
         self._build: str | None = None
+        self._connector: CloudConnector | None = None
 
     @property
     def build(self) -> str:
@@ -62,15 +67,37 @@ class InlineWorkflowRunner:
         return self._build
 
     async def start(self) -> None:
-        """Check the configuration now (Cloud key included) instead of on the first run."""
-        if not self._started:
-            check_cloud(self._cloud)
-            self._started = True
+        """Check the configuration and, with a Cloud key set, connect now instead of on
+        the first ``run()``/``run_next()`` (for a host that must report from its start)."""
+        if self._started:
+            return
+        config = cloud_config(self._cloud)
+        self._started = True
+        if config is not None:
+            from pyrula.cloud.connector import CloudConnector
+
+            self._connector = CloudConnector(config, self.client, self._cloud_source,
+                                             self._served, {"worker_id": self.worker_id})
+            await self._connector.start()
 
     async def aclose(self) -> None:
+        """Send what the Cloud connector holds (within PYRULA_CLOUD_DRAIN_DEADLINE_S) and
+        release the step threads."""
+        connector, self._connector = self._connector, None
+        if connector is not None:
+            await connector.drain()
+        self._started = False
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+    def _served(self) -> list[str]:
+        return sorted(REGISTRY.workflows() if self._only is None else self._only)
+
+    def _cloud_source(self) -> dict[str, Any]:
+        return {"kind": "inline", "worker_id": self.worker_id, "fleet": None,
+                "host": socket.gethostname(), "pid": os.getpid(), "state": "ready",
+                "workflows": self._served(), "build": self.build}
 
     def _spec(self, name: str) -> WorkflowSpec:
         if self._only is not None and name not in self._only:
@@ -107,7 +134,7 @@ class InlineWorkflowRunner:
         """Run the next queued run of a served workflow to its frontier, or return None.
         A suspect is run once no ordinary run is queued (one run at a time: it runs alone)."""
         await self.start()
-        names = sorted(REGISTRY.workflows() if self._only is None else self._only)
+        names = self._served()
         now, ttl = self._clock.now(), self._settings.lock_ttl
         claimed = await self.store.claim(self.worker_id, names, limit=1, now=now,
                                          lock_ttl=ttl, build=self.build)
@@ -127,5 +154,8 @@ class InlineWorkflowRunner:
             spec, claimed, journal, self.store,
             executor=self._pool(), clock=self._clock, settings=self._settings,
         )
+        report = self._connector.report if self._connector is not None else None
+        report_attempt(report, claimed)
         outcome = await attempt.run()
+        report_attempt(report, claimed, outcome.journal)
         return [dict(e) for e in outcome.journal]

@@ -214,14 +214,25 @@ def test_a_bad_environment_value_is_ignored_when_code_gives_the_option(
     assert make_worker(WorkerOptions(claim_poll_interval=0.2)).options.claim_poll_interval == 0.2
 
 
-async def test_a_cloud_key_without_the_client_refuses_to_start(
+async def test_a_cloud_key_that_does_not_parse_refuses_to_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PYRULA_CLOUD_API_KEY", "pk_test_123")
     worker = make_worker(fast_options(health_port=0))  # the key is checked at start
-    with pytest.raises(ConfigurationError, match="pyrula-cloud-client"):
+    with pytest.raises(ConfigurationError, match="PYRULA_CLOUD_API_KEY is not a pyrula Cloud"):
         await worker.run()
     assert worker.health_address is None  # refused before anything was started
+
+
+async def test_a_bad_cloud_drain_deadline_refuses_to_start_even_without_a_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PYRULA_CLOUD_API_KEY", raising=False)
+    monkeypatch.setenv("PYRULA_CLOUD_DRAIN_DEADLINE_S", "5s")
+    worker = make_worker(fast_options(health_port=0))
+    with pytest.raises(ConfigurationError, match="PYRULA_CLOUD_DRAIN_DEADLINE_S.*'5s'"):
+        await worker.run()
+    assert worker.health_address is None
 
 
 async def test_cloud_false_ignores_the_key_and_serves(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,23 @@ _ENDED: dict[OutcomeKind, str | None] = {
 REPLAY_CHECK_TIMEOUT_S = 1.0
 
 
+#: ``report(run_id, workflow, events)``: must not block or raise (it queues).
+Reporter = Callable[[str, str, list[Event]], None]
+
+
+def report_attempt(report: Reporter | None, claimed: ClaimedRun,
+                   journal: list[Event] | None = None) -> None:
+    """Report the entries the claim returned, or (``journal``, after the attempt) the
+    entries written since them."""
+    if report is None:
+        return
+    if journal is None:
+        report(claimed.run_id, claimed.name, list(claimed.journal))
+        return
+    since = max((int(e.get("seq", 0)) for e in claimed.journal), default=claimed.base_seq)
+    report(claimed.run_id, claimed.name, [e for e in journal if int(e.get("seq", 0)) > since])
+
+
 class JournalCacheMismatch(RuntimeError):
     """PYRULA_JOURNAL_CACHE_VERIFY found a cached journal that differs from the store."""
 
@@ -80,6 +97,8 @@ class AttemptParts:
     generation: Generation
     #: Exports the trace of each run an attempt ends (``span_exporter``), or None.
     traces: TraceExports | None = None
+    #: Hears the journal entries each attempt saw and wrote (the Cloud connector), or None.
+    report: Reporter | None = None
 
 
 class AttemptRunner:
@@ -137,6 +156,7 @@ class AttemptRunner:
                 logger.critical("journal_cache_mismatch: %s", exc, extra=run_log)
                 self._rt.fail(exc)
                 return
+            report_attempt(p.report, claimed)
             if await self._refused(spec, claimed, journal, run_log):
                 return
             attempt = Attempt(
@@ -149,6 +169,7 @@ class AttemptRunner:
                 attempt.stand_down(reason)  # the shutdown stood the others down meanwhile
             p.generation.hand_back_if_retiring(attempt)  # claimed as the worker retired
             outcome = await attempt.run()
+            report_attempt(p.report, claimed, outcome.journal)
             await self._after(claimed, outcome, run_log)
         except JournalCorrupt as exc:
             await self._fail_corrupt(claimed, exc, run_log)

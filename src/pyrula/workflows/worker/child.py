@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -137,6 +138,8 @@ def main(config: dict[str, Any], conn: Connection) -> None:
         worker = WorkflowWorker(store=backend, workflows=chosen, options=options,
                                 on_claimed=report_claim, on_user_code=report_user_code)
         worker.store_shown = shown_url(config["store_url"])
+        # The fork server is the fleet's own (one per fleet): its pid names the fleet.
+        worker.fleet = f"{socket.gethostname()}-{os.getppid()}"
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
         _boot_failed(conn, f"{type(exc).__name__}: {exc}", _app_traceback(exc))
         return

@@ -1,4 +1,4 @@
-"""A worker's shutdown: five ordered steps, each with its own bound, logged as it begins.
+"""A worker's shutdown: six ordered steps, each with its own bound, logged as it begins.
 
 1. Stop claiming: ``stopping`` is set, so every loop ends after its pass (nothing waits).
 2. Wait up to ``shutdown_grace`` for the runs in flight, and for a claim already sent to
@@ -13,8 +13,12 @@
 5. Within one ``cancel_timeout``: end the background loops, release the shards (a sharded
    store) and unregister.
 
-So a drain lasts at most ``shutdown_grace + 3 × cancel_timeout`` whatever the store does
-(a store call that never answers included): no step waits on a bound of its own.
+6. Within ``PYRULA_CLOUD_DRAIN_DEADLINE_S`` (a Cloud key set): the connector sends what
+   it holds (the requeues of step 3 included), then spools the critical events left.
+
+So a drain lasts at most ``shutdown_grace + 3 × cancel_timeout`` (plus the connector's
+deadline) whatever the store or the collector does (a call that never answers
+included): no step waits on a bound of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pyrula.cloud.connector import CloudConnector
     from pyrula.config.worker import WorkerOptions
     from pyrula.workflows.worker.attempts import AttemptRunner
     from pyrula.workflows.worker.claim import ClaimLoop
@@ -75,17 +80,20 @@ class Draining:
     release: Callable[[], Awaitable[None]]
     #: Whether the store is sharded (step 5 has shards to release).
     sharded: bool
+    #: The Cloud connector step 6 drains, or None.
+    cloud: CloudConnector | None = None
     #: Cancelled by step 3 and still running: step 4 waits for them.
     cancelled: set[asyncio.Future[Any]] = field(default_factory=set)
 
 
 async def shut_down(d: Draining) -> None:
-    """Run the five steps in order (see the module's docstring)."""
-    logger.info("shutdown: 1/5 stop claiming", extra={"event": "shutdown", **d.log})
+    """Run the six steps in order (see the module's docstring)."""
+    logger.info("shutdown: 1/6 stop claiming", extra={"event": "shutdown", **d.log})
     await _grace(d)
     await _stand_down(d)
     await _outliving(d)
     await _release(d)
+    await _cloud_drain(d)
 
 
 def _in_flight(d: Draining) -> set[asyncio.Future[Any]]:
@@ -96,7 +104,7 @@ async def _grace(d: Draining) -> None:
     """Step 2: the runs in flight (and those of a claim already sent) may finish."""
     o = d.options
     deadline = Deadline(o.shutdown_grace)
-    logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
+    logger.info("shutdown: 2/6 waiting up to %.1f s for %d in-flight runs",
                 o.shutdown_grace, len(_in_flight(d)), extra={"event": "shutdown", **d.log})
     # A claim already sent is let finish rather than cut in half: cancelled mid-call, it
     # would leave runs locked in the store that this worker never learns of (step 3 puts
@@ -111,7 +119,7 @@ async def _stand_down(d: Draining) -> None:
     pending = _in_flight(d)
     claiming = not d.claim.done()
     logger.log(logging.WARNING if pending or claiming else logging.INFO,
-               "shutdown: 3/5 cancelling %d runs still in flight%s", len(pending),
+               "shutdown: 3/6 cancelling %d runs still in flight%s", len(pending),
                " and a claim that has not answered" if claiming else "",
                extra={"event": "shutdown", **d.log})
     if claiming:  # its runs, locked here but never held, are put back below
@@ -140,7 +148,7 @@ async def _outliving(d: Draining) -> None:
     o = d.options
     deadline = Deadline(o.cancel_timeout)
     busy = d.pool.busy if d.pool is not None else 0
-    logger.info("shutdown: 4/5 waiting up to %.1f s for %d store calls and %d calls still "
+    logger.info("shutdown: 4/6 waiting up to %.1f s for %d store calls and %d calls still "
                 "in a thread", o.cancel_timeout, len(d.cancelled), busy,
                 extra={"event": "shutdown", **d.log})
     if d.pool is not None:
@@ -180,7 +188,7 @@ def _threads_end(d: Draining, deadline: Deadline) -> bool:
 async def _release(d: Draining) -> None:
     """Step 5: end the background loops, then release the shards and unregister."""
     deadline = Deadline(d.options.cancel_timeout)
-    logger.info("shutdown: 5/5 %s", "releasing shards" if d.sharded else
+    logger.info("shutdown: 5/6 %s", "releasing shards" if d.sharded else
                 "no shards to release (the store is not sharded)",
                 extra={"event": "shutdown", **d.log})
     for task in d.background:
@@ -193,3 +201,14 @@ async def _release(d: Draining) -> None:
                        "the shard leases lapse after shard_lease_ttl, the registration "
                        "by itself",
                        d.options.cancel_timeout, extra={"event": "shutdown", **d.log})
+
+
+async def _cloud_drain(d: Draining) -> None:
+    """Step 6: the Cloud connector sends what it holds within its own deadline."""
+    if d.cloud is None:
+        logger.info("shutdown: 6/6 no Cloud connector to drain",
+                    extra={"event": "shutdown", **d.log})
+        return
+    logger.info("shutdown: 6/6 sending the Cloud connector's events (up to %.1f s)",
+                d.cloud.config.drain_deadline_s, extra={"event": "shutdown", **d.log})
+    await d.cloud.drain()

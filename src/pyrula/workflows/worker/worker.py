@@ -3,8 +3,9 @@
 ``run()`` starts the loops and blocks until ``stop()``; then the shutdown sequence runs in
 order: stop claiming → wait up to ``shutdown_grace`` for in-flight runs → cancel the rest
 together within ``cancel_timeout`` → wait up to ``cancel_timeout`` for store calls and sync
-steps still going → release shards (``worker.shutdown``). The class installs no signal
-handlers; entry points do.
+steps still going → release shards → give the Cloud connector (when a key is set)
+``PYRULA_CLOUD_DRAIN_DEADLINE_S`` to send what it holds (``worker.shutdown``). The class
+installs no signal handlers; entry points do.
 
 The probe server outlives ``run()``: /livez answers for as long as the process (its event
 loop) lives, so an app that embeds the worker is not read as dead once the worker has
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pyrula.config.cloud import check_cloud
+from pyrula.config.cloud import cloud_config
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import ConfigurationError, WorkflowNotFound
 from pyrula.health_http import ProbeServer
@@ -65,6 +66,7 @@ from pyrula.workflows.worker.usercode import UserCodeTracker
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
+    from pyrula.cloud.connector import CloudConnector
     from pyrula.workflows.worker.traces import TraceExports
 
 __all__ = ["JournalCacheMismatch", "WorkflowWorker"]
@@ -153,6 +155,10 @@ class WorkflowWorker:
         self._closing: asyncio.Event | None = None
         self.metrics = Metrics()
         self._cloud = cloud
+        #: The Cloud connector while ``run()`` serves with a key set (``worker.cloud``).
+        self._connector: CloudConnector | None = None
+        #: The fleet this worker is a child of (its Cloud reports group by it), or None.
+        self.fleet: str | None = None
         self._clock = clock
         self._poison = PoisonPolicy(o.poison_max_retries, o.poison_retry_ttl_s)
         self._log = {"worker_id": self.worker_id}
@@ -283,7 +289,7 @@ class WorkflowWorker:
     async def run(self) -> None:
         """Serve until ``stop()``. Raises ConfigurationError before any loop starts for
         what only the server can show, and re-raises a fatal loop error after shutdown."""
-        check_cloud(self._cloud)
+        cloud = cloud_config(self._cloud)
         if not self._specs:
             raise ConfigurationError(
                 "no @workflow is registered: import your workflow modules before "
@@ -312,6 +318,11 @@ class WorkflowWorker:
         if not ready:  # stopped while waiting for the store
             rt.state = WorkerState.STOPPED
             return
+        if cloud is not None:
+            from pyrula.workflows.worker.cloud import worker_connector
+
+            self._connector = worker_connector(cloud, self)
+            await self._connector.start()
         self._pool = StepPool(worker_id=self.worker_id, on_saturated=lambda: self.metrics.inc(
             "pyrula.workflows.step_threads.saturated"))
         self._runner = self._attempt_runner(self._pool)
@@ -363,6 +374,7 @@ class WorkflowWorker:
             user_code=self._user_code, timers=self._timers,
             metrics=self.metrics, log=self._log, worker_id=self.worker_id,
             generation=self.generation, traces=self._traces,
+            report=self._connector.report if self._connector is not None else None,
         ), self._rt)
 
     async def _prepare_store(self) -> None:
@@ -458,8 +470,9 @@ class WorkflowWorker:
             options=self.options, log=self._log, claim=claim, claim_loop=self._claim,
             runner=self._runner, runs=self._runs, pool=self._pool, renewer=self._renewer,
             traces=self._traces, background=background, release=self._release,
-            sharded=self._caps.shard_leases is not None,
+            sharded=self._caps.shard_leases is not None, cloud=self._connector,
         ))
+        self._connector = None
         self._rt.state = WorkerState.STOPPED
         logger.info("worker_stopped: %s", self.worker_id,
                     extra={"event": "worker_stopped", **self._log})

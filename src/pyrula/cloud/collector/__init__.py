@@ -1,0 +1,1 @@
+"""``pyrula cloud serve``: the collector that fleets, workers and runners report to."""
