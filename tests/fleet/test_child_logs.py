@@ -18,7 +18,7 @@ def test_each_childs_drain_lines_name_its_slot_and_pid_in_text(fleets: Fleets) -
     assert fleet.wait() == 0
     for slot, pid in children.items():
         tagged = [line for line in fleet.log().splitlines()
-                  if f"[slot {slot} pid {pid}] " in line and "shutdown: 2/6" in line]
+                  if f"[slot {slot} pid {pid}] " in line and "shutdown: 2/5" in line]
         assert len(tagged) == 1, fleet.log()[-4000:]
         assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO +"
                         r"\[slot \d+ pid \d+\] pyrula\.", tagged[0])
@@ -34,5 +34,5 @@ def test_each_childs_json_lines_carry_slot_and_pid(fleets: Fleets) -> None:
     assert fleet.wait() == 0
     lines = [json.loads(line) for line in fleet.log().splitlines() if line.startswith("{")]
     drained = {(e["slot"], e["pid"]) for e in lines
-               if e.get("event") == "shutdown" and e["message"].startswith("shutdown: 2/6")}
+               if e.get("event") == "shutdown" and e["message"].startswith("shutdown: 2/5")}
     assert drained == set(children.items()), lines[-20:]

@@ -253,14 +253,14 @@ def test_dev_drains_with_a_3_s_grace_and_a_2_s_cancel_timeout(
     assert worker.wait(timeout=15) == 0
     events = {e["message"].split(" ")[1]: e for e in worker.json_events()
               if e.get("event") == "shutdown"}
-    assert "waiting up to 3.0 s for 1 in-flight runs" in events["2/6"]["message"]
-    assert _seconds(events["2/6"], events["3/6"]) >= 2.9  # the grace was served
+    assert "waiting up to 3.0 s for 1 in-flight runs" in events["2/5"]["message"]
+    assert _seconds(events["2/5"], events["3/5"]) >= 2.9  # the grace was served
     assert "waiting up to 2.0 s for 0 store calls and 1 calls still in a thread" in (
-        events["4/6"]["message"])
+        events["4/5"]["message"])
     stuck = [e for e in worker.json_events()
              if e.get("event") == "worker_thread_calls_still_running"]
     assert len(stuck) == 1 and "after 2.0 s" in stuck[0]["message"]
-    assert _seconds(events["4/6"], stuck[0]) >= 1.9  # the cancel timeout was served
+    assert _seconds(events["4/5"], stuck[0]) >= 1.9  # the cancel timeout was served
     assert client.events(run.run_id)[-1]["reason"] == "shutdown"
 
 

@@ -135,11 +135,11 @@ async def test_the_five_steps_run_in_order_and_a_run_within_grace_completes(
     run = await worker.client.submit(wshut_async, {"key": key})
     await await_until(lambda: key in ENTERED, what="the run in its step")
     worker.stop()
-    await await_until(lambda: "2/6" in shutdown_steps(caplog), what="the grace period")
+    await await_until(lambda: "2/5" in shutdown_steps(caplog), what="the grace period")
     assert not task.done()
     gate.set()
     await asyncio.wait_for(task, 30)
-    assert shutdown_steps(caplog) == ["1/6", "2/6", "3/6", "4/6", "5/6", "6/6"]
+    assert shutdown_steps(caplog) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
     assert sharded.released == [worker.worker_id]
     assert sharded.pool_idle_at_release is True
     info = await worker.client.get(run.run_id)
@@ -154,7 +154,7 @@ async def test_an_idle_worker_also_logs_every_step(
     worker = WorkflowWorker(store=store, workflows=[wshut_async], options=fast_options())
     task = await start(worker)
     await stop(worker, task)
-    assert shutdown_steps(caplog) == ["1/6", "2/6", "3/6", "4/6", "5/6", "6/6"]
+    assert shutdown_steps(caplog) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
 
 
 async def test_runs_past_the_grace_are_requeued_with_reason_shutdown(
@@ -235,7 +235,7 @@ async def test_a_hung_sync_step_is_logged_and_run_still_returns(
     await await_until(lambda: key in ENTERED, what="the sync step running")
     await stop(worker, task, deadline=10.0)  # grace + 2 x cancel_timeout, with room
     assert len(logged(caplog, "worker_thread_calls_still_running")) == 1
-    assert shutdown_steps(caplog) == ["1/6", "2/6", "3/6", "4/6", "5/6", "6/6"]
+    assert shutdown_steps(caplog) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
     events = await worker.client.events(run.run_id)
     assert [e["reason"] for e in of_type(events, "run:requeued")] == ["shutdown"]
     assert (await worker.client.get(run.run_id)).status is RunStatus.QUEUED
@@ -310,7 +310,7 @@ async def test_a_claim_in_flight_when_the_worker_stops_is_finished_and_its_runs_
     capture(caplog)
     key, held, worker, task, run = await _claim_held_back(store, "inflight")
     worker.stop()
-    await await_until(lambda: "1/6" in shutdown_steps(caplog), what="stop claiming")
+    await await_until(lambda: "1/5" in shutdown_steps(caplog), what="stop claiming")
     held.reply.set()
     await asyncio.wait_for(task, 30)
     # Cut in half, the claim would leave the run locked by a worker that never knew it.
@@ -417,6 +417,6 @@ async def test_a_drain_whose_store_calls_hang_ends_within_its_bound(
         ASYNC_GATES[key].set()
     assert took < grace + 3 * cancel + 1.0, took
     assert {"requeue", "requeue_unheld", "unregister_worker"} <= set(hang.hung)
-    assert shutdown_steps(caplog) == ["1/6", "2/6", "3/6", "4/6", "5/6", "6/6"]
+    assert shutdown_steps(caplog) == ["1/5", "2/5", "3/5", "4/5", "5/5"]
     assert claim_cut(caplog)
     assert len(logged(caplog, "worker_store_calls_still_running")) == 1

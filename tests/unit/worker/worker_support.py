@@ -77,7 +77,7 @@ def capture(caplog: pytest.LogCaptureFixture) -> None:
 def claim_cut(caplog: pytest.LogCaptureFixture) -> bool:
     """Whether a shutdown had to cancel a claim loop that had not ended by itself within
     the grace (step 3 says so)."""
-    return any(r.getMessage().startswith("shutdown: 3/6")
+    return any(r.getMessage().startswith("shutdown: 3/5")
                and "a claim that has not answered" in r.getMessage() for r in caplog.records)
 
 

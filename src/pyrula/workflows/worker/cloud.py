@@ -1,4 +1,5 @@
-"""The worker's Cloud connector: built when ``run()`` starts, drained as shutdown's step 6."""
+"""The worker's Cloud connector: built when ``run()`` starts, drained after the shutdown's
+five steps."""
 
 from __future__ import annotations
 

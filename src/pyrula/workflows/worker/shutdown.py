@@ -1,4 +1,5 @@
-"""A worker's shutdown: six ordered steps, each with its own bound, logged as it begins.
+"""A worker's shutdown: five ordered steps, each with its own bound, logged as it begins,
+then the Cloud connector's drain where there is one.
 
 1. Stop claiming: ``stopping`` is set, so every loop ends after its pass (nothing waits).
 2. Wait up to ``shutdown_grace`` for the runs in flight, and for a claim already sent to
@@ -13,8 +14,8 @@
 5. Within one ``cancel_timeout``: end the background loops, release the shards (a sharded
    store) and unregister.
 
-6. Within ``PYRULA_CLOUD_DRAIN_DEADLINE_S`` (a Cloud key set): the connector sends what
-   it holds (the requeues of step 3 included), then spools the critical events left.
+Then, within ``PYRULA_CLOUD_DRAIN_DEADLINE_S`` (a Cloud key set), the connector sends what
+it holds (the requeues of step 3 included), then spools the critical events left.
 
 So a drain lasts at most ``shutdown_grace + 3 × cancel_timeout`` (plus the connector's
 deadline) whatever the store or the collector does (a call that never answers
@@ -80,7 +81,7 @@ class Draining:
     release: Callable[[], Awaitable[None]]
     #: Whether the store is sharded (step 5 has shards to release).
     sharded: bool
-    #: The Cloud connector step 6 drains, or None.
+    #: The Cloud connector drained after step 5, or None.
     cloud: CloudConnector | None = None
     #: Cancelled by step 3 and still running: step 4 waits for them.
     cancelled: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -88,7 +89,7 @@ class Draining:
 
 async def shut_down(d: Draining) -> None:
     """Run the six steps in order (see the module's docstring)."""
-    logger.info("shutdown: 1/6 stop claiming", extra={"event": "shutdown", **d.log})
+    logger.info("shutdown: 1/5 stop claiming", extra={"event": "shutdown", **d.log})
     await _grace(d)
     await _stand_down(d)
     await _outliving(d)
@@ -104,7 +105,7 @@ async def _grace(d: Draining) -> None:
     """Step 2: the runs in flight (and those of a claim already sent) may finish."""
     o = d.options
     deadline = Deadline(o.shutdown_grace)
-    logger.info("shutdown: 2/6 waiting up to %.1f s for %d in-flight runs",
+    logger.info("shutdown: 2/5 waiting up to %.1f s for %d in-flight runs",
                 o.shutdown_grace, len(_in_flight(d)), extra={"event": "shutdown", **d.log})
     # A claim already sent is let finish rather than cut in half: cancelled mid-call, it
     # would leave runs locked in the store that this worker never learns of (step 3 puts
@@ -119,7 +120,7 @@ async def _stand_down(d: Draining) -> None:
     pending = _in_flight(d)
     claiming = not d.claim.done()
     logger.log(logging.WARNING if pending or claiming else logging.INFO,
-               "shutdown: 3/6 cancelling %d runs still in flight%s", len(pending),
+               "shutdown: 3/5 cancelling %d runs still in flight%s", len(pending),
                " and a claim that has not answered" if claiming else "",
                extra={"event": "shutdown", **d.log})
     if claiming:  # its runs, locked here but never held, are put back below
@@ -148,7 +149,7 @@ async def _outliving(d: Draining) -> None:
     o = d.options
     deadline = Deadline(o.cancel_timeout)
     busy = d.pool.busy if d.pool is not None else 0
-    logger.info("shutdown: 4/6 waiting up to %.1f s for %d store calls and %d calls still "
+    logger.info("shutdown: 4/5 waiting up to %.1f s for %d store calls and %d calls still "
                 "in a thread", o.cancel_timeout, len(d.cancelled), busy,
                 extra={"event": "shutdown", **d.log})
     if d.pool is not None:
@@ -188,7 +189,7 @@ def _threads_end(d: Draining, deadline: Deadline) -> bool:
 async def _release(d: Draining) -> None:
     """Step 5: end the background loops, then release the shards and unregister."""
     deadline = Deadline(d.options.cancel_timeout)
-    logger.info("shutdown: 5/6 %s", "releasing shards" if d.sharded else
+    logger.info("shutdown: 5/5 %s", "releasing shards" if d.sharded else
                 "no shards to release (the store is not sharded)",
                 extra={"event": "shutdown", **d.log})
     for task in d.background:
@@ -204,11 +205,10 @@ async def _release(d: Draining) -> None:
 
 
 async def _cloud_drain(d: Draining) -> None:
-    """Step 6: the Cloud connector sends what it holds within its own deadline."""
+    """After the five steps: the Cloud connector sends what it holds within its own
+    deadline (logged only where there is a connector)."""
     if d.cloud is None:
-        logger.info("shutdown: 6/6 no Cloud connector to drain",
-                    extra={"event": "shutdown", **d.log})
         return
-    logger.info("shutdown: 6/6 sending the Cloud connector's events (up to %.1f s)",
+    logger.info("shutdown: then the Cloud connector sends its events (up to %.1f s)",
                 d.cloud.config.drain_deadline_s, extra={"event": "shutdown", **d.log})
     await d.cloud.drain()
