@@ -57,6 +57,11 @@ APP = textwrap.dedent(
     @workflow(name="rc_ask")
     async def ask(ctx, params):
         return {"answer": await ctx.interrupt({"question": "ok?"})}
+
+
+    @workflow(name="rc_patched")
+    async def patched(ctx, params):
+        return {"new": ctx.patched("fix-tax"), "doubled": await double(params["x"])}
     '''
 )
 
@@ -288,6 +293,17 @@ def test_submit_result_show_and_events(served: Cli) -> None:
     journal = served.json("runs", "events", run_id)
     assert journal == served.json("events", run_id)
     assert journal[-1]["type"] == "run:completed"
+
+
+def test_show_names_the_patches_a_run_took(served: Cli) -> None:
+    run_id = json.loads(served.ok("runs", "submit", "rc_patched", '{"x": 1}'))["run_id"]
+    assert json.loads(served.ok("runs", "result", run_id, "--timeout", "20"))["new"] is True
+    shown = served.ok("runs", "show", run_id)
+    assert re.search(r"Z  patch fix-tax applied \(call 1\)\n.*step double \(call 2\)", shown)
+    data = served.json("runs", "show", run_id, "--json")
+    assert [e for e in data["timeline"] if e["kind"] == "patch"] == [
+        {"kind": "patch", "patch": "fix-tax", "call": 1, "at": data["timeline"][1]["at"]}]
+    assert [e["type"] for e in served.json("runs", "events", run_id)][2] == "patch:applied"
 
 
 def test_a_failed_run_is_retried_once_from_its_params(served: Cli) -> None:

@@ -197,6 +197,10 @@ def _attempt(attempt: Attempt, position: int, history: History) -> SpanPlan:
             plan.error = str(note.get("message"))
         if "pid" in detail or "exit_signal" in detail:
             plan.events.append(("child_killed", ts, _evidence(detail, _EVIDENCE)))
+    for mark in history.patches:
+        if mark.attempt == position:
+            plan.events.append(("patch_applied", mark.at,
+                                {"pyrula.patch": mark.patch, "pyrula.call": mark.call}))
     if history.final is not None and position == len(history.attempts) - 1 \
             and history.final["type"] == EventType.RUN_ERROR and plan.error is None:
         plan.error = str(history.final.get("message"))
