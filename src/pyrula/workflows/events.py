@@ -34,6 +34,8 @@ class EventType(StrEnum):
     RUN_ERROR = "run:error"
     RUN_CANCELLED = "run:cancelled"
     RUN_CONTINUED = "run:continued"
+    #: A fork's first attempt seeded it (``from_run``, ``from_step``, ``from_call``).
+    RUN_FORKED = "run:forked"
     #: ``ctx.patched(patch_id)`` took the patched branch here (its marker: ``patch``, the id).
     PATCH_APPLIED = "patch:applied"
 
