@@ -306,6 +306,36 @@ def test_show_names_the_patches_a_run_took(served: Cli) -> None:
     assert [e["type"] for e in served.json("runs", "events", run_id)][2] == "patch:applied"
 
 
+def test_fork_reuses_the_steps_before_the_one_named(served: Cli) -> None:
+    run_id = json.loads(served.ok("runs", "submit", "rc_ok", '{"x": 3}'))["run_id"]
+    assert json.loads(served.ok("runs", "result", run_id, "--timeout", "20")) == {"doubled": 12}
+
+    forked = served.json("runs", "fork", run_id, "--from-step", "2", "--params", '{"x": 5}',
+                         "--json")
+    assert (forked["forks"], forked["from_step"], forked["workflow"]) == (run_id, 2, "rc_ok")
+    # the first double (3 -> 6) is reused, the second runs on the new params' run: 6 -> 12
+    assert json.loads(served.ok("runs", "result", forked["run_id"], "--timeout", "20")) == \
+        {"doubled": 12}
+    again = served.ok("runs", "fork", run_id, "--from-step", "double", "--params", '{"x": 5}')
+    assert re.fullmatch(rf"run \S+ forks run {run_id} from step double\n", again)
+    new_id = again.split()[1]
+    assert json.loads(served.ok("runs", "result", new_id, "--timeout", "20")) == {"doubled": 20}
+    shown = served.ok("runs", "show", forked["run_id"])
+    assert f"forked from run {run_id} at step double (call 2), reusing 1 step call(s)" in shown
+
+
+def test_fork_names_what_it_cannot_fork(served: Cli) -> None:
+    run_id = json.loads(served.ok("runs", "submit", "rc_ok", '{"x": 1}'))["run_id"]
+    served.ok("runs", "result", run_id, "--timeout", "20")
+    _refused(served("runs", "fork", run_id, "--from-step", "triple"), 1,
+             f"error: run {run_id} never called a step named 'triple' (its steps: double)")
+    _refused(served("runs", "fork", run_id, "--from-step", "3"), 1,
+             "made 2 step call(s); from_step 3 is not a position among them (1..2)")
+    _refused(served("runs", "fork", "nope", "--from-step", "1"), 1, "no run with id 'nope'")
+    _refused(served("runs", "fork", run_id, "--from-step", "1", "--params", "{x"), 2,
+             "error: --params is not JSON")
+
+
 def test_a_failed_run_is_retried_once_from_its_params(served: Cli) -> None:
     run_id = json.loads(served.ok("submit", "rc_fail", '{"x": 7}', "--owner", "acme"))["run_id"]
     proc = served("runs", "result", run_id, "--timeout", "20")

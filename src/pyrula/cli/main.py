@@ -26,6 +26,7 @@ from pyrula.cli.common import (
     serve,
     worker_options,
 )
+from pyrula.cli.forks import fork_command
 from pyrula.cli.runs import runs as runs_group
 from pyrula.cli.schedules import schedules
 from pyrula.config.fleet import resolve_store_url
@@ -175,6 +176,7 @@ def _watch_for_changes(worker: Any, interval: float = 0.5) -> None:
 
 # --- driving runs from the shell: the flat spellings of ``pyrula runs`` subcommands ---
 
+runs_group.add_command(fork_command)
 cli.add_command(runs_group)
 
 

@@ -98,6 +98,8 @@ class History:
     parks: list[Park] = field(default_factory=list)
     signals: list[Event] = field(default_factory=list)
     patches: list[PatchMark] = field(default_factory=list)
+    #: A fork's ``run:forked`` (the run and step it forks) and its position, if any.
+    forked: tuple[int, Event] | None = None
 
     @property
     def status(self) -> str:
@@ -167,6 +169,8 @@ def read_history(events: Sequence[Event]) -> History:
             h.parks.append(park)
         elif kind in (EventType.SIGNAL_RECEIVED, EventType.INTERRUPT_RESUMED):
             h.signals.append(event)
+        elif kind == EventType.RUN_FORKED:
+            h.forked = (index, event)
         elif kind == EventType.PATCH_APPLIED:
             h.patches.append(PatchMark(str(event.get("patch")), int(event.get("call", 0)), index,
                                        ts, len(h.attempts) - 1 if h.attempts else None))
