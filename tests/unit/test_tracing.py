@@ -292,6 +292,21 @@ async def test_a_patch_marker_is_an_event_of_the_attempt_that_recorded_it(
         ("patch_applied", {"pyrula.patch": "fix-rounding", "pyrula.call": 2})]
 
 
+async def test_a_fork_names_the_run_and_step_it_reuses(
+    runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    run = await runner.client.submit("tracing.chain", 0)
+    await runner.run(run.name, run.run_id)
+    fork = await runner.client.fork(run.run_id, from_step=1)
+    await runner.run(fork.name, fork.run_id)
+    root = _one(await _spans(runner, fork.run_id), "run tracing.chain")
+
+    assert (root.attributes or {})["pyrula.forked_from"] == run.run_id
+    assert [(e.name, dict(e.attributes or {})) for e in root.events] == [
+        ("run_forked", {"pyrula.from_run": run.run_id, "pyrula.from_step": "charge",
+                        "pyrula.from_call": 1})]
+
+
 async def test_a_continued_run_links_to_the_trace_of_its_successor(
     runner: InlineWorkflowRunner, clock: ManualClock
 ) -> None:

@@ -164,6 +164,13 @@ def _root(history: History, run_id: str) -> SpanPlan:
         if successor:
             attrs["pyrula.successor"] = str(successor)
             plan.link_run = str(successor)
+    if history.forked is not None:
+        _, forked = history.forked
+        attrs["pyrula.forked_from"] = str(forked.get("from_run"))
+        plan.events.append(("run_forked", float(forked["ts"]), {
+            "pyrula.from_run": str(forked.get("from_run")),
+            "pyrula.from_step": str(forked.get("from_step")),
+            "pyrula.from_call": int(forked.get("from_call") or 0)}))
     for signal in history.signals:
         plan.events.append(("signal_received", float(signal["ts"]),
                             {"pyrula.signal": str(signal.get("name"))}))
