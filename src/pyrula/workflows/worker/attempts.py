@@ -160,8 +160,9 @@ class AttemptRunner:
         except JournalCorrupt as exc:
             await self._fail_corrupt(claimed, exc, run_log)
         except StaleToken:  # seeding a fork: another attempt holds the run already
-            logger.info("run %s: lost before its attempt began", claimed.run_id,
-                        extra=run_log)
+            logger.warning("run %s: lock lost to another attempt while its fork was seeded; "
+                           "stood down", claimed.run_id,
+                           extra={"event": "run_lock_lost", **run_log})
         except StoreUnavailable as exc:
             logger.warning("run %s: store unavailable before the attempt began (%s)",
                            claimed.run_id, exc, extra=run_log)
