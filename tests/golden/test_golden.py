@@ -180,3 +180,16 @@ def test_the_journals_pin_runs_in_flight(golden_files: None) -> None:
     assert frontiers["approval_timed_out"] == ("queued", "run:woken", "timer")
     assert frontiers["fanout_interrupted"] == ("waiting", "run:waiting", None)
     assert frontiers["counter_sleeping"] == ("sleeping", "run:sleeping", None)
+
+
+def test_the_patch_journals_pin_both_sides_of_a_patch(golden_files: None) -> None:
+    """A run recorded before a patch (no marker) and runs recorded with its marker."""
+    def markers(path: str) -> list[tuple[int, str]]:
+        golden = json.loads((JOURNALS / path).read_text(encoding="utf-8"))
+        return [(e["call"], e["patch"]) for e in golden["end"]["journal"]
+                if e["type"] == "patch:applied"]
+
+    assert markers("patch_added@before-patch.json") == []
+    assert markers("patch_added.json") == [(2, "golden-extra-tick")]
+    assert markers("patch_deprecated@patched.json") == [(2, "golden-extra-tick")]
+    assert markers("patch_deprecated.json") == []

@@ -101,6 +101,29 @@ async def counter(ctx: WorkflowContext, params: dict[str, int]) -> int:
     return n
 
 
+@workflow(name="golden.patch_added")
+async def patch_added(ctx: WorkflowContext, params: dict[str, int]) -> dict[str, Any]:
+    """Its journal ``@before-patch`` was recorded by this code without the patch (``extra``
+    None, no tick between the first and the sleep): a run parked then keeps to that."""
+    first = int(await tick(params["first"]))
+    extra = int(await tick(params["extra"])) if ctx.patched("golden-extra-tick") else None
+    await ctx.sleep(60)
+    return {"first": first, "extra": extra, "last": int(await tick(params["last"]))}
+
+
+@workflow(name="golden.patch_deprecated")
+async def patch_deprecated(ctx: WorkflowContext, params: dict[str, int]) -> dict[str, Any]:
+    """``golden.patch_added`` once its patch is deprecated; its journal ``@patched`` was
+    recorded by that code, and holds the patch's marker."""
+    first = int(await tick(params["first"]))
+    ctx.deprecate_patch("golden-extra-tick")
+    extra: int | None = int(await tick(params["extra"]))
+    await ctx.sleep(60)
+    return {"first": first, "extra": extra, "last": int(await tick(params["last"]))}
+
+
+TICKS = {"first": 1, "extra": 10, "last": 2}
+
 ORDER = {"order_id": "o-1", "qty": 2, "amount": 19.5, "cool_off": 3600}
 
 SCENARIOS = {
@@ -145,6 +168,20 @@ SCENARIOS = {
             name="counter_sleeping",
             doc="parked in a sleep before continue_as_new",
             workflow="golden.counter", params={"n": 0, "until": 3},
+            to_frontier=(Run(),),
+            to_end=(Timers(60), Run()),
+        ),
+        Scenario(
+            name="patch_added",
+            doc="a patch's marker recorded, parked in a sleep; the timer fires",
+            workflow="golden.patch_added", params=TICKS,
+            to_frontier=(Run(),),
+            to_end=(Timers(60), Run()),
+        ),
+        Scenario(
+            name="patch_deprecated",
+            doc="a deprecated patch at its point, parked in a sleep; the timer fires",
+            workflow="golden.patch_deprecated", params=TICKS,
             to_frontier=(Run(),),
             to_end=(Timers(60), Run()),
         ),

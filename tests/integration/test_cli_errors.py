@@ -67,6 +67,7 @@ ROWS: list[tuple[str, str, list[str], dict[str, str], str]] = [
     ("pyrula", "runs cancel", [RUN], {"PYRULA_STORE_URL": "memory://"},
      "PYRULA_STORE_URL=memory://"),
     ("pyrula", "runs events", [], {}, "Missing argument 'RUN_ID'"),
+    ("pyrula", "runs fork", [RUN], {}, "Missing option '--from-step'"),
     ("pyrula", "runs list", ["--limit", "0"], {}, "'--limit'"),
     ("pyrula", "runs list", [*MEMORY], {}, "--store memory://"),
     ("pyrula", "runs result", [RUN, "--timeout", "soon"], {}, "'--timeout'"),

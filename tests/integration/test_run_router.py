@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from pyrula.workflows import BatchTrigger, SQLiteStore, WorkflowContext, workflow
+from pyrula.workflows import BatchTrigger, SQLiteStore, WorkflowContext, step, workflow
 from pyrula.workflows.http import OPENAPI, RunRouter
 from tests.conftest import wait_until
 from tests.integration.valkey_support import make_worker, serving
@@ -53,12 +53,23 @@ async def batch(ctx: WorkflowContext, params: Any) -> Any:
     return [event["payload"] for event in params["events"]]
 
 
+@step(name="rr.add")
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+@workflow(name="rr.sums")
+async def sums(ctx: WorkflowContext, params: Any) -> Any:
+    first = await add(params["x"], 1)
+    return await add(first, params["x"])
+
+
 def _app(db: Path) -> Starlette:
     store = SQLiteStore(str(db))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with serving(make_worker(store, [echo, fails, waits, asks, batch],
+        async with serving(make_worker(store, [echo, fails, waits, asks, batch, sums],
                                        trigger_interval=0.05)):
             yield
         store.close()
@@ -130,6 +141,33 @@ def test_submit_show_result_events(api: httpx.Client) -> None:
     assert events[0]["type"] == "run:submitted" and events[-1]["type"] == "run:completed"
     later = api.get(f"/{run_id}/events", params={"after_seq": events[0]["seq"]}).json()
     assert later["events"] == events[1:]
+
+
+def test_fork_reuses_the_steps_before_from_step(api: httpx.Client) -> None:
+    run_id = _submit(api, "rr.sums", {"x": 1})
+    assert api.get(f"/{run_id}/result", params={"timeout": 20}).json() == {"result": 3}
+
+    answer = api.post(f"/{run_id}/fork", json={"from_step": 2, "params": {"x": 10}})
+    assert answer.status_code == 201, answer.text
+    fork = answer.json()
+    assert {k: fork[k] for k in ("workflow", "forks", "from_step")} == {
+        "workflow": "rr.sums", "forks": run_id, "from_step": 2}
+    # its first add (1 + 1) is reused; the second adds the new x
+    assert api.get(f"/{fork['run_id']}/result", params={"timeout": 20}).json() == {"result": 12}
+    events = api.get(f"/{fork['run_id']}/events").json()["events"]
+    forked = next(e for e in events if e["type"] == "run:forked")
+    assert (forked["from_run"], forked["from_step"]) == (run_id, "rr.add")
+    whole = api.post(f"/{run_id}/fork", json={"from_step": "rr.add", "params": {"x": 10}})
+    assert whole.status_code == 201, whole.text
+    assert api.get(f"/{whole.json()['run_id']}/result", params={"timeout": 20}).json() == \
+        {"result": 21}
+
+    for body, says in (({}, "required"), ({"from_step": ""}, "required"),
+                       ({"from_step": True}, "required"),
+                       ({"from_step": "rr.mul"}, "never called a step named 'rr.mul'"),
+                       ({"from_step": 3}, "not a position among them (1..2)")):
+        answer = api.post(f"/{run_id}/fork", json=body)
+        assert _refused(answer, 422, "from_step:", says) == "invalid_input"
 
 
 def test_events_are_emitted_once_per_key_and_start_a_batch_run(api: httpx.Client) -> None:
@@ -221,6 +259,7 @@ def test_unknown_runs_are_404(api: httpx.Client) -> None:
         api.post("/no-such-run/signal", json={"name": "go"}),
         api.post("/no-such-run/resume", json={"value": 1}),
         api.post("/no-such-run/cancel"),
+        api.post("/no-such-run/fork", json={"from_step": 1}),
     ):
         assert _refused(answer, 404, "no-such-run") == "run_not_found"
     assert _refused(api.get("/a/b/c"), 404) == "not_found"
@@ -326,7 +365,7 @@ def test_openapi_describes_every_route(api: httpx.Client) -> None:
         ("/{run_id}", "get"),
         ("/{run_id}/result", "get"), ("/{run_id}/events", "get"),
         ("/{run_id}/signal", "post"), ("/{run_id}/resume", "post"),
-        ("/{run_id}/cancel", "post"),
+        ("/{run_id}/cancel", "post"), ("/{run_id}/fork", "post"),
     }
     listing = {p["name"] for p in doc["paths"]["/"]["get"]["parameters"]}
     assert listing == {"workflow", "status", "owner", "limit", "cursor"}

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,21 @@ APP = textwrap.dedent(
     @workflow(name="rc_ask")
     async def ask(ctx, params):
         return {"answer": await ctx.interrupt({"question": "ok?"})}
+
+
+    @workflow(name="rc_bulk")
+    async def bulk(ctx, params):
+        got = await double(params["x"])
+        if params.get("wait"):
+            await ctx.wait_for_signal("go")
+        if params.get("fail"):
+            raise ValueError(f"bulk {got}")
+        return got
+
+
+    @workflow(name="rc_patched")
+    async def patched(ctx, params):
+        return {"new": ctx.patched("fix-tax"), "doubled": await double(params["x"])}
     '''
 )
 
@@ -288,6 +304,117 @@ def test_submit_result_show_and_events(served: Cli) -> None:
     journal = served.json("runs", "events", run_id)
     assert journal == served.json("events", run_id)
     assert journal[-1]["type"] == "run:completed"
+
+
+def test_show_names_the_patches_a_run_took(served: Cli) -> None:
+    run_id = json.loads(served.ok("runs", "submit", "rc_patched", '{"x": 1}'))["run_id"]
+    assert json.loads(served.ok("runs", "result", run_id, "--timeout", "20"))["new"] is True
+    shown = served.ok("runs", "show", run_id)
+    assert re.search(r"Z  patch fix-tax applied \(call 1\)\n.*step double \(call 2\)", shown)
+    data = served.json("runs", "show", run_id, "--json")
+    assert [e for e in data["timeline"] if e["kind"] == "patch"] == [
+        {"kind": "patch", "patch": "fix-tax", "call": 1, "at": data["timeline"][1]["at"]}]
+    assert [e["type"] for e in served.json("runs", "events", run_id)][2] == "patch:applied"
+
+
+def test_fork_reuses_the_steps_before_the_one_named(served: Cli) -> None:
+    run_id = json.loads(served.ok("runs", "submit", "rc_ok", '{"x": 3}'))["run_id"]
+    assert json.loads(served.ok("runs", "result", run_id, "--timeout", "20")) == {"doubled": 12}
+
+    forked = served.json("runs", "fork", run_id, "--from-step", "2", "--params", '{"x": 5}',
+                         "--json")
+    assert (forked["forks"], forked["from_step"], forked["workflow"]) == (run_id, 2, "rc_ok")
+    # the first double (3 -> 6) is reused, the second runs on the new params' run: 6 -> 12
+    assert json.loads(served.ok("runs", "result", forked["run_id"], "--timeout", "20")) == \
+        {"doubled": 12}
+    again = served.ok("runs", "fork", run_id, "--from-step", "double", "--params", '{"x": 5}')
+    assert re.fullmatch(rf"run \S+ forks run {run_id} from step double\n", again)
+    new_id = again.split()[1]
+    assert json.loads(served.ok("runs", "result", new_id, "--timeout", "20")) == {"doubled": 20}
+    shown = served.ok("runs", "show", forked["run_id"])
+    assert f"forked from run {run_id} at step double (call 2), reusing 1 step call(s)" in shown
+
+
+def test_fork_names_what_it_cannot_fork(served: Cli) -> None:
+    run_id = json.loads(served.ok("runs", "submit", "rc_ok", '{"x": 1}'))["run_id"]
+    served.ok("runs", "result", run_id, "--timeout", "20")
+    _refused(served("runs", "fork", run_id, "--from-step", "triple"), 1,
+             f"error: run {run_id} never called a step named 'triple' (its steps: double)")
+    _refused(served("runs", "fork", run_id, "--from-step", "3"), 1,
+             "made 2 step call(s); from_step 3 is not a position among them (1..2)")
+    _refused(served("runs", "fork", "nope", "--from-step", "1"), 1, "no run with id 'nope'")
+    _refused(served("runs", "fork", run_id, "--from-step", "1", "--params", "{x"), 2,
+             "error: --params is not JSON")
+
+
+def _now_iso() -> str:
+    """An instant just before the runs a test submits (``--since``: only those)."""
+    return datetime.fromtimestamp(time.time() - 0.001, UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_bulk_retry_selects_by_workflow_status_since_and_error_type(served: Cli) -> None:
+    since = _now_iso()
+    failing = [served.submit("rc_bulk", {"x": x, "fail": True}) for x in (1, 2)]
+    done = served.submit("rc_bulk", {"x": 3})
+    for run_id in failing:
+        _refused(served("runs", "result", run_id, "--timeout", "20"), 1, "ValueError")
+    served.ok("runs", "result", done, "--timeout", "20")
+    select = ["--workflow", "rc_bulk", "--since", since]
+
+    listed = served.ok("runs", "retry", *select, "--status", "failed", "--error-type",
+                       "ValueError", "--dry-run")
+    assert sorted(re.findall(r"would retry run (\S+) \(failed, created ", listed)) == \
+        sorted(failing)
+    assert listed.endswith("2 run(s) selected; dry run: nothing done\n")
+    for narrower in (["--error-type", "KeyError"], ["--since", "2999-01-01T00:00:00Z"]):
+        assert served.json("runs", "retry", *select, "--status", "failed", *narrower,
+                           "--dry-run", "--json")["selected"] == 0
+    assert len(served.json("runs", "list", "--workflow", "rc_bulk", "--json")) >= 3
+
+    retried = served.json("runs", "retry", *select, "--status", "failed", "--json")
+    assert (retried["selected"], retried["refused"]) == (2, 0)
+    assert sorted(row["run_id"] for row in retried["runs"]) == sorted(failing)
+    for row in retried["runs"]:
+        assert served.json("get", row["new_run_id"])["idempotency_key"] == \
+            f"retry:{row['run_id']}"
+    refused = served("runs", "retry", *select, "--status", "completed")
+    assert refused.returncode == 1, refused
+    assert f"run {done}: refused: run {done} is completed, not failed" in refused.stdout
+    assert refused.stderr == "error: retried: 0 of 1 selected run(s), 1 refused\n"
+
+
+def test_bulk_cancel_and_fork(served: Cli) -> None:
+    since = _now_iso()
+    waiting = [served.submit("rc_bulk", {"x": x, "wait": True}) for x in (1, 2)]
+    done = served.submit("rc_bulk", {"x": 4})
+    served.ok("runs", "result", done, "--timeout", "20")
+    wait_until(lambda: all(served.json("get", r)["status"] == "waiting" for r in waiting), 20,
+               what="both runs waiting")
+    select = ["--workflow", "rc_bulk", "--since", since]
+
+    cancelled = served.ok("runs", "cancel", *select, "--status", "waiting")
+    assert sorted(re.findall(r"run (\S+): cancelled\n", cancelled)) == sorted(waiting)
+    assert cancelled.endswith("cancelled: 2 of 2 selected run(s), 0 refused\n")
+    forked = served.json("runs", "fork", *select, "--status", "completed", "--from-step", "1",
+                         "--params", '{"x": 10}', "--json")
+    assert [row["run_id"] for row in forked["runs"]] == [done]
+    fork_id = forked["runs"][0]["new_run_id"]
+    assert json.loads(served.ok("runs", "result", fork_id, "--timeout", "20")) == 20
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["runs", "retry"], "give a RUN_ID, or --workflow and --status to select runs"),
+    (["runs", "cancel", "--workflow", "rc_bulk"], "give a RUN_ID, or --workflow and --status"),
+    (["runs", "retry", "r-1", "--status", "failed"], "give RUN_ID or --status, not both"),
+    (["runs", "cancel", "r-1", "--dry-run"], "give RUN_ID or --dry-run, not both"),
+    (["runs", "retry", "--workflow", "w", "--status", "failed", "--since", "yesterday"],
+     "--since 'yesterday' is neither an ISO-8601 instant nor a duration like 90s"),
+    (["runs", "fork", "--workflow", "w", "--status", "nope", "--from-step", "1"],
+     "--status 'nope' is not a run status"),
+])
+def test_a_bulk_selection_mistake_is_one_line_exit_2(empty: Cli, args: list[str],
+                                                     says: str) -> None:
+    _refused(empty(*args), 2, says)
 
 
 def test_a_failed_run_is_retried_once_from_its_params(served: Cli) -> None:

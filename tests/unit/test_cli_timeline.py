@@ -89,3 +89,16 @@ def test_a_requeue_with_the_fleets_evidence_says_how_the_process_died() -> None:
     assert (attempts[2]["after"], attempts[2]["evidence"]) == ("requeued: shutdown", None)
     assert describe(attempts[1]).endswith(
         "attempt 2 (requeued: orphaned; vm-7-aa died: SIGKILL, pid 7, RSS 28 MB) on vm-8-bb")
+
+
+def test_a_patch_marker_is_an_entry_of_its_own() -> None:
+    entries = timeline(_journal(
+        ("run:submitted", 0, {"name": "w", "params": None}),
+        ("run:started", 1, {"attempt": 1, "worker": "a"}),
+        ("patch:applied", 1, {"op": "pyrula.patched", "call": 1, "patch": "fix-tax"}),
+        ("step:started", 2, {"step": "pay", "call": 2, "attempt": 1}),
+        ("step:completed", 3, {"step": "pay", "call": 2, "result": 1}),
+    ))
+    assert [e["kind"] for e in entries] == ["attempt", "patch", "step"]
+    assert entries[1] == {"kind": "patch", "patch": "fix-tax", "call": 1, "at": _at(1)}
+    assert describe(entries[1]) == f"{_at(1)}  patch fix-tax applied (call 1)"

@@ -99,6 +99,12 @@ async def approval(ctx: WorkflowContext, params: None) -> Any:
     return await ctx.wait_for_signal("approved", timeout=3600)
 
 
+@workflow(name="tracing.patched")
+async def patched(ctx: WorkflowContext, params: Any) -> bool:
+    await ctx.sleep(1)
+    return ctx.patched("fix-rounding")
+
+
 @workflow(name="tracing.chain")
 async def chain(ctx: WorkflowContext, params: int) -> int:
     await charge(float(params))
@@ -268,6 +274,37 @@ async def test_a_wait_is_a_park_ended_by_its_signal(
     assert [(e.name, dict(e.attributes or {})) for e in root.events] == [
         ("signal_received", {"pyrula.signal": "approved"})]
     assert (root.attributes or {})["pyrula.status"] == "completed"
+
+
+async def test_a_patch_marker_is_an_event_of_the_attempt_that_recorded_it(
+    runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    run = await runner.client.submit("tracing.patched")
+    await runner.run(run.name, run.run_id)
+    clock.advance(1)
+    await runner.client.wake(run.run_id)
+    await runner.run(run.name, run.run_id)
+    spans = await _spans(runner, run.run_id)
+
+    first, second = _one(spans, "attempt 1"), _one(spans, "attempt 2")
+    assert [e.name for e in first.events] == []
+    assert [(e.name, dict(e.attributes or {})) for e in second.events] == [
+        ("patch_applied", {"pyrula.patch": "fix-rounding", "pyrula.call": 2})]
+
+
+async def test_a_fork_names_the_run_and_step_it_reuses(
+    runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    run = await runner.client.submit("tracing.chain", 0)
+    await runner.run(run.name, run.run_id)
+    fork = await runner.client.fork(run.run_id, from_step=1)
+    await runner.run(fork.name, fork.run_id)
+    root = _one(await _spans(runner, fork.run_id), "run tracing.chain")
+
+    assert (root.attributes or {})["pyrula.forked_from"] == run.run_id
+    assert [(e.name, dict(e.attributes or {})) for e in root.events] == [
+        ("run_forked", {"pyrula.from_run": run.run_id, "pyrula.from_step": "charge",
+                        "pyrula.from_call": 1})]
 
 
 async def test_a_continued_run_links_to_the_trace_of_its_successor(

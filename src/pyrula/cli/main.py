@@ -27,6 +27,7 @@ from pyrula.cli.common import (
     serve,
     worker_options,
 )
+from pyrula.cli.repair import cancel_command, fork_command, retry_command
 from pyrula.cli.runs import runs as runs_group
 from pyrula.cli.schedules import schedules
 from pyrula.config.fleet import resolve_store_url
@@ -177,6 +178,8 @@ def _watch_for_changes(worker: Any, interval: float = 0.5) -> None:
 
 # --- driving runs from the shell: the flat spellings of ``pyrula runs`` subcommands ---
 
+for command in (retry_command, cancel_command, fork_command):
+    runs_group.add_command(command)
 cli.add_command(runs_group)
 
 

@@ -89,7 +89,7 @@ def get_run(runs: Any, run_id: str) -> Any:
         raise RunRefusal(f"no run with id {run_id!r}") from None
 
 
-def _call(store: Any, coro: Any) -> Any:
+def store_call(store: Any, coro: Any) -> Any:
     """Run one of ``store``'s coroutines from this synchronous command, the way the sync
     client does: on this thread if the store's calls never suspend, else on its loop."""
     from pyrula.workflows._sync import drive, run_sync
@@ -105,7 +105,7 @@ def warn_if_unknown(store: Any, name: str, then: str = "") -> bool:
     if it warned."""
     from pyrula.workflows.definition import unknown_name
 
-    mistyped = unknown_name(name, _call(store, store.served_names()))
+    mistyped = unknown_name(name, store_call(store, store.served_names()))
     if mistyped is not None:
         click.echo(f"warning: {mistyped}{then}", err=True)
     return mistyped is not None
@@ -113,7 +113,7 @@ def warn_if_unknown(store: Any, name: str, then: str = "") -> bool:
 
 def _unserved(store: Any, name: str) -> bool:
     """Whether runs of ``name`` are queued that no live worker serves."""
-    return name in _call(store, store.stranded(now=time.time()))
+    return name in store_call(store, store.stranded(now=time.time()))
 
 
 def submit_run(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
@@ -303,44 +303,6 @@ def result_command(run_id: str, timeout: float | None, as_json: bool, store: str
     wait_result(run_id, timeout, store, namespace)
 
 
-@runs.command("cancel")
-@click.argument("run_id")
-@JSON
-@STORE
-@NAMESPACE
-def cancel_command(run_id: str, as_json: bool, store: str | None, namespace: str | None) -> None:
-    """Cancel a run; say whether it was cancelled or had already ended."""
-    cancelled = cancel_run(run_id, store, namespace)
-    if as_json:
-        print_json({"run_id": run_id, "cancelled": cancelled})
-    elif cancelled:
-        click.echo(f"run {run_id} cancelled")
-    else:
-        click.echo(f"run {run_id} had already ended; nothing to cancel")
-
-
-@runs.command("retry")
-@click.argument("run_id")
-@JSON
-@STORE
-@NAMESPACE
-def retry_command(run_id: str, as_json: bool, store: str | None, namespace: str | None) -> None:
-    """Submit a failed (or quarantined) run again from its params, workflow and owner."""
-    from pyrula.workflows import WorkflowClient
-    from pyrula.workflows.triage import NotRetryable, retry_run
-
-    runs_client = client(store, namespace)
-    get_run(runs_client, run_id)
-    try:
-        handle = _call(runs_client.store, retry_run(WorkflowClient(runs_client.store), run_id))
-    except NotRetryable as exc:
-        raise RunRefusal(str(exc)) from None
-    if as_json:
-        print_json({"run_id": handle.run_id, "workflow": handle.name, "retries": run_id})
-    else:
-        click.echo(f"run {handle.run_id} retries run {run_id}")
-
-
 @runs.command("signal")
 @click.argument("run_id")
 @click.argument("name")
@@ -390,7 +352,7 @@ def stuck_command(limit: int, as_json: bool, store: str | None, namespace: str |
     from pyrula.workflows.triage import stuck_runs
 
     runs_client = client(store, namespace)
-    found = _call(runs_client.store, stuck_runs(runs_client.store, limit, time.time()))
+    found = store_call(runs_client.store, stuck_runs(runs_client.store, limit, time.time()))
     if as_json:
         print_json([{**row, "updated_at": iso_utc_or_none(row["updated_at"])} for row in found])
         return

@@ -29,6 +29,8 @@ class EntryKind(StrEnum):
     ATTEMPT = "attempt"
     STEP = "step"
     PARKED = "parked"
+    PATCH = "patch"
+    FORKED = "forked"
 
 
 class StepOutcome(StrEnum):
@@ -75,7 +77,11 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
       ``evidence`` (that record: pid, exit signal, RSS...; None without one);
     * ``step``: ``name``, ``call``, ``attempts`` (tries), ``started``, ``finished``,
       ``outcome`` (``completed``, ``failed``, ``retrying`` or ``running``);
-    * ``parked``: ``why``, ``from``, ``until`` (None while still parked), ``seconds``.
+    * ``parked``: ``why``, ``from``, ``until`` (None while still parked), ``seconds``;
+    * ``patch``: ``patch`` (its id), ``call``, ``at``: the run took the new branch of a
+      ``ctx.patched`` there;
+    * ``forked``: ``from_run``, ``from_step``, ``from_call``, ``reused`` (step calls),
+      ``at``: the run is a fork, seeded with what that run recorded before that step.
     """
     history = read_history(events)
     placed: list[tuple[int, dict[str, Any]]] = []
@@ -111,6 +117,18 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
             "until": iso(park.end, precise=True),
             "seconds": None if park.end is None else round(park.end - park.start, 3),
         }))
+    for mark in history.patches:
+        placed.append((mark.index, {
+            "kind": EntryKind.PATCH, "patch": mark.patch, "call": mark.call,
+            "at": iso(mark.at, precise=True),
+        }))
+    if history.forked is not None:
+        index, event = history.forked
+        placed.append((index, {
+            "kind": EntryKind.FORKED, "from_run": event.get("from_run"),
+            "from_step": event.get("from_step"), "from_call": event.get("from_call"),
+            "reused": event.get("reused"), "at": iso(float(event["ts"]), precise=True),
+        }))
     return [entry for _, entry in sorted(placed, key=lambda item: item[0])]
 
 
@@ -124,5 +142,11 @@ def describe(entry: dict[str, Any]) -> str:
         ended = f" -> {entry['finished']}" if entry["finished"] else ""
         return (f"{entry['started']}  step {entry['name']} (call {entry['call']}): "
                 f"{entry['outcome'].value}, {entry['attempts']} {tries}{ended}")
+    if entry["kind"] == EntryKind.FORKED:
+        return (f"{entry['at']}  forked from run {entry['from_run']} at step "
+                f"{entry['from_step']} (call {entry['from_call']}), reusing "
+                f"{entry['reused']} step call(s)")
+    if entry["kind"] == EntryKind.PATCH:
+        return f"{entry['at']}  patch {entry['patch']} applied (call {entry['call']})"
     held = f"{entry['seconds']} s until {entry['until']}" if entry["until"] else "still parked"
     return f"{entry['from']}  parked, {entry['why']}: {held}"

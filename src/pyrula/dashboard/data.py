@@ -69,6 +69,8 @@ def timeline_entries(events: list[Any]) -> list[dict[str, Any]]:
         elif entry["kind"] == EntryKind.ATTEMPT:
             item["start"] = entry["at"]
             item["pid"] = worker_pid(entry["worker"])
+        elif entry["kind"] in (EntryKind.PATCH, EntryKind.FORKED):
+            item["start"] = entry["at"]
         else:
             item["start"], item["end"] = entry["from"], entry["until"]
         out.append(item)

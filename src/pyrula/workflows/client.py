@@ -20,6 +20,7 @@ from pyrula.workflows.errors import (
     WorkflowNotFound,
 )
 from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, INTERRUPT_SIGNAL, Event, dumps
+from pyrula.workflows.forks import fork_point
 from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import Store
@@ -101,6 +102,27 @@ class WorkflowClient:
         self._payload(params, f"params for workflow {name!r}")
         handle, _ = await self.store.submit(
             name, params, now=self._clock.now(), owner=owner, idempotency_key=idempotency_key
+        )
+        return handle
+
+    async def fork(
+        self, run_id: str, *, from_step: str | int, params: Any = None
+    ) -> RunHandle:
+        """Start a new run of ``run_id``'s workflow (same owner) that reuses what the run
+        recorded before step ``from_step`` and runs the rest on today's code.
+
+        ``from_step`` is a step name (the run's first call of it) or a 1-based position
+        among the run's step calls. ``params`` replace the run's if given. The new run's
+        journal names the run and step it forks (``run:forked``). Raises WorkflowNotFound
+        for an unknown run, ValueError for a step the run never called.
+        """
+        info = await self.get(run_id)
+        point = fork_point(run_id, await self.events(run_id), from_step)
+        params = info.params if params is None else params
+        self._payload(params, f"params for the fork of run {run_id}")
+        handle, _ = await self.store.submit(
+            info.name, params, now=self._clock.now(), owner=info.owner,
+            idempotency_key=point.key(),
         )
         return handle
 
@@ -257,6 +279,9 @@ class SyncWorkflowClient:
         return self._run(
             self._client.submit(workflow, params, owner=owner, idempotency_key=idempotency_key)
         )
+
+    def fork(self, run_id: str, *, from_step: str | int, params: Any = None) -> RunHandle:
+        return self._run(self._client.fork(run_id, from_step=from_step, params=params))
 
     def emit(
         self, topic: str, payload: Any, *, key: str | None = None, owner: str | None = None

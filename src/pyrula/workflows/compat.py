@@ -30,7 +30,7 @@ from typing import Any
 from pyrula.workflows.context import WorkflowContext
 from pyrula.workflows.definition import StepSpec, WorkflowSpec, current_engine
 from pyrula.workflows.errors import ContinueAsNew, NonDeterminismError
-from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, dumps, loads
+from pyrula.workflows.events import INTERRUPT_SIGNAL, PATCH_OP, Event, EventType, dumps, loads
 from pyrula.workflows.replay import Replay, WaitTurn
 
 logger = logging.getLogger(__name__)
@@ -110,9 +110,12 @@ class _Check:
     def check_payload(self, value: Any, what: str) -> Any:
         return loads(dumps(value))
 
-    def _take(self) -> int:
+    def _refuse_if_over(self) -> None:
         if self.divergence is not None:
             raise asyncio.CancelledError  # the check is over: start nothing more
+
+    def _take(self) -> int:
+        self._refuse_if_over()
         self._moved()
         self.calls = self._replay.take_call()
         return self.calls
@@ -162,6 +165,24 @@ class _Check:
         if self.frontier is None:
             self.frontier = f"call {call}: {op}"
         raise _Frontier(op)
+
+    def op_patched(self, patch_id: str) -> bool:
+        self._refuse_if_over()
+        applied, marker = self._replay.patch(patch_id, self._now)
+        self._moved()
+        self.calls = self._replay.calls_taken
+        if marker is None:
+            return applied
+        # The journal does not decide this point: a run records the marker here.
+        if self.frontier is None:
+            self.frontier = f"call {self.calls}: {PATCH_OP} {patch_id!r}"
+        raise _Frontier(PATCH_OP)
+
+    def op_deprecate_patch(self, patch_id: str) -> None:
+        self._refuse_if_over()
+        self._replay.deprecated_patch(patch_id)
+        self._moved()
+        self.calls = self._replay.calls_taken
 
     # --- sleeps and waits -------------------------------------------------------------
 

@@ -52,7 +52,17 @@ class AttemptOperations(Protocol):
 
     def op_value(self, op: str, make: Callable[[Clock], Any]) -> Any: ...
 
+    def op_patched(self, patch_id: str) -> bool: ...
+
+    def op_deprecate_patch(self, patch_id: str) -> None: ...
+
     def check_payload(self, value: Any, what: str) -> Any: ...
+
+
+def _patch_id(patch_id: Any) -> str:
+    if not isinstance(patch_id, str) or not patch_id:
+        raise ValueError(f"patch id must be a non-empty str, got {patch_id!r}")
+    return patch_id
 
 
 def _seconds(value: float | timedelta, what: str) -> float:
@@ -149,6 +159,23 @@ class WorkflowContext:
         import random as _random
 
         return float(self._attempt.op_value("pyrula.random", lambda _: _random.random()))
+
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the new branch of a code change named ``patch_id``.
+
+        True for a run that reaches this point with the change deployed (a new run, or
+        one recorded before that had not got this far): the answer is journaled, so its
+        replays take the new branch too. False for a run whose journal was recorded
+        past this point by the code before the change: it replays the old branch. The
+        same answer for every call of the same id in a run.
+        """
+        return self._attempt.op_patched(_patch_id(patch_id))
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """Mark where ``ctx.patched(patch_id)`` was, once no run recorded before the
+        change is open: the old branch can go. Records nothing; a run whose journal holds
+        the patch's marker here still replays."""
+        self._attempt.op_deprecate_patch(_patch_id(patch_id))
 
     def continue_as_new(self, params: Any) -> NoReturn:
         """End this run now (status ``continued``) and queue a successor with ``params``.

@@ -34,6 +34,10 @@ class EventType(StrEnum):
     RUN_ERROR = "run:error"
     RUN_CANCELLED = "run:cancelled"
     RUN_CONTINUED = "run:continued"
+    #: A fork's first attempt seeded it (``from_run``, ``from_step``, ``from_call``).
+    RUN_FORKED = "run:forked"
+    #: ``ctx.patched(patch_id)`` took the patched branch here (its marker: ``patch``, the id).
+    PATCH_APPLIED = "patch:applied"
 
 
 TERMINAL_EVENTS = frozenset(
@@ -45,6 +49,8 @@ INTERRUPT_SIGNAL = "pyrula.interrupt"
 #: The signal a run waits for when no live worker's code can replay its journal (an
 #: upgrade changed its workflow incompatibly and the old code is gone).
 BUILD_SIGNAL = "pyrula.build"
+#: The operation name of a patch marker (``patch:applied``), which replay's name check reads.
+PATCH_OP = "pyrula.patched"
 
 
 def make_event(type_: EventType | str, ts: float, **fields: Any) -> Event:

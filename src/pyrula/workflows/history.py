@@ -57,6 +57,17 @@ class Park:
     ended_by: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PatchMark:
+    """A ``patch:applied``: the run took the new branch of patch ``patch`` at ``call``."""
+
+    patch: str
+    call: int
+    index: int
+    at: float
+    attempt: int | None  # position in ``History.attempts`` of the attempt that recorded it
+
+
 @dataclass(slots=True)
 class Attempt:
     number: int | None
@@ -86,6 +97,9 @@ class History:
     tries: list[StepTry] = field(default_factory=list)
     parks: list[Park] = field(default_factory=list)
     signals: list[Event] = field(default_factory=list)
+    patches: list[PatchMark] = field(default_factory=list)
+    #: A fork's ``run:forked`` (the run and step it forks) and its position, if any.
+    forked: tuple[int, Event] | None = None
 
     @property
     def status(self) -> str:
@@ -155,6 +169,11 @@ def read_history(events: Sequence[Event]) -> History:
             h.parks.append(park)
         elif kind in (EventType.SIGNAL_RECEIVED, EventType.INTERRUPT_RESUMED):
             h.signals.append(event)
+        elif kind == EventType.RUN_FORKED:
+            h.forked = (index, event)
+        elif kind == EventType.PATCH_APPLIED:
+            h.patches.append(PatchMark(str(event.get("patch")), int(event.get("call", 0)), index,
+                                       ts, len(h.attempts) - 1 if h.attempts else None))
         if kind in TERMINAL_EVENTS:
             h.final = event
             if attempt is not None and kind == EventType.RUN_ERROR:

@@ -255,6 +255,17 @@ OPENAPI: dict[str, Any] = {
             "Answer the run's interrupt", {"200": _answer("delivered")},
             _PAYLOAD_REFUSALS, [_RUN_ID], _body_of({"value": _ANY}, []),
         )},
+        "/{run_id}/fork": {"post": _operation(
+            "Fork a run: a new run that reuses the run's steps before from_step",
+            {"201": _answer("the fork is queued", "Forked")},
+            {**_REFUSALS, "413": _PAYLOAD_REFUSALS["413"]}, [_RUN_ID],
+            _body_of({"from_step": {"type": ["string", "integer"], "minLength": 1,
+                                    "minimum": 1, "description": "a step name (the run's "
+                                    "first call of it) or a 1-based position among the "
+                                    "run's step calls"},
+                      "params": {"description": "the fork's params (default: the run's)"}},
+                     ["from_step"]),
+        )},
         "/{run_id}/cancel": {"post": _operation(
             "Cancel a run", {"200": _answer("cancelled, or false if it had ended")},
             _REFUSALS, [_RUN_ID],
@@ -270,6 +281,10 @@ OPENAPI: dict[str, Any] = {
                                      "of the store have served"}}}}},
         "Emitted": {"type": "object", "required": ["event_id"], "properties": {
             "event_id": {"type": "string"}}},
+        "Forked": {"type": "object", "required": ["run_id", "workflow", "forks", "from_step"],
+                   "properties": {"run_id": {"type": "string"}, "workflow": {"type": "string"},
+                                  "forks": {"type": "string"},
+                                  "from_step": {"type": ["string", "integer"]}}},
         "Submitted": {"type": "object", "required": ["run_id", "workflow"], "properties": {
             "run_id": {"type": "string"}, "workflow": {"type": "string"}}},
         "Run": {"type": "object", "required": ["run_id", "name", "status"], "properties": {
@@ -321,6 +336,7 @@ class RunRouter:
             Route("/{run_id}/signal", self._guard(self.signal), methods=["POST"]),
             Route("/{run_id}/resume", self._guard(self.resume), methods=["POST"]),
             Route("/{run_id}/cancel", self._guard(self.cancel), methods=["POST"]),
+            Route("/{run_id}/fork", self._guard(self.fork), methods=["POST"]),
         ]
         if dashboard:  # before /{run_id}, which would take "dashboard" for a run id
             from pyrula.dashboard.app import Dashboard
@@ -487,6 +503,27 @@ class RunRouter:
         run_id = request.path_params["run_id"]
         await self.client.get(run_id)
         return json_response({"run_id": run_id, "cancelled": await self.client.cancel(run_id)})
+
+
+    async def fork(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        body = await _body(request, self.body_cap)
+        from_step = body.get("from_step")
+        if isinstance(from_step, bool) or not (
+            (isinstance(from_step, str) and from_step) or isinstance(from_step, int)
+        ):
+            raise bad_input("from_step", "required, a step name or a 1-based position")
+        await self.client.get(run_id)
+        try:
+            handle = await self.client.fork(run_id, from_step=from_step,
+                                            params=body.get("params"))
+        except PayloadTooLarge:
+            raise  # a ValueError with an answer of its own (413)
+        except ValueError as exc:
+            field = "params" if str(exc).startswith("params") else "from_step"
+            raise _client_call(field, exc) from None
+        return json_response({"run_id": handle.run_id, "workflow": handle.name,
+                              "forks": run_id, "from_step": from_step}, 201)
 
 
 class _SlashlessMount(Mount):

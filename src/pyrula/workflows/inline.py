@@ -21,6 +21,7 @@ from pyrula.workflows.definition import REGISTRY, WorkflowSpec, workflow_name
 from pyrula.workflows.engine import Attempt, AttemptSettings
 from pyrula.workflows.errors import WorkflowNotFound
 from pyrula.workflows.events import Event
+from pyrula.workflows.forks import seed_fork
 from pyrula.workflows.records import ClaimedRun
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.memory import MemoryStore
@@ -150,6 +151,8 @@ class InlineWorkflowRunner:
         journal = claimed.journal
         if claimed.base_seq:
             journal = await self.store.read_events(claimed.run_id)
+        journal = await seed_fork(self.store, claimed, list(journal), now=self._clock.now(),
+                                  lock_ttl=self._settings.lock_ttl)
         attempt = Attempt(
             spec, claimed, journal, self.store,
             executor=self._pool(), clock=self._clock, settings=self._settings,

@@ -458,6 +458,17 @@ class Operations:
         self._writes.add(step_completed(self._clock.now(), op, call, value))
         return value
 
+    def op_patched(self, patch_id: str) -> bool:
+        self._refuse_if_ending()
+        applied, marker = self._replay.patch(patch_id, self._clock.now())
+        if marker is not None:
+            self._writes.add(marker)
+        return applied
+
+    def op_deprecate_patch(self, patch_id: str) -> None:
+        self._refuse_if_ending()
+        self._replay.deprecated_patch(patch_id)
+
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:
     """``fn(arg)`` on ``loop`` from any thread; dropped if the loop has closed."""

@@ -22,7 +22,7 @@ from enum import Enum
 from typing import Any
 
 from pyrula.workflows.errors import NonDeterminismError, StepFailed
-from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, make_event
+from pyrula.workflows.events import INTERRUPT_SIGNAL, PATCH_OP, Event, EventType, make_event
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ class Replay:
         self._signals: list[Event] = []
         self._woken: list[Event] = []
         self._consumed: set[int] = set()
+        #: Patch id -> the answer ``patch`` gave it: one answer per id for the whole run.
+        self._patches: dict[str, bool] = {}
         self._index(events)
         # Calls the journal held when the attempt began: the code replays until past them.
         self._known_calls = max(self._by_call, default=0)
@@ -145,6 +147,10 @@ class Replay:
         # replaying while the next one is still in the journal.
         return self._next_call < self._known_calls
 
+    @property
+    def calls_taken(self) -> int:
+        return self._next_call
+
     def take_call(self) -> int:
         """The call index of the operation the code performs next."""
         self._next_call += 1
@@ -158,7 +164,8 @@ class Replay:
             if recorded is not None and recorded != name:
                 raise NonDeterminismError(
                     f"workflow {self.workflow!r} run {self.run_id}: the journal has "
-                    f"{recorded!r} at call {call}, but the code now calls {name!r} there"
+                    f"{_divergence(event, recorded)} at call {call}, but the code now "
+                    f"calls {name!r} there{_divergence_hint(event)}"
                 )
         return events
 
@@ -204,6 +211,45 @@ class Replay:
         return any(
             e["type"] == EventType.RUN_SLEEPING and e.get("wake_at") == retry_at
             for e in self._by_call.get(call, [])
+        )
+
+    # --- patches ----------------------------------------------------------------------
+
+    def patch(self, patch_id: str, now: float) -> tuple[bool, Event | None]:
+        """Whether the code takes the new branch of patch ``patch_id`` at its next call,
+        and the marker to write if that is decided now; the same answer for every call of
+        the id in the run.
+
+        The journal holds the patch's marker at the next call: True (the call is taken).
+        It holds other events there or later: False, the run was recorded before the
+        patch and keeps to the old branch (no call is taken: the journal's next entry is
+        the old branch's). It holds nothing from there on: True, with a new marker at a
+        new call, so every replay of the run takes the same branch.
+        """
+        known = self._patches.get(patch_id)
+        if known is not None:
+            return known, None
+        marker: Event | None = None
+        if self._marked(self._next_call + 1, patch_id):
+            self.take_call()
+        elif self.is_replaying:
+            self._patches[patch_id] = False
+            return False, None
+        else:
+            marker = patch_applied(now, self.take_call(), patch_id)
+        self._patches[patch_id] = True
+        return True, marker
+
+    def deprecated_patch(self, patch_id: str) -> None:
+        """Skip the marker of ``patch_id`` if the journal holds it at the next call (a run
+        that took the patch before it was deprecated); else nothing: no call is taken."""
+        if self._marked(self._next_call + 1, patch_id):
+            self.take_call()
+
+    def _marked(self, call: int, patch_id: str) -> bool:
+        return any(
+            e["type"] == EventType.PATCH_APPLIED and e.get("patch") == patch_id
+            for e in self._by_call.get(call, ())
         )
 
     # --- timers and signals -------------------------------------------------------------
@@ -289,6 +335,20 @@ class Replay:
         return WaitDecision(WaitTurn.SIGNALLED, payload=signal.get("payload"))
 
 
+def _divergence(event: Event, recorded: str) -> str:
+    """What the journal has at a call the code now makes differently, for the message."""
+    if event["type"] == EventType.PATCH_APPLIED:
+        return f"the marker of patch {event.get('patch')!r}"
+    return repr(recorded)
+
+
+def _divergence_hint(event: Event) -> str:
+    if event["type"] == EventType.PATCH_APPLIED:
+        return (" (the run took that patch: keep ctx.patched or ctx.deprecate_patch of "
+                "its id at this point of the code)")
+    return ""
+
+
 # --- the events the attempt writes ------------------------------------------------------
 
 
@@ -341,6 +401,10 @@ def waiting_for(
 
 def woken_by_timeout(now: float, call: int) -> Event:
     return make_event(EventType.RUN_WOKEN, now, reason="timeout", call=call)
+
+
+def patch_applied(now: float, call: int, patch_id: str) -> Event:
+    return make_event(EventType.PATCH_APPLIED, now, op=PATCH_OP, call=call, patch=patch_id)
 
 
 def run_completed(now: float, result: Any) -> Event:

@@ -164,6 +164,13 @@ def _root(history: History, run_id: str) -> SpanPlan:
         if successor:
             attrs["pyrula.successor"] = str(successor)
             plan.link_run = str(successor)
+    if history.forked is not None:
+        _, forked = history.forked
+        attrs["pyrula.forked_from"] = str(forked.get("from_run"))
+        plan.events.append(("run_forked", float(forked["ts"]), {
+            "pyrula.from_run": str(forked.get("from_run")),
+            "pyrula.from_step": str(forked.get("from_step")),
+            "pyrula.from_call": int(forked.get("from_call") or 0)}))
     for signal in history.signals:
         plan.events.append(("signal_received", float(signal["ts"]),
                             {"pyrula.signal": str(signal.get("name"))}))
@@ -197,6 +204,10 @@ def _attempt(attempt: Attempt, position: int, history: History) -> SpanPlan:
             plan.error = str(note.get("message"))
         if "pid" in detail or "exit_signal" in detail:
             plan.events.append(("child_killed", ts, _evidence(detail, _EVIDENCE)))
+    for mark in history.patches:
+        if mark.attempt == position:
+            plan.events.append(("patch_applied", mark.at,
+                                {"pyrula.patch": mark.patch, "pyrula.call": mark.call}))
     if history.final is not None and position == len(history.attempts) - 1 \
             and history.final["type"] == EventType.RUN_ERROR and plan.error is None:
         plan.error = str(history.final.get("message"))

@@ -388,7 +388,7 @@
     var first = null, last = null;
     var now = Date.now() / 1000;
     entries.forEach(function (e) {
-      var start = secs(e.start), end = e.end === null || e.end === undefined ? (e.kind === "attempt" ? start : now) : secs(e.end);
+      var start = secs(e.start), end = e.end === null || e.end === undefined ? (e.kind === "attempt" || e.kind === "patch" || e.kind === "forked" ? start : now) : secs(e.end);
       if (start !== null && start !== undefined) { first = first === null ? start : Math.min(first, start); }
       if (end !== null && end !== undefined) { last = last === null ? end : Math.max(last, end); }
     });
@@ -401,6 +401,17 @@
         list.appendChild(el("li", { "class": "attempt" }, el("span", null,
           "attempt " + e.attempt + " on " + who + " at " + fmtTime(e.start) + " ",
           e.after ? el("span", { "class": "why", text: "(" + e.after + ")" }) : null)));
+        return;
+      }
+      if (e.kind === "forked") {
+        list.appendChild(el("li", { "class": "patch" }, el("span", null,
+          "forked from run " + e.from_run + " at step " + e.from_step + " (call " +
+          e.from_call + "), reusing " + e.reused + " step call(s)")));
+        return;
+      }
+      if (e.kind === "patch") {
+        list.appendChild(el("li", { "class": "patch" }, el("span", null,
+          "patch " + e.patch + " applied (call " + e.call + ") at " + fmtTime(e.start))));
         return;
       }
       var start = secs(e.start), end = e.end === null || e.end === undefined ? now : secs(e.end);

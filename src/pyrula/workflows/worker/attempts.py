@@ -23,6 +23,7 @@ from pyrula.workflows.compat import check_replay
 from pyrula.workflows.definition import WorkflowSpec
 from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKind
 from pyrula.workflows.events import Event, EventType
+from pyrula.workflows.forks import seed_fork
 from pyrula.workflows.frames import failing_frame
 from pyrula.workflows.operations import StepObserver
 from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
@@ -122,6 +123,12 @@ class AttemptRunner:
         task.add_done_callback(self.tasks.discard)
 
     async def _journal_for(self, claimed: ClaimedRun) -> list[Event]:
+        """The claimed run's journal from seq 1; a fork's first attempt seeds it first."""
+        journal = await self._read_journal(claimed)
+        return await seed_fork(self._p.store, claimed, journal, now=self._p.clock.now(),
+                               lock_ttl=self._p.options.lock_ttl)
+
+    async def _read_journal(self, claimed: ClaimedRun) -> list[Event]:
         p = self._p
         if claimed.journal_error is not None:
             raise claimed.journal_error
@@ -173,6 +180,10 @@ class AttemptRunner:
             await self._after(claimed, outcome, run_log)
         except JournalCorrupt as exc:
             await self._fail_corrupt(claimed, exc, run_log)
+        except StaleToken:  # seeding a fork: another attempt holds the run already
+            logger.warning("run %s: lock lost to another attempt while its fork was seeded; "
+                           "stood down", claimed.run_id,
+                           extra={"event": "run_lock_lost", **run_log})
         except StoreUnavailable as exc:
             logger.warning("run %s: store unavailable before the attempt began (%s)",
                            claimed.run_id, exc, extra=run_log)

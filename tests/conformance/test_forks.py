@@ -1,0 +1,134 @@
+"""Forks on every store: ``client.fork(run_id, from_step=K, params=None)`` starts a new run
+that reuses what the run recorded before step K (step results, recorded values, the
+signals its waits took) and runs the rest on today's code, with new params if given."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pyrula.workflows import (
+    InlineWorkflowRunner,
+    RunStatus,
+    WorkflowContext,
+    WorkflowNotFound,
+    step,
+    workflow,
+)
+from pyrula.workflows.stores.base import Store
+
+RAN: list[str] = []
+
+
+@step(name="forks.reserve")
+def reserve(sku: str) -> str:
+    RAN.append("reserve")
+    return f"r-{sku}"
+
+
+@step(name="forks.charge")
+def charge(amount: int) -> int:
+    RAN.append("charge")
+    if amount < 0:
+        raise ValueError(f"cannot charge {amount}")
+    return amount
+
+
+@step(name="forks.ship")
+def ship(reservation: str) -> str:
+    RAN.append("ship")
+    return f"shipped {reservation}"
+
+
+@workflow(name="forks.order")
+async def order(ctx: WorkflowContext, params: dict[str, Any]) -> dict[str, Any]:
+    token = str(ctx.uuid4())
+    reservation = await reserve(params["sku"])
+    approver = await ctx.wait_for_signal("approved")
+    charged = await charge(params["amount"])
+    return {"token": token, "approver": approver, "charged": charged,
+            "shipped": await ship(reservation)}
+
+
+@pytest.fixture
+def runner(store: Store) -> Iterator[InlineWorkflowRunner]:
+    r = InlineWorkflowRunner(store=store, workflows=["forks.order"], cloud=False)
+    RAN.clear()
+    yield r
+    asyncio.run(r.aclose())
+
+
+async def _ran_to_end(runner: InlineWorkflowRunner, params: dict[str, Any]) -> str:
+    """A run of ``forks.order`` approved by ``ann``, run to its end (it may fail)."""
+    run = await runner.client.submit("forks.order", params, owner="tenant-1")
+    await runner.run(run.name, run.run_id)
+    await runner.client.signal(run.run_id, "approved", "ann")
+    await runner.run(run.name, run.run_id)
+    return run.run_id
+
+
+async def test_a_fork_reuses_the_steps_before_its_point_and_runs_the_rest(
+    runner: InlineWorkflowRunner,
+) -> None:
+    failed = await _ran_to_end(runner, {"sku": "a1", "amount": -5})
+    assert (await runner.client.get(failed)).status is RunStatus.FAILED
+    source = await runner.client.events(failed)
+    token = next(e["result"] for e in source if e.get("step") == "pyrula.uuid4")
+    RAN.clear()
+
+    fork = await runner.client.fork(failed, from_step="forks.charge",
+                                    params={"sku": "a1", "amount": 7})
+    await runner.run(fork.name, fork.run_id)
+
+    info = await runner.client.get(fork.run_id)
+    assert info.status is RunStatus.COMPLETED, info.error
+    assert info.result == {"token": token, "approver": "ann", "charged": 7,
+                           "shipped": "shipped r-a1"}
+    assert RAN == ["charge", "ship"], "reserve was reused, not run again"
+    assert info.owner == "tenant-1" and info.params == {"sku": "a1", "amount": 7}
+    events = await runner.client.events(fork.run_id)
+    assert events[0]["idempotency_key"].startswith(f"fork:{failed}:4:")
+    forked = next(e for e in events if e["type"] == "run:forked")
+    assert {k: forked[k] for k in ("from_run", "from_step", "from_call", "reused")} == {
+        "from_run": failed, "from_step": "forks.charge", "from_call": 4, "reused": 1}
+    assert [e["type"] for e in events[:3]] == ["run:submitted", "run:started", "run:forked"]
+
+
+async def test_a_fork_by_position_keeps_the_runs_params_by_default(
+    runner: InlineWorkflowRunner,
+) -> None:
+    done = await _ran_to_end(runner, {"sku": "b2", "amount": 3})
+    RAN.clear()
+
+    fork = await runner.client.fork(done, from_step=3)  # reserve, charge, ship: ship
+    await runner.run(fork.name, fork.run_id)
+
+    assert await runner.client.result(fork.run_id, timeout=5) == \
+        await runner.client.result(done, timeout=5)
+    assert RAN == ["ship"]
+    again = await runner.client.fork(done, from_step=1)  # before reserve: it waits again
+    await runner.run(again.name, again.run_id)
+    assert (await runner.client.get(again.run_id)).status is RunStatus.WAITING
+    assert RAN == ["ship", "reserve"]
+
+
+async def test_what_cannot_be_forked_is_named(runner: InlineWorkflowRunner) -> None:
+    done = await _ran_to_end(runner, {"sku": "c3", "amount": 1})
+
+    with pytest.raises(ValueError, match=r"never called a step named 'forks\.pack' "
+                                         r"\(its steps: forks\.reserve, forks\.charge, "
+                                         r"forks\.ship\)"):
+        await runner.client.fork(done, from_step="forks.pack")
+    for position in (0, 4):
+        with pytest.raises(ValueError, match=rf"made 3 step call\(s\); from_step {position} "
+                                             r"is not a position among them \(1\.\.3\)"):
+            await runner.client.fork(done, from_step=position)
+    with pytest.raises(TypeError, match="from_step must be a step name"):
+        await runner.client.fork(done, from_step=True)
+    with pytest.raises(WorkflowNotFound, match="no run with id 'nope'"):
+        await runner.client.fork("nope", from_step=1)
+    assert [info.run_id async for info in runner.client.list_runs(limit=10)] == [done], \
+        "no fork was submitted"

@@ -1,0 +1,70 @@
+"""What a fork copies of the run it forks (pure): the events of the calls before its point,
+the signals and timer wakes recorded before that point, and nothing of the run's own
+attempts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pyrula.workflows.forks import fork_copy, fork_point, forked_from, step_calls
+
+Event = dict[str, Any]
+
+
+def journal(*events: Event) -> list[Event]:
+    return [{"seq": seq, "ts": 1.0, **e} for seq, e in enumerate(events, start=1)]
+
+
+def started(call: int, step: str) -> Event:
+    return {"type": "step:started", "step": step, "call": call, "attempt": 1}
+
+
+def completed(call: int, step: str) -> Event:
+    return {"type": "step:completed", "step": step, "call": call, "result": call}
+
+
+GATHERED = journal(
+    {"type": "run:submitted", "name": "w"},
+    {"type": "run:started", "attempt": 1},
+    completed(1, "pyrula.now"),
+    started(2, "mail"), started(3, "sms"),      # gathered: both started, then
+    completed(3, "sms"),
+    {"type": "run:waiting", "op": "pyrula.wait_for_signal", "call": 4, "signal": "ok"},
+    completed(2, "mail"),                       # call 2 ends after call 4 began
+    {"type": "signal:received", "name": "ok", "payload": 1},
+    {"type": "run:started", "attempt": 2},
+    started(5, "mail"), completed(5, "mail"),
+)
+
+
+def test_the_step_calls_are_the_calls_that_started_a_step() -> None:
+    assert step_calls(GATHERED) == [(2, "mail"), (3, "sms"), (5, "mail")]
+
+
+@pytest.mark.parametrize(("from_step", "call"), [("mail", 2), ("sms", 3), (3, 5), (1, 2)])
+def test_the_fork_point_is_a_names_first_call_or_a_position(from_step: Any, call: int) -> None:
+    assert fork_point("r", GATHERED, from_step).call == call
+
+
+def test_a_fork_copies_the_calls_before_its_point_wherever_they_ended() -> None:
+    copy = fork_copy(GATHERED, 4)
+    assert [(e["type"], e.get("call")) for e in copy] == [
+        ("step:completed", 1), ("step:started", 2), ("step:started", 3),
+        ("step:completed", 3), ("step:completed", 2)]
+    assert all("seq" not in e for e in copy)
+
+
+def test_a_fork_past_a_wait_copies_the_signal_it_took() -> None:
+    copy = fork_copy(GATHERED, 5)
+    assert [e["type"] for e in copy][-2:] == ["step:completed", "signal:received"]
+    assert "run:started" not in [e["type"] for e in copy]
+
+
+def test_a_forks_key_names_the_run_and_call() -> None:
+    point = fork_point("run:with:colons", GATHERED, "sms")
+    key = point.key()
+    assert forked_from(key) == ("run:with:colons", 3)
+    assert key != point.key(), "each fork is a run of its own"
+    assert forked_from("retry:abc") is None and forked_from(None) is None
