@@ -52,6 +52,12 @@ MEMORY = ("--store", "memory://")
 ROWS: list[tuple[str, str, list[str], dict[str, str], str]] = [
     ("pyrula", "", ["nosuch"], {}, "No such command 'nosuch'"),
     ("pyrula", "cancel", [RUN, *MEMORY], {}, "--store memory://"),
+    ("pyrula", "cloud", ["nosuch"], {}, "No such command 'nosuch'"),
+    ("pyrula", "cloud keys", ["nosuch"], {}, "No such command 'nosuch'"),
+    ("pyrula", "cloud keys create", ["bad env"], {},
+     "ENVIRONMENT must be lowercase letters, digits and '-'"),
+    ("pyrula", "cloud serve", ["--store", "ftp://x"], {},
+     "--store must be sqlite:///PATH or a postgresql:// DSN, got 'ftp://x'"),
     ("pyrula", "db", ["nosuch"], {}, "No such command 'nosuch'"),
     ("pyrula", "db check", [], {}, "--postgres-dsn"),
     ("pyrula", "db migrate", ["--postgres-dsn", "mysql://x"], {}, "postgresql://"),
