@@ -99,7 +99,9 @@ class ArchivingStore(StoreLayer):
     def capabilities(self) -> Capabilities:
         """The live store's abilities, with this store's own startup checks and reconcile
         loop."""
-        return replace(capabilities_of(self.live), prepare=self, reconcile=self)
+        live = capabilities_of(self.live)
+        return replace(live, prepare=self, reconcile=self,
+                       projections=None if live.projections is None else self)
 
     # --- archiving (archiver.py) ------------------------------------------------------
 
@@ -275,6 +277,24 @@ class ArchivingStore(StoreLayer):
         rows = sorted(merged.values(), key=lambda i: (i.created_at, i.run_id), reverse=True)
         return rows[:limit]
 
+    async def ended_infos(
+        self, names: Sequence[str], *, after: tuple[float, str] | None, until: float,
+        limit: int,
+    ) -> list[RunInfo]:
+        """The ended runs to fold (Projections) from both stores, merged in (finished_at,
+        run_id) order (a run in both is the live one): the archive covers the runs the
+        live store let expire. Raises ArchiveUnavailable while Postgres does not answer
+        (folding past a run that only the archive holds would skip it)."""
+        source = capabilities_of(self.live).projections
+        if source is None:
+            raise TypeError(f"{self.live!r} keeps no projections")
+        live = await source.ended_infos(names, after=after, until=until, limit=limit)
+        archived = await self.archive.ended_infos(self.namespace, names, after=after,
+                                                  until=until, limit=limit)
+        merged = {info.run_id: info for info in archived}
+        merged.update((info.run_id, info) for info in live)
+        return sorted(merged.values(), key=_ended_order)[:limit]
+
     async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
         try:
             return await self.live.wait_result(run_id, timeout)
@@ -305,6 +325,10 @@ class ArchivingStore(StoreLayer):
 
     def __repr__(self) -> str:
         return f"ArchivingStore(live={self.live!r}, archive={self.archive!r})"
+
+
+def _ended_order(info: RunInfo) -> tuple[float, str]:
+    return (info.finished_at or 0.0, info.run_id)
 
 
 def make_archiving_postgres(
