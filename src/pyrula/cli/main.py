@@ -26,6 +26,7 @@ from pyrula.cli.common import (
     serve,
     worker_options,
 )
+from pyrula.cli.projections import projections
 from pyrula.cli.runs import runs as runs_group
 from pyrula.cli.schedules import schedules
 from pyrula.config.fleet import resolve_store_url
@@ -114,6 +115,7 @@ cli.command(
 
 
 cli.add_command(schedules)
+cli.add_command(projections)
 
 
 def _restart() -> None:

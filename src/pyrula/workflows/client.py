@@ -162,6 +162,11 @@ class WorkflowClient:
             raise ValueError(f"a projection key is a str or an int, got {key!r}")
         return (await store.projection_states(name, [str(key)])).get(str(key))
 
+    async def projection_info(self, name: str) -> ProjectionHead | None:
+        """Projection ``name``'s version, checkpoint and runs folded; None before its
+        first fold."""
+        return await self._projections().projection_head(check_projection_name(name))
+
     async def projections(self) -> list[ProjectionHead]:
         """Every projection folded in this store (its version, checkpoint, runs folded),
         by name."""
@@ -312,6 +317,9 @@ class SyncWorkflowClient:
 
     def projection(self, name: str, key: str | int | None = None) -> Any:
         return self._run(self._client.projection(name, key))
+
+    def projection_info(self, name: str) -> ProjectionHead | None:
+        return self._run(self._client.projection_info(name))
 
     def projections(self) -> list[ProjectionHead]:
         return self._run(self._client.projections())

@@ -14,13 +14,17 @@ import hashlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from pyrula.timestamps import iso_utc
 from pyrula.workflows.build import DIGITS, code_text
 from pyrula.workflows.definition import check_name, workflow_name
 from pyrula.workflows.records import RunInfo, RunStatus
+
+if TYPE_CHECKING:
+    from pyrula.workflows.stores.capabilities import ProjectionHead
 
 #: The longest projection name, in characters.
 MAX_PROJECTION_NAME_LENGTH = 200
@@ -196,3 +200,14 @@ class ProjectionRegistry:
 
 
 PROJECTIONS = ProjectionRegistry()
+
+
+def head_document(head: ProjectionHead) -> dict[str, Any]:
+    """A projection's head as the CLI, the RunRouter and the dashboard show it (times in
+    ISO-8601 UTC)."""
+    checkpoint = None if head.checkpoint is None else {
+        "finished_at": iso_utc(head.checkpoint[0]), "run_id": head.checkpoint[1]}
+    return {"name": head.name, "keyed": head.keyed, "version": head.version,
+            "folded": head.folded, "checkpoint": checkpoint,
+            "fingerprint": (head.fingerprint.split() or [""])[0],
+            "updated_at": iso_utc(head.updated_at)}
