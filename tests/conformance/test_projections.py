@@ -61,11 +61,12 @@ async def ended(store: Store, count: int, *, at: float = T0, name: str = WF,
 async def fold_all(store: Any, spec: ProjectionSpec = IDS, *, now: float = T0 + 10_000,
                    batch: int = 500) -> list[FoldPass]:
     passes = []
-    while True:
+    for _ in range(100):  # a store that listed a folded run again would go on for ever
         done = await fold_once(projections(store), spec, now=now, grace=0.0, batch=batch)
         passes.append(done)
         if done.outcome != "saved" or not done.more:
             return passes
+    raise AssertionError(f"still folding after 100 passes: {passes[-3:]}")
 
 
 async def state(store: Any, name: str = NAME, key: str = WHOLE) -> Any:
@@ -264,3 +265,20 @@ async def test_new_fold_code_starts_the_projection_over_and_old_code_stands_down
     assert older.outcome == "stand_down"
     assert await state(store) == {"completed": 3}
     assert ids
+
+
+async def test_end_times_no_index_keeps_exactly_still_fold_each_run_once(store: Store) -> None:
+    """Finish times with many decimals (a Valkey shard's index keeps them to within a
+    microsecond): the checkpoint still never lets a folded run be listed again."""
+    ids = []
+    for i in range(5):
+        at = T0 + 0.123456789 + i * 0.1000003
+        claimed = await running(store, now=at)
+        await complete(store, claimed.run_id, claimed.token, now=at)
+        ids.append(claimed.run_id)
+
+    await fold_all(store, batch=1)
+    for _ in range(3):
+        await fold_once(projections(store), IDS, now=T0 + 10_000, grace=0.0, batch=1)
+
+    assert await state(store) == ids

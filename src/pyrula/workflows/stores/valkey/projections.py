@@ -4,6 +4,7 @@ to fold read from the shards' ``times`` (as the archive's reconcile reads them).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,10 +45,12 @@ class ValkeyProjections:
                                        for _, run_id in ended], idempotent=True)
         raise_first(replies)
         infos = []
-        for (_, run_id), reply in zip(ended, replies, strict=True):
+        for (at, run_id), reply in zip(ended, replies, strict=True):
             fields = as_hash(reply)
             if fields:  # gone (expired) since it was listed: the archive may have it
-                infos.append(run_info(run_id, fields))
+                # The end time as the index holds it (ended_time of the record's): the
+                # checkpoint a projection keeps is compared with the index's.
+                infos.append(dataclasses.replace(run_info(run_id, fields), finished_at=at))
         return infos
 
     async def projection_head(self, name: str) -> ProjectionHead | None:

@@ -41,6 +41,7 @@ from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.control import Control
 from pyrula.workflows.stores.valkey.doorbell import Doorbell
 from pyrula.workflows.stores.valkey.flow import Flow
+from pyrula.workflows.stores.valkey.keys import ended_time
 from pyrula.workflows.stores.valkey.leases import Leases
 from pyrula.workflows.stores.valkey.projections import ValkeyProjections
 from pyrula.workflows.stores.valkey.queue import Queue
@@ -204,6 +205,11 @@ class ValkeyStore(SyncAdmin):
     ) -> list[RunInfo]:
         return await self.projections.ended_infos(names, after=after, until=until,
                                                   limit=limit)
+
+    @staticmethod
+    def ended_time(finished_at: float) -> float:
+        """The end time by which ``ended_infos`` orders runs (``keys.ended_time``)."""
+        return ended_time(finished_at)
 
     async def projection_head(self, name: str) -> ProjectionHead | None:
         return await self.projections.projection_head(name)
