@@ -162,3 +162,16 @@ async def test_the_router_serves_a_projection_and_its_keys(tmp_path: Path) -> No
     finally:
         await store.aclose()
     assert "/projections/{name}" in OPENAPI["paths"]
+
+
+def test_an_app_that_only_declares_projections_is_loaded(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyrula.apps import load
+
+    (tmp_path / "only_projections_app.py").write_text(
+        "from pyrula.workflows import projection\n\n"
+        "@projection('unit.app_only', on=['unit.wf'])\n"
+        "def fold(state, run):\n    return (state or 0) + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load(["only_projections_app"], []) is None
+    assert "unit.app_only" in PROJECTIONS.all()
