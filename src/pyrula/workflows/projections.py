@@ -131,7 +131,7 @@ def lineage(stored: str, fingerprint: str) -> tuple[str, str | None]:
     return "rebuild", " ".join([fingerprint, *kept[:LINEAGE - 1]])
 
 
-def projection(name: str, on: Sequence[str] | str, key: KeyOf | None = None
+def projection(name: str, on: Sequence[Any] | str, key: KeyOf | None = None
                ) -> Callable[[Fold], Fold]:
     """Declare ``fold`` as the projection ``name`` over the ended runs of the workflows
     ``on``: ``fold(state, run) -> state``, ``state`` None before the first run, ``run``

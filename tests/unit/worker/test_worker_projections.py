@@ -146,4 +146,4 @@ def test_projections_must_be_projection_folds() -> None:
         WorkflowWorker(store=MemoryStore(), workflows=[order], projections=[order])
     with pytest.raises(TypeError, match="must be a list of @projection folds"):
         WorkflowWorker(store=MemoryStore(), workflows=[order],
-                       projections="proj.order_ids")  # type: ignore[arg-type]
+                       projections="proj.order_ids")
