@@ -57,9 +57,13 @@ def load(apps: Sequence[str], workflows: Sequence[str]) -> list[Any] | None:
 
 
 def _some_workflow_registered(apps: Sequence[str]) -> None:
-    """Serving every registered workflow needs one: an ``--app`` that defines none is the
-    wrong module (said here, before a worker or a fleet's children start on nothing)."""
+    """Serving every registered workflow needs one (or a ``@projection`` to fold): an
+    ``--app`` that defines neither is the wrong module (said here, before a worker or a
+    fleet's children start on nothing)."""
     registry = sys.modules.get("pyrula.workflows.definition")
+    projections = sys.modules.get("pyrula.workflows.projections")
+    if projections is not None and projections.PROJECTIONS.all():
+        return  # a worker that only folds projections
     if apps and (registry is None or not registry.REGISTRY.workflows()):
         raise AppError(f"--app {' '.join(apps)}: no @workflow is registered by importing "
                        f"{'it' if len(apps) == 1 else 'them'}; name the module that "

@@ -33,6 +33,11 @@ class ScheduleNotFound(WorkflowNotFound):
     """No schedule with this id (pause, resume or run_now of an unknown schedule)."""
 
 
+class ProjectionNotFound(WorkflowNotFound):
+    """No projection of this name was ever folded in this store (rebuild of an unknown
+    projection)."""
+
+
 class RunNotActive(PyrulaError, ValueError):
     """A signal, resume or cancel was sent to a run that has already ended."""
 

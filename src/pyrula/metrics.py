@@ -113,6 +113,9 @@ CATALOG: dict[str, Spec] = {
     "pyrula.workflows.triggers.started": _spec(
         "pyrula_trigger_runs_started", C, "Runs a batch trigger started, one per batch of "
         "events.", "workflow"),
+    "pyrula.workflows.projections.folded": _spec(
+        "pyrula_projection_runs_folded", C, "Ended runs folded into a projection (each once).",
+        "projection"),
     "pyrula.workflows.archive.lag": _spec(
         "pyrula_archive_lag_seconds", G, "How long ago the oldest ended run that may not be "
         "archived yet ended (0 when the archive has caught up)."),

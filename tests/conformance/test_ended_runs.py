@@ -42,6 +42,25 @@ async def test_ended_runs_orders_runs_that_ended_at_once_by_id(store: Any) -> No
     assert [r for _, r in first + rest] == order
 
 
+async def test_a_page_from_a_cursor_is_full_while_runs_remain(store: Any) -> None:
+    """A cursor-paged read gives ``limit`` runs whenever that many remain after the cursor
+    (a shorter page from one shard could let another shard's later run pass before the
+    runs it left unread, and a cursor moved past them would skip them)."""
+    ended = []
+    for i in range(7):
+        claimed = await running(store, now=T0 + i)
+        await complete(store, claimed.run_id, claimed.token, now=T0 + 10 + i)
+        ended.append((T0 + 10 + i, claimed.run_id))
+
+    pages, cursor = [], None
+    while page := await store.ended_runs(after=cursor, until=T0 + 100, limit=3):
+        pages.append(page)
+        cursor = page[-1]
+
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert [r for p in pages for r in p] == ended
+
+
 async def test_expire_finished_leaves_runs_in_flight_and_reads_alone(store: Any) -> None:
     claimed = await running(store, now=T0)
     done = await running(store, now=T0)

@@ -423,3 +423,30 @@ async def test_a_database_error_in_reconcile_is_logged_and_retried_not_fatal(
     monkeypatch.setattr(store.archive, "archived", real)
     assert await store.reconcile_tick(worker_id="w", names=[WF], now=T0 + 100) is None
     assert await store.archive.get_run(run_id) is not None
+
+
+async def test_a_projection_folds_the_runs_only_the_archive_still_holds(make: MAKE) -> None:
+    from pyrula.workflows.projections import ProjectionSpec
+    from pyrula.workflows.worker.projections import fold_once
+
+    store = make(live_ttl_after_archive=0)  # the live copy goes as soon as it is archived
+    kept = make(live_ttl_after_archive=86400)  # the same namespace: these stay live too
+    ended = []
+    for i in range(3):  # archived, then gone from Valkey
+        r = await running(store, WF, {"n": i}, now=T0 + i)
+        await complete(store, r.run_id, r.token, {"i": i}, now=T0 + 10 + i)
+        ended.append(r.run_id)
+        assert await _gone_from_live(store, r.run_id)
+    for i in range(2):  # archived and still live
+        r = await running(kept, WF, {"n": i}, now=T0 + 20 + i)
+        await complete(kept, r.run_id, r.token, {"i": i}, now=T0 + 30 + i)
+        ended.append(r.run_id)
+    spec = ProjectionSpec("archive_store.ids", (WF,),
+                          lambda state, run: [*(state or []), run.run_id])
+
+    for _ in range(10):
+        if (await fold_once(store, spec, now=T0 + 100, grace=0.0, batch=2)).outcome == "idle":
+            break
+
+    states = await store.projection_states(spec.name, None)
+    assert states == {"": ended}  # each once, in end order, expired ones from the archive

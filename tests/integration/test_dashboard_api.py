@@ -92,3 +92,24 @@ async def test_an_api_only_router_serves_no_dashboard() -> None:
                                  base_url="http://t") as http:
         assert (await http.get("/runs/dashboard/", follow_redirects=True)).status_code == 404
         assert (await http.get("/runs/")).status_code == 200  # the API itself
+
+
+async def test_the_projections_page_lists_projections_and_shows_a_state() -> None:
+    from pyrula.workflows.stores.capabilities import ProjectionHead
+
+    store = MemoryStore()
+    head = ProjectionHead("dash_api.totals", 0, "fp", True, (1_800_000_000.0, "r1"), 3,
+                          1_800_000_000.0)
+    assert await store.save_projection(head, {"acme": 2, "bolt": 1}, expected=0, reset=False)
+    async with _http(store) as http:
+        page = (await http.get("/runs/dashboard/")).text
+        assert 'href="#/projections"' in page and 'id="view-projection"' in page
+        listed = (await http.get("/runs/dashboard/api/projections")).json()["projections"]
+        assert [(p["name"], p["folded"], p["keyed"]) for p in listed] == [
+            ("dash_api.totals", 3, True)]
+        shown = (await http.get("/runs/dashboard/api/projections/dash_api.totals")).json()
+        assert shown["state"] == {"acme": 2, "bolt": 1}
+        one = await http.get("/runs/dashboard/api/projections/dash_api.totals?key=bolt")
+        assert one.json()["state"] == 1
+        missing = await http.get("/runs/dashboard/api/projections/nope")
+        assert missing.status_code == 404

@@ -365,7 +365,7 @@ def test_openapi_describes_every_route(api: httpx.Client) -> None:
         ("/{run_id}", "get"),
         ("/{run_id}/result", "get"), ("/{run_id}/events", "get"),
         ("/{run_id}/signal", "post"), ("/{run_id}/resume", "post"),
-        ("/{run_id}/cancel", "post"), ("/{run_id}/fork", "post"),
+        ("/{run_id}/cancel", "post"), ("/{run_id}/fork", "post"), ("/projections/{name}", "get"),
     }
     listing = {p["name"] for p in doc["paths"]["/"]["get"]["parameters"]}
     assert listing == {"workflow", "status", "owner", "limit", "cursor"}
@@ -429,8 +429,10 @@ def test_no_generated_request_is_a_server_error(case: Any, served_url: str) -> N
     # A run id with a newline (schemathesis holds it percent-encoded) never reaches the
     # router: the host app's Mount pattern does not match it, so the host answers its own
     # plain-text 404.
-    run_id = str((case.path_parameters or {}).get("run_id", ""))
-    reached = "\n" not in run_id and "%0A" not in run_id.upper()
+    # The same holds for a projection's name.
+    path = case.path_parameters or {}
+    segment = str(path.get("run_id", path.get("name", "")))
+    reached = "\n" not in segment and "%0A" not in segment.upper()
     if response.status_code >= 400 and reached:
         error = response.json()["error"]
         shape = {"code", "message", "known"} if error.get("code") == "unknown_workflow" \

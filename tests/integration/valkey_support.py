@@ -28,6 +28,7 @@ from pyrula.workflows import (
     step,
     workflow,
 )
+from pyrula.workflows.projections import ProjectionSpec
 from pyrula.workflows.schedules import Schedule
 from pyrula.workflows.schedules.control import (
     apause_schedule,
@@ -35,6 +36,7 @@ from pyrula.workflows.schedules.control import (
     arun_schedule_now,
 )
 from pyrula.workflows.stores.valkey.keys import name_hash
+from pyrula.workflows.worker.projections import fold_once
 from tests.conftest import await_until
 
 
@@ -92,6 +94,10 @@ async def touch_again(tag: str) -> str:
 @workflow(name="vk.one_step")
 async def one_step(ctx: WorkflowContext, params: dict[str, Any]) -> str:
     return str(await touch(params["tag"]))
+
+
+def _count_ended(state: Any, run: Any) -> int:
+    return int(state or 0) + 1
 
 
 @workflow(name="vk.two_steps")
@@ -311,6 +317,16 @@ async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") ->
     assert len(batches) == 2
     for batch in batches:
         assert await client.cancel(batch.run_id)
+
+    # Projections: the ended runs folded (a save, and a second pass finding nothing new),
+    # read whole and listed, then rebuilt.
+    spec = ProjectionSpec(f"{tag}vk.ended", ("vk.two_steps", "vk.batch"), _count_ended)
+    done = await fold_once(store, spec, now=time.time() + 60, grace=0.0)
+    assert done.outcome == "saved" and done.folded >= 3, done
+    assert (await fold_once(store, spec, now=time.time() + 60, grace=0.0)).outcome == "idle"
+    assert await client.projection(spec.name) == done.folded
+    assert spec.name in [p.name for p in await client.projections()]
+    await client.rebuild_projection(spec.name)
 
     # Schedules: created, listed, paused and resumed, run now, fired by the worker's loop
     # (due a second after it is created, when the worker's schedule_interval is short).

@@ -45,7 +45,7 @@ def test_a_version_1_file_gains_the_schedules_table(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 5
+        assert _version(path) == SCHEMA_VERSION == 6
         store.schedule_create(Schedule.create("wf", "0 * * * *", schedule_id="s"))
         assert [s.schedule_id for s in store.schedule_list()] == ["s"]
     finally:
@@ -142,6 +142,38 @@ async def test_a_version_4_file_gains_the_trigger_tables(tmp_path: Path) -> None
         info = await store.get_run(run.run_id)
         assert info is not None and info.params["events"][0]["id"] == event_id
         assert (await store.get_run(queued.run_id)) is not None  # the old run is kept
+    finally:
+        store.close()
+
+
+async def test_a_version_5_file_gains_the_projection_tables(tmp_path: Path) -> None:
+    from pyrula.workflows.stores.capabilities import ProjectionHead
+
+    path = tmp_path / "v5.db"
+    store = SQLiteStore(path)
+    try:
+        claimed = await store.claim_run((await store.submit("wf", {}, now=100.0))[0].run_id,
+                                        "w", now=100.0, lock_ttl=30.0)
+        assert claimed is not None
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)  # what pyrula with schema 5 left behind: no projections
+    try:
+        for table in ("projection_heads", "projection_states"):
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute("DROP INDEX runs_ended")
+        conn.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
+        conn.commit()
+    finally:
+        conn.close()
+
+    store = SQLiteStore(path)
+    try:
+        assert _version(path) == SCHEMA_VERSION == 6
+        head = ProjectionHead("p", 0, "fp", False, None, 0, 200.0)
+        assert await store.save_projection(head, {"": [1]}, expected=0, reset=False)
+        assert await store.projection_states("p", None) == {"": [1]}
+        assert (await store.get_run(claimed.run_id)) is not None  # the old run is kept
     finally:
         store.close()
 

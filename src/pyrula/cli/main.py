@@ -27,6 +27,7 @@ from pyrula.cli.common import (
     serve,
     worker_options,
 )
+from pyrula.cli.projections import projections
 from pyrula.cli.repair import cancel_command, fork_command, retry_command
 from pyrula.cli.runs import runs as runs_group
 from pyrula.cli.schedules import schedules
@@ -117,6 +118,7 @@ cli.command(
 
 cli.add_command(schedules)
 cli.add_command(cloud)
+cli.add_command(projections)
 
 
 def _restart() -> None:

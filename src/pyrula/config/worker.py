@@ -38,6 +38,9 @@ class WorkerOptions:
     step_boundary_durability: bool = True
     reconcile_interval: float = 60.0
     projection_interval: float = 60.0
+    #: How long after a run's end the projection loop folds it (a finish written late, with
+    #: an earlier timestamp than runs already folded, is not skipped within it).
+    projection_grace: float = 10.0
     journal_cache_events: int = 50000
     journal_cache_verify: bool = False
     lock_ttl: float = 15.0
@@ -148,6 +151,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "step_boundary_durability": parse_bool,
     "reconcile_interval": _seconds(),
     "projection_interval": _seconds(),
+    "projection_grace": _seconds(strict=False),
     "journal_cache_events": _count(0),
     "journal_cache_verify": parse_bool,
     "lock_ttl": _seconds(),

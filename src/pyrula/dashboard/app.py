@@ -103,6 +103,8 @@ class Dashboard:
             Route("/api/queues", self._guard(self.queues), methods=get),
             Route("/api/shards", self._guard(self.shards), methods=get),
             Route("/api/stuck", self._guard(self.stuck), methods=get),
+            Route("/api/projections", self._guard(self.projections), methods=get),
+            Route("/api/projections/{name:path}", self._guard(self.projection), methods=get),
             Route("/api/runs", self._guard(self.runs), methods=get),
             Route("/api/runs/{run_id}", self._guard(self.run), methods=get),
             Route("/api/runs/{run_id}/retry", self._guard(self.retry), methods=post),
@@ -192,6 +194,17 @@ class Dashboard:
                                     before=before)
         after = encode_cursor(page[-1]) if len(page) == limit else None
         return json_response({"runs": [run_row(info) for info in page], "cursor": after})
+
+    async def projections(self, request: Request) -> Response:
+        return json_response({"projections": await self.data.projections()})
+
+    async def projection(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        found = await self.data.projection(name, request.query_params.get("key"))
+        if found is None:
+            raise ApiError(404, "projection_not_found",
+                           f"no projection named {name!r} was folded yet")
+        return json_response(found)
 
     async def run(self, request: Request) -> Response:
         return json_response(await self.data.run(request.path_params["run_id"]))

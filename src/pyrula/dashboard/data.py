@@ -16,6 +16,7 @@ from typing import Any
 from pyrula.cli.timeline import EntryKind, timeline
 from pyrula.timestamps import epoch_of, iso_utc, iso_utc_or_none
 from pyrula.workflows.client import WorkflowClient
+from pyrula.workflows.projections import head_document
 from pyrula.workflows.records import RunInfo, RunStatus
 from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.triage import retries_of, stuck_runs
@@ -109,6 +110,22 @@ class DashboardData:
         found: list[dict[str, Any]] = await self._bounded(
             stuck_runs(self.store, STUCK_LIMIT, time.time()))
         return [{**row, "updated_at": iso_utc_or_none(row["updated_at"])} for row in found]
+
+    async def projections(self) -> list[dict[str, Any]]:
+        """Every projection's head (none where the store keeps no projections)."""
+        if capabilities_of(self.store).projections is None:
+            return []
+        return [head_document(h) for h in await self._bounded(self.client.projections())]
+
+    async def projection(self, name: str, key: str | None) -> dict[str, Any] | None:
+        """A projection's head and state (``key``'s, for a keyed one), None if unknown."""
+        if capabilities_of(self.store).projections is None:
+            return None
+        head = await self._bounded(self.client.projection_info(name))
+        if head is None:
+            return None
+        state = await self._bounded(self.client.projection(name, key))
+        return {**head_document(head), "key": key, "state": state}
 
     async def recent_names(self) -> list[str]:
         page = await self._bounded(self.store.list_runs(limit=RECENT_RUNS))

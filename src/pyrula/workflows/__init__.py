@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         ConfigurationError,
         NonDeterminismError,
         PayloadTooLarge,
+        ProjectionNotFound,
         RunCancelled,
         RunFailed,
         RunNotActive,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         WorkflowNotFound,
     )
     from pyrula.workflows.inline import InlineWorkflowRunner
+    from pyrula.workflows.projections import projection
     from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
     from pyrula.workflows.stores import store_from_url
     from pyrula.workflows.stores.archive import (
@@ -52,6 +54,7 @@ _SOURCES = {
     "NonDeterminismError": "pyrula.workflows.errors",
     "PayloadTooLarge": "pyrula.workflows.errors",
     "PostgresArchive": "pyrula.workflows.stores.archive",
+    "ProjectionNotFound": "pyrula.workflows.errors",
     "RunCancelled": "pyrula.workflows.errors",
     "RunFailed": "pyrula.workflows.errors",
     "RunHandle": "pyrula.workflows.records",
@@ -71,6 +74,7 @@ _SOURCES = {
     "WorkflowNotFound": "pyrula.workflows.errors",
     "WorkflowWorker": "pyrula.workflows.worker",
     "make_archiving_postgres": "pyrula.workflows.stores.archive",
+    "projection": "pyrula.workflows.projections",
     "step": "pyrula.workflows.definition",
     "step_info": "pyrula.workflows.definition",
     "store_from_url": "pyrula.workflows.stores",
@@ -89,6 +93,7 @@ __all__ = [
     "NonDeterminismError",
     "PayloadTooLarge",
     "PostgresArchive",
+    "ProjectionNotFound",
     "RunCancelled",
     "RunFailed",
     "RunHandle",
@@ -108,6 +113,7 @@ __all__ = [
     "WorkflowNotFound",
     "WorkflowWorker",
     "make_archiving_postgres",
+    "projection",
     "step",
     "step_info",
     "store_from_url",

@@ -15,16 +15,23 @@ from pyrula.workflows.definition import workflow_name
 from pyrula.workflows.errors import (
     ConfigurationError,
     PayloadTooLarge,
+    ProjectionNotFound,
     RunCancelled,
     RunFailed,
     WorkflowNotFound,
 )
 from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, INTERRUPT_SIGNAL, Event, dumps
 from pyrula.workflows.forks import fork_point
+from pyrula.workflows.projections import WHOLE, check_projection_name
 from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import Store
-from pyrula.workflows.stores.capabilities import Triggers, capabilities_of
+from pyrula.workflows.stores.capabilities import (
+    ProjectionHead,
+    Projections,
+    Triggers,
+    capabilities_of,
+)
 from pyrula.workflows.triggers import check_topic
 
 T = TypeVar("T")
@@ -158,6 +165,51 @@ class WorkflowClient:
                                      "with batch triggers (memory, SQLite, Valkey)")
         return triggers
 
+    async def projection(self, name: str, key: str | int | None = None) -> Any:
+        """The state of projection ``name`` as the workers last folded it: None before
+        its first fold. For a keyed projection, the state of ``key`` (None if no run has
+        that key yet), or without ``key`` every key's state as a dict. ValueError for a
+        ``key`` given to a projection that is not keyed."""
+        store = self._projections()
+        head = await store.projection_head(check_projection_name(name))
+        if head is None:
+            return None
+        if key is None:
+            if head.keyed:
+                return await store.projection_states(name, None)
+            return (await store.projection_states(name, [WHOLE])).get(WHOLE)
+        if not head.keyed:
+            raise ValueError(f"projection {name!r} is not keyed: ask for it without key=")
+        if isinstance(key, bool) or not isinstance(key, str | int):
+            raise ValueError(f"a projection key is a str or an int, got {key!r}")
+        return (await store.projection_states(name, [str(key)])).get(str(key))
+
+    async def projection_info(self, name: str) -> ProjectionHead | None:
+        """Projection ``name``'s version, checkpoint and runs folded; None before its
+        first fold."""
+        return await self._projections().projection_head(check_projection_name(name))
+
+    async def projections(self) -> list[ProjectionHead]:
+        """Every projection folded in this store (its version, checkpoint, runs folded),
+        by name."""
+        return await self._projections().projection_heads()
+
+    async def rebuild_projection(self, name: str) -> None:
+        """Drop projection ``name``'s state and checkpoint: the workers fold it again
+        from the first run the store still keeps. ProjectionNotFound if it was never
+        folded here."""
+        done = await self._projections().reset_projection(check_projection_name(name),
+                                                          now=self._clock.now())
+        if not done:
+            raise ProjectionNotFound(f"no projection named {name!r} in this store")
+
+    def _projections(self) -> Projections:
+        found = capabilities_of(self.store).projections
+        if found is None:
+            raise ConfigurationError(f"{self.store!r} keeps no projections (memory, SQLite "
+                                     "and Valkey stores do)")
+        return found
+
     async def served_names(self) -> list[str]:
         """Every workflow name a worker of this store has ever served, sorted (empty before
         the first worker): what a name about to be submitted can be checked against."""
@@ -287,6 +339,18 @@ class SyncWorkflowClient:
         self, topic: str, payload: Any, *, key: str | None = None, owner: str | None = None
     ) -> str:
         return self._run(self._client.emit(topic, payload, key=key, owner=owner))
+
+    def projection(self, name: str, key: str | int | None = None) -> Any:
+        return self._run(self._client.projection(name, key))
+
+    def projection_info(self, name: str) -> ProjectionHead | None:
+        return self._run(self._client.projection_info(name))
+
+    def projections(self) -> list[ProjectionHead]:
+        return self._run(self._client.projections())
+
+    def rebuild_projection(self, name: str) -> None:
+        self._run(self._client.rebuild_projection(name))
 
     def served_names(self) -> list[str]:
         return self._run(self._client.served_names())

@@ -228,6 +228,14 @@ OPENAPI: dict[str, Any] = {
                            "key": _OPTIONAL_STR, "owner": _OPTIONAL_STR},
                           ["topic", "payload"]),
         )},
+        "/projections/{name}": {"get": _operation(
+            "A projection's state (a keyed one: every key's, or key's)",
+            {"200": _answer("the projection and its state", "Projection")},
+            {"404": _answer("no projection of this name was folded yet", "Error"),
+             "422": _answer("a key for a projection that is not keyed", "Error")},
+            [_param("name", "path", {"type": "string"}, "the projection's name"),
+             _param("key", "query", {"type": "string"}, "the key of a keyed projection")],
+        )},
         "/openapi.json": {"get": _operation(
             "This description", {"200": _answer("OpenAPI 3 document")}, {})},
         "/{run_id}": {"get": _operation(
@@ -279,6 +287,11 @@ OPENAPI: dict[str, Any] = {
                            "known": {"type": "array", "items": {"type": "string"},
                                      "description": "unknown_workflow: the names workers "
                                      "of the store have served"}}}}},
+        "Projection": {"type": "object", "required": ["name", "state"], "properties": {
+            "name": {"type": "string"}, "keyed": {"type": "boolean"},
+            "version": {"type": "integer"}, "folded": {"type": "integer"},
+            "checkpoint": {"type": ["object", "null"]}, "fingerprint": {"type": "string"},
+            "updated_at": {"type": "string"}, "key": _OPTIONAL_STR, "state": _ANY}},
         "Emitted": {"type": "object", "required": ["event_id"], "properties": {
             "event_id": {"type": "string"}}},
         "Forked": {"type": "object", "required": ["run_id", "workflow", "forks", "from_step"],
@@ -330,6 +343,7 @@ class RunRouter:
             Route("/events", self._guard(self.emit), methods=["POST"]),
             Route("/", self._guard(self.list_runs), methods=["GET"]),
             Route("/openapi.json", self._guard(self.openapi), methods=["GET"]),
+            Route("/projections/{name:path}", self._guard(self.projection), methods=["GET"]),
             Route("/{run_id}", self._guard(self.show), methods=["GET"]),
             Route("/{run_id}/result", self._guard(self.result), methods=["GET"]),
             Route("/{run_id}/events", self._guard(self.events), methods=["GET"]),
@@ -431,6 +445,25 @@ class RunRouter:
             raise _client_call("payload" if str(exc).startswith("payload") else "topic",
                                exc) from None
         return json_response({"event_id": event_id}, 201 if created else 200)
+
+    async def projection(self, request: Request) -> Response:
+        """``GET /projections/{name}``: the projection's head and its state (``?key=``)."""
+        from pyrula.workflows.projections import head_document
+
+        name = request.path_params["name"]
+        key = request.query_params.get("key")
+        try:
+            head = await self.client.projection_info(name)
+        except ValueError as exc:
+            raise _client_call("name", exc) from None
+        if head is None:
+            raise ApiError(404, "projection_not_found",
+                           f"no projection named {name!r} was folded yet")
+        try:
+            state = await self.client.projection(name, key)
+        except ValueError as exc:
+            raise _client_call("key", exc) from None
+        return json_response({**head_document(head), "key": key, "state": state})
 
     async def list_runs(self, request: Request) -> Response:
         limit = _integer(request, "limit", DEFAULT_LIST_LIMIT, 1, MAX_LIST_LIMIT)

@@ -454,12 +454,46 @@
 
   function drawStuckCount(n) { $("stuck-count").textContent = n ? String(n) : ""; }
 
+  // --- projections -----------------------------------------------------------------------
+
+  function projectionLink(name) {
+    return el("a", { href: "#/projection/" + encodeURIComponent(name) }, el("code", { text: name }));
+  }
+
+  function loadProjections() {
+    return api("projections").then(function (body) {
+      fill($("projections").tBodies[0], body.projections.map(function (p) {
+        return el("tr", { "data-projection": p.name }, el("td", null, projectionLink(p.name)),
+          el("td", { text: String(p.folded) }), el("td", { text: p.keyed ? "yes" : "no" }),
+          el("td", { text: p.checkpoint ? fmtTime(p.checkpoint.finished_at) : "-" }),
+          el("td", { text: fmtTime(p.updated_at) }));
+      }), "no projections yet", 5);
+    });
+  }
+
+  function loadProjection(name) {
+    return api("projections/" + encodeURIComponent(name)).then(function (p) {
+      $("projection-name").textContent = p.name;
+      var tbody = $("projection-facts").tBodies[0];
+      clear(tbody);
+      [["runs folded", p.folded], ["keyed", p.keyed ? "yes" : "no"], ["version", p.version],
+        ["checkpoint", p.checkpoint ? fmtTime(p.checkpoint.finished_at) + " " + p.checkpoint.run_id : "-"],
+        ["updated", fmtTime(p.updated_at)]].forEach(function (f) {
+        tbody.appendChild(el("tr", null, el("td", { text: f[0] }), el("td", { text: String(f[1]) })));
+      });
+      $("projection-state").textContent = JSON.stringify(p.state, null, 2);
+    });
+  }
+
   // --- routing -------------------------------------------------------------------------
 
   function current() {
     var hash = location.hash.replace(/^#\/?/, "");
     if (hash.indexOf("run/") === 0) { return { view: "run", id: decodeURIComponent(hash.slice(4)) }; }
-    if (hash === "runs" || hash === "stuck") { return { view: hash }; }
+    if (hash.indexOf("projection/") === 0) {
+      return { view: "projection", id: decodeURIComponent(hash.slice(11)) };
+    }
+    if (hash === "runs" || hash === "stuck" || hash === "projections") { return { view: hash }; }
     return { view: "fleet" };
   }
 
@@ -469,6 +503,8 @@
     if (where.view === "run") { work = loadRun(where.id); }
     else if (where.view === "runs") { work = loadRuns(); }
     else if (where.view === "stuck") { work = loadStuck(); }
+    else if (where.view === "projections") { work = loadProjections(); }
+    else if (where.view === "projection") { work = loadProjection(where.id); }
     else { work = loadFleet(); }
     return Promise.resolve(work).then(function () {
       clearBanner();
@@ -480,9 +516,12 @@
 
   function show() {
     var where = current();
-    ["fleet", "runs", "run", "stuck"].forEach(function (name) { $("view-" + name).hidden = name !== where.view; });
+    ["fleet", "runs", "run", "stuck", "projections", "projection"].forEach(function (name) {
+      $("view-" + name).hidden = name !== where.view;
+    });
+    var tab = { run: "runs", projection: "projections" }[where.view] || where.view;
     Array.prototype.forEach.call(document.querySelectorAll("nav a"), function (a) {
-      a.className = a.getAttribute("data-view") === (where.view === "run" ? "runs" : where.view) ? "current" : "";
+      a.className = a.getAttribute("data-view") === tab ? "current" : "";
     });
     if (timer !== null) { clearInterval(timer); }
     refresh();

@@ -178,6 +178,67 @@ class Triggers(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ProjectionHead:
+    """What a store keeps of one projection besides its states.
+
+    ``version`` grows by one with every write (a fold's save or a rebuild) and never goes
+    back, so a compare-and-set on it cannot be fooled by a rebuild in between (0: never
+    written). ``checkpoint`` is the (finished_at, run_id) of the last run folded (None:
+    none yet); ``fingerprint`` the code the states were folded by ('' after a rebuild)."""
+
+    name: str
+    version: int
+    fingerprint: str
+    keyed: bool
+    checkpoint: tuple[float, str] | None
+    folded: int
+    updated_at: float
+
+
+@runtime_checkable
+class Projections(Protocol):
+    """A store that keeps projections (``@projection``): per projection a head
+    (ProjectionHead) and one JSON state per key, and that lists the ended runs to fold."""
+
+    async def ended_infos(
+        self, names: Sequence[str], *, after: tuple[float, str] | None, until: float,
+        limit: int,
+    ) -> list[RunInfo]:
+        """The ended runs of the workflows ``names`` with (finished_at, run_id) > ``after``
+        (None: from the first) and finished_at <= ``until``, in that order, at most
+        ``limit`` (the runs the store still keeps)."""
+        ...
+
+    async def projection_head(self, name: str) -> ProjectionHead | None:
+        """The head of projection ``name``; None if it was never written."""
+        ...
+
+    async def projection_heads(self) -> list[ProjectionHead]:
+        """Every projection's head, by name."""
+        ...
+
+    async def projection_states(self, name: str, keys: Sequence[str] | None
+                                ) -> dict[str, Any]:
+        """The states of ``keys`` that exist (None: of every key)."""
+        ...
+
+    async def save_projection(
+        self, head: ProjectionHead, states: Mapping[str, Any], *, expected: int,
+        reset: bool,
+    ) -> bool:
+        """Write ``states`` (over those keys' states; every other key dropped first if
+        ``reset``) and ``head`` with version ``expected + 1``, only if the stored version
+        is ``expected``: one atomic step; False (nothing written) if it is not."""
+        ...
+
+    async def reset_projection(self, name: str, *, now: float) -> bool:
+        """Drop the states, the checkpoint and the fingerprint of ``name`` and bump its
+        version (one atomic step): workers fold it again from the first run. False if it
+        was never written."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     """The optional abilities of one store, resolved once (None: the store lacks it)."""
 
@@ -192,6 +253,7 @@ class Capabilities:
     queue_stats: QueueStats | None = None
     shard_map: ShardMap | None = None
     triggers: Triggers | None = None
+    projections: Projections | None = None
 
 
 @runtime_checkable
@@ -217,4 +279,5 @@ def capabilities_of(store: object) -> Capabilities:
         queue_stats=store if isinstance(store, QueueStats) else None,
         shard_map=store if isinstance(store, ShardMap) else None,
         triggers=store if isinstance(store, Triggers) else None,
+        projections=store if isinstance(store, Projections) else None,
     )

@@ -42,6 +42,7 @@ from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock, StoreClock
 from pyrula.workflows.definition import REGISTRY, Registry, workflow_name
 from pyrula.workflows.engine import AttemptSettings
+from pyrula.workflows.projections import PROJECTIONS, ProjectionSpec, projection_spec
 from pyrula.workflows.records import PoisonPolicy
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import capabilities_of
@@ -54,6 +55,7 @@ from pyrula.workflows.worker.loops import Loop, LoopState, run_loop
 from pyrula.workflows.worker.orphans import OrphanLoop, Serving
 from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.probes import Probes
+from pyrula.workflows.worker.projections import projection_loops
 from pyrula.workflows.worker.renewal import LockRenewer, RenewalSettings
 from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.schedules import ScheduleLoop
@@ -86,6 +88,16 @@ def _default_store() -> Store:
     return archived_if_configured(store_from_url(url))
 
 
+def _projections(given: Sequence[Any] | None) -> dict[str, ProjectionSpec]:
+    """The projections a worker folds: ``given`` (@projection folds), or every one
+    imported. TypeError naming what is not a projection."""
+    if given is None:
+        return PROJECTIONS.all()
+    if isinstance(given, str) or not isinstance(given, Sequence):
+        raise TypeError(f"projections= must be a list of @projection folds, got {given!r}")
+    return {spec.name: spec for spec in map(projection_spec, given)}
+
+
 class WorkflowWorker:
     """Runs workflows from ``store``: every imported ``@workflow``, or only ``workflows``.
 
@@ -109,6 +121,9 @@ class WorkflowWorker:
     attempt ends its run, the run's trace is built from its journal and exported, in the
     background (``pyrula.workflows.tracing``, ``worker.traces``).
 
+    ``projections`` (``@projection`` folds) are the projections its projection loop keeps
+    up to date (``pyrula.workflows.projections``); None: every one imported.
+
     ``build`` names the code it serves instead of ``PYRULA_BUILD_ID`` or its fingerprint
     (``pyrula.workflows.build``): every run:started it writes records it.
     """
@@ -126,6 +141,7 @@ class WorkflowWorker:
         on_user_code: Callable[[], None] | None = None,
         span_exporter: SpanExporter | None = None,
         build: str | None = None,
+        projections: Sequence[Any] | None = None,
     ) -> None:
         self.options = o = (options if options is not None else WorkerOptions()).resolve()
         self.store: Store = store if store is not None else _default_store()
@@ -145,6 +161,7 @@ class WorkflowWorker:
                 if name not in available:
                     raise WorkflowNotFound(f"no workflow registered under the name {name!r}")
                 self._specs[name] = available[name]
+        self._projections = _projections(projections)
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
         #: The code it serves (``pyrula.workflows.build``), in every run:started it writes.
         self.build = serving_build(self._specs.values(), registry, build)
@@ -432,6 +449,9 @@ class WorkflowWorker:
         loops += trigger_loops(self._specs, caps.triggers, self.metrics, self._log,
                                interval=o.trigger_interval, runtime=self._rt,
                                store_shown=repr(self.store))
+        loops += projection_loops(self._projections, caps.projections, self.metrics, self._log,
+                                  interval=o.projection_interval, grace=o.projection_grace,
+                                  runtime=self._rt, store_shown=repr(self.store))
         tasks = [asyncio.create_task(self._rt.beat(), name="pyrula-heartbeat")]
         tasks += [
             asyncio.create_task(self._supervise(loop), name=f"pyrula-{loop.name}")

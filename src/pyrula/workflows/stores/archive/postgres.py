@@ -319,6 +319,24 @@ class PostgresArchive:
             rows = await conn.fetch(self._sql(query), *args)
         return [run_info(row) for row in rows]
 
+    async def ended_infos(
+        self, namespace: str, names: Sequence[str], *, after: tuple[float, str] | None,
+        until: float, limit: int,
+    ) -> list[RunInfo]:
+        """Archived runs of the workflows ``names`` with (finished_at, run_id) > ``after``
+        and finished_at <= ``until``, in that order, at most ``limit`` (the projections'
+        reads of the runs the live store no longer keeps)."""
+        low = (float("-inf"), "") if after is None else (float(after[0]), str(after[1]))
+        async with self._conn() as conn:
+            rows = await conn.fetch(
+                self._sql(f"SELECT {RUN_COLUMNS} FROM {{schema}}.runs WHERE namespace = $1 "
+                          "AND name = ANY($2::text[]) AND finished_at IS NOT NULL "
+                          "AND (finished_at, run_id) > ($3, $4) AND finished_at <= $5 "
+                          "ORDER BY finished_at, run_id LIMIT $6"),
+                namespace, list(names), low[0], low[1], float(until), max(0, int(limit)),
+            )
+        return [run_info(row) for row in rows]
+
     async def archived(self, namespace: str, run_ids: Sequence[str]) -> set[str]:
         """Which of ``run_ids`` are archived (in ``namespace``)."""
         if not run_ids:

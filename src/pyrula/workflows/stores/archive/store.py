@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -99,7 +99,9 @@ class ArchivingStore(StoreLayer):
     def capabilities(self) -> Capabilities:
         """The live store's abilities, with this store's own startup checks and reconcile
         loop."""
-        return replace(capabilities_of(self.live), prepare=self, reconcile=self)
+        live = capabilities_of(self.live)
+        return replace(live, prepare=self, reconcile=self,
+                       projections=None if live.projections is None else self)
 
     # --- archiving (archiver.py) ------------------------------------------------------
 
@@ -275,6 +277,39 @@ class ArchivingStore(StoreLayer):
         rows = sorted(merged.values(), key=lambda i: (i.created_at, i.run_id), reverse=True)
         return rows[:limit]
 
+    async def ended_infos(
+        self, names: Sequence[str], *, after: tuple[float, str] | None, until: float,
+        limit: int,
+    ) -> list[RunInfo]:
+        """The ended runs to fold (Projections) from both stores, merged in (finished_at,
+        run_id) order (a run in both is the live one): the archive covers the runs the
+        live store let expire. Raises ArchiveUnavailable while Postgres does not answer
+        (folding past a run that only the archive holds would skip it)."""
+        source = capabilities_of(self.live).projections
+        if source is None:
+            raise TypeError(f"{self.live!r} keeps no projections")
+        live = await source.ended_infos(names, after=after, until=until, limit=limit)
+        archived = await self._archived_infos(names, after=after, until=until, limit=limit)
+        merged = {info.run_id: info for info in archived}
+        merged.update((info.run_id, info) for info in live)
+        return sorted(merged.values(), key=_ended_order)[:limit]
+
+    async def _archived_infos(
+        self, names: Sequence[str], *, after: tuple[float, str] | None, until: float,
+        limit: int,
+    ) -> list[RunInfo]:
+        """The archive's ended runs, their end times as the live store orders them (a
+        Valkey store's index holds them to within a microsecond: ``ended_time``), so one
+        checkpoint serves both stores."""
+        ordered: Callable[[float], float] = getattr(self.live, "ended_time", float)
+        wider = None if after is None else (after[0] - ENDED_SLACK_S, "")
+        found = await self.archive.ended_infos(self.namespace, names, after=wider,
+                                               until=until + ENDED_SLACK_S,
+                                               limit=limit + ENDED_SLACK_ROWS)
+        infos = [replace(i, finished_at=ordered(i.finished_at or 0.0)) for i in found]
+        return [i for i in infos if (after is None or _ended_order(i) > after)
+                and (i.finished_at or 0.0) <= until]
+
     async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
         try:
             return await self.live.wait_result(run_id, timeout)
@@ -305,6 +340,16 @@ class ArchivingStore(StoreLayer):
 
     def __repr__(self) -> str:
         return f"ArchivingStore(live={self.live!r}, archive={self.archive!r})"
+
+
+#: How far an end time as the live store orders it may lie from the archived one, and
+#: how many more archived rows are read to cover the runs within that slack.
+ENDED_SLACK_S = 1e-5
+ENDED_SLACK_ROWS = 16
+
+
+def _ended_order(info: RunInfo) -> tuple[float, str]:
+    return (info.finished_at or 0.0, info.run_id)
 
 
 def make_archiving_postgres(

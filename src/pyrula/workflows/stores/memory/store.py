@@ -21,6 +21,7 @@ from pyrula.workflows.stores.memory.attempts import MemoryAttempts
 from pyrula.workflows.stores.memory.control import MemoryControl
 from pyrula.workflows.stores.memory.flow import MemoryFlowControl
 from pyrula.workflows.stores.memory.membership import MemoryMembership
+from pyrula.workflows.stores.memory.projections import MemoryProjections
 from pyrula.workflows.stores.memory.queue import MemoryQueue
 from pyrula.workflows.stores.memory.reads import MemoryReads
 from pyrula.workflows.stores.memory.schedules import MemorySchedules
@@ -82,6 +83,7 @@ class MemoryStore(SyncAdmin):
         self._membership = MemoryMembership(self._state)
         self._schedules = MemorySchedules(self._state)
         self._triggers = MemoryTriggers(self._state)
+        self._projections = MemoryProjections(self._state)
         self._binding: tuple[str | None, str | None] = (None, None)
 
     # the work queue
@@ -140,6 +142,14 @@ class MemoryStore(SyncAdmin):
     # events and batch triggers (Triggers)
     emit = _Via("_triggers", MemoryTriggers.emit)
     take_batches = _Via("_triggers", MemoryTriggers.take_batches)
+
+    # projections (Projections)
+    ended_infos = _Via("_projections", MemoryProjections.ended_infos)
+    projection_head = _Via("_projections", MemoryProjections.projection_head)
+    projection_heads = _Via("_projections", MemoryProjections.projection_heads)
+    projection_states = _Via("_projections", MemoryProjections.projection_states)
+    save_projection = _Via("_projections", MemoryProjections.save_projection)
+    reset_projection = _Via("_projections", MemoryProjections.reset_projection)
 
     # lifecycle
 

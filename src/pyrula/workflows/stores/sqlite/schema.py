@@ -14,10 +14,11 @@ from pyrula.workflows.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Versions this schema upgrades in place (2 added the schedules table, 3 runs.queued_at,
-#: 4 runs.suspect_seq, 5 the trigger_* tables of events and batch triggers).
-ADDITIVE_FROM = frozenset({1, 2, 3, 4})
+#: 4 runs.suspect_seq, 5 the trigger_* tables of events and batch triggers, 6 the
+#: projection_* tables and the runs_ended index).
+ADDITIVE_FROM = frozenset({1, 2, 3, 4, 5})
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -120,6 +121,28 @@ SCHEMA = (
         seq INTEGER NOT NULL,
         PRIMARY KEY (name, topic, owner, seq)
     ) WITHOUT ROWID""",
+    # Projections (@projection): a head per projection, written with a compare-and-set on
+    # ``version`` in the transaction that writes its states; ``cp_at, cp_id`` the
+    # (finished_at, run_id) of the last run folded.
+    """CREATE TABLE IF NOT EXISTS projection_heads (
+        name TEXT PRIMARY KEY,
+        version INTEGER NOT NULL,
+        fingerprint TEXT NOT NULL,
+        keyed INTEGER NOT NULL,
+        cp_at REAL,
+        cp_id TEXT,
+        folded INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS projection_states (
+        name TEXT NOT NULL,
+        key TEXT NOT NULL,
+        state BLOB NOT NULL,
+        PRIMARY KEY (name, key)
+    ) WITHOUT ROWID""",
+    # The ended runs of a workflow in the order projections fold them.
+    """CREATE INDEX IF NOT EXISTS runs_ended
+        ON runs(name, finished_at, run_id) WHERE finished_at IS NOT NULL""",
     """CREATE TABLE IF NOT EXISTS flow_control (
         owner TEXT PRIMARY KEY,
         max_concurrent INTEGER,

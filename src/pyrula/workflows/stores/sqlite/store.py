@@ -37,13 +37,14 @@ from pyrula.workflows.records import (
 )
 from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import SyncAdmin
-from pyrula.workflows.stores.capabilities import QueueStat
+from pyrula.workflows.stores.capabilities import ProjectionHead, QueueStat
 from pyrula.workflows.stores.sqlite.attempts import Attempts
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
 from pyrula.workflows.stores.sqlite.control import RunControl
 from pyrula.workflows.stores.sqlite.flow import FlowLimits
 from pyrula.workflows.stores.sqlite.membership import Membership
+from pyrula.workflows.stores.sqlite.projections import SQLiteProjections
 from pyrula.workflows.stores.sqlite.queue import WorkQueue
 from pyrula.workflows.stores.sqlite.reads import Reads, Wakeups
 from pyrula.workflows.stores.sqlite.schedules import Schedules
@@ -90,6 +91,7 @@ class SQLiteStore(SyncAdmin):
         self._flow = FlowLimits(db, calls)
         self._schedules = Schedules(db, calls)
         self._triggers = EventTriggers(db, calls)
+        self._projections = SQLiteProjections(db, calls)
         db.connection()  # fail fast on an unusable path
 
     @classmethod
@@ -339,6 +341,35 @@ class SQLiteStore(SyncAdmin):
         return await self._triggers.take_batches(
             name, topic, max_size=max_size, max_wait=max_wait, now=now, limit=limit
         )
+
+    # --- projections (Projections) ---------------------------------------------------
+
+    async def ended_infos(
+        self, names: Sequence[str], *, after: tuple[float, str] | None, until: float,
+        limit: int,
+    ) -> list[RunInfo]:
+        return await self._projections.ended_infos(names, after=after, until=until,
+                                                   limit=limit)
+
+    async def projection_head(self, name: str) -> ProjectionHead | None:
+        return await self._projections.projection_head(name)
+
+    async def projection_heads(self) -> list[ProjectionHead]:
+        return await self._projections.projection_heads()
+
+    async def projection_states(self, name: str, keys: Sequence[str] | None
+                                ) -> dict[str, Any]:
+        return await self._projections.projection_states(name, keys)
+
+    async def save_projection(
+        self, head: ProjectionHead, states: Mapping[str, Any], *, expected: int,
+        reset: bool,
+    ) -> bool:
+        return await self._projections.save_projection(head, states, expected=expected,
+                                                       reset=reset)
+
+    async def reset_projection(self, name: str, *, now: float) -> bool:
+        return await self._projections.reset_projection(name, now=now)
 
     # --- lifecycle ------------------------------------------------------------------
 

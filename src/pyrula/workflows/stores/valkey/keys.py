@@ -35,6 +35,10 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:tp:<t>:wm     string   a triggered workflow's copy of the log reached this
     <ns>:{<h>.<s>}:tp:<t>:q:<o>  list     its events pending, of one owner (emit order)
     <ns>:{<h>.<s>}:tp:<t>:owners zset     owners with events pending -> oldest emit time
+    <ns>:{pj.<p>}:head            hash     a projection's head: name, version, fp, keyed,
+                                           cp_at, cp_id (checkpoint), folded, updated_at
+    <ns>:{pj.<p>}:states          hash     a projection's states: key -> JSON state
+    <ns>:projections              zset     every projection name (score 0: listed by name)
     <ns>:{schedules}:s:<id>       hash     a schedule: def (JSON), name, paused, next, last_run,
                                            last_run_at
     <ns>:{schedules}:ids          zset     every schedule id (score 0: listed by id)
@@ -43,6 +47,9 @@ starts with the name hash and the shard, so any client finds a run's keys from i
 ``<t>`` is the topic's hash; a workflow's events pending from a topic are kept on the
 shard its batch runs are queued on (``trigger_shard``), so that taking a batch and
 queueing its run is one script on one slot (see lua/trigger.lua).
+
+``<p>`` is the projection name's hash: a projection's head and states share one slot, so
+a fold's compare-and-set write is one script (lua/projection.lua).
 
 Every schedule lives in the one slot of ``{schedules}``, so each schedule operation is one
 script call, in a cluster too.
@@ -60,6 +67,13 @@ _RUN_ID = re.compile(r"^[0-9a-f]{40}$")
 #: Ended runs are scored in a shard's ``times`` by their finish time minus this: below
 #: every lock expiry (which are times), in finish order. The Lua lib's ENDED mirrors it.
 ENDED_OFFSET = 10_000_000_000
+
+
+def ended_time(finished_at: float) -> float:
+    """A run's finish time as a shard's ``times`` gives it back (its score plus
+    ENDED_OFFSET: the same double arithmetic, so the same value, within a microsecond of
+    the record's). Projections order runs, and keep their checkpoints, by this."""
+    return (finished_at - ENDED_OFFSET) + ENDED_OFFSET
 
 
 def name_hash(name: str) -> str:
@@ -128,6 +142,15 @@ class KeySpace:
     def topic(self, topic: str) -> str:
         """The base key of a topic's events (one slot per topic)."""
         return f"{self.ns}:{{tp.{name_hash(topic)}}}"
+
+    def projection(self, name: str) -> str:
+        """The base key of a projection's head and states (one slot per projection)."""
+        return f"{self.ns}:{{pj.{name_hash(name)}}}"
+
+    @property
+    def projections(self) -> str:
+        """The index of every projection name."""
+        return f"{self.ns}:projections"
 
     @property
     def schedules(self) -> str:

@@ -183,37 +183,41 @@ class Reads:
     # --- archiving (ArchivingStore) --------------------------------------------------
 
     async def ended_runs(
-        self, *, after: tuple[float, str] | None, until: float, limit: int
+        self, *, after: tuple[float, str] | None, until: float, limit: int,
+        names: Sequence[str] | None = None,
     ) -> list[tuple[float, str]]:
-        """(finished_at, run_id) of ended runs after the cursor ``after`` and at or before
-        ``until``, oldest first, at most ``limit``: read from each shard's ``times``, which
-        holds ended runs (scored by their finish time - ENDED_OFFSET) for
-        ``completed_ttl``."""
+        """(finished_at, run_id) of ended runs (of the workflows ``names``; None: of every
+        one) after the cursor ``after`` and at or before ``until``, oldest first, at most
+        ``limit``: read from each shard's ``times``, which holds ended runs (scored by
+        their finish time - ENDED_OFFSET) for ``completed_ttl``."""
         conn = self.connection
+        wanted = await self.registry.names() if names is None else names
         keys = [f"{conn.keys.base_of(n, s)}:times"
-                for n in await self.registry.names() for s in range(conn.shard_count)]
+                for n in wanted for s in range(conn.shard_count)]
         low: Any = "-inf" if after is None else after[0] - ENDED_OFFSET
         if limit <= 0 or not keys:
             return []
         found: list[tuple[float, str]] = []
-        pending = [(key, 0) for key in keys]
+        pending = [(key, 0, 0) for key in keys]
         while pending:
             pages = await conn.pipeline([
                 (key, ("ZRANGEBYSCORE", key, low, until - ENDED_OFFSET, "WITHSCORES",
                        "LIMIT", offset, limit))
-                for key, offset in pending
+                for key, offset, _ in pending
             ], idempotent=True)
             again = []
-            for (key, offset), reply in zip(pending, pages, strict=True):
+            for (key, offset, taken), reply in zip(pending, pages, strict=True):
                 if isinstance(reply, BaseException):
                     raise reply
                 page = [(member, score + ENDED_OFFSET) for member, score in as_scored(reply)]
                 fresh = [(float(ended), str(member)) for member, ended in page
                          if after is None or (float(ended), str(member)) > after]
                 found.extend(fresh)
-                # A full page wholly at or before the cursor (ties on its score): read on.
-                if not fresh and len(page) >= limit:
-                    again.append((key, offset + len(page)))
+                # A full page partly at or before the cursor (ties on its score): read on,
+                # so that each shard gives its first ``limit`` runs after the cursor (with
+                # fewer, a later shard's run could pass before one this shard left unread).
+                if len(page) >= limit and taken + len(fresh) < limit:
+                    again.append((key, offset + len(page), taken + len(fresh)))
             pending = again
         found.sort()
         return found[:limit]

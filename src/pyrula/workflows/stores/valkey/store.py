@@ -35,13 +35,15 @@ from pyrula.workflows.records import (
 )
 from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import SyncAdmin
-from pyrula.workflows.stores.capabilities import QueueStat
+from pyrula.workflows.stores.capabilities import ProjectionHead, QueueStat
 from pyrula.workflows.stores.valkey.attempts import Attempts
 from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.control import Control
 from pyrula.workflows.stores.valkey.doorbell import Doorbell
 from pyrula.workflows.stores.valkey.flow import Flow
+from pyrula.workflows.stores.valkey.keys import ended_time
 from pyrula.workflows.stores.valkey.leases import Leases
+from pyrula.workflows.stores.valkey.projections import ValkeyProjections
 from pyrula.workflows.stores.valkey.queue import Queue
 from pyrula.workflows.stores.valkey.reads import Reads
 from pyrula.workflows.stores.valkey.registry import Registry
@@ -100,6 +102,7 @@ class ValkeyStore(SyncAdmin):
         self.control = Control(conn, self.doorbell)
         self.schedules = Schedules(conn)
         self.triggers = Triggers(conn, self.registry, self.doorbell)
+        self.projections = ValkeyProjections(conn, self.reads)
 
     def __repr__(self) -> str:
         return (f"ValkeyStore({self.connection.where()!r}, namespace={self.namespace!r}, "
@@ -193,6 +196,40 @@ class ValkeyStore(SyncAdmin):
         return await self.triggers.take_batches(
             name, topic, max_size=max_size, max_wait=max_wait, now=now, limit=limit
         )
+
+    # --- projections (Projections) ---------------------------------------------------
+
+    async def ended_infos(
+        self, names: Sequence[str], *, after: tuple[float, str] | None, until: float,
+        limit: int,
+    ) -> list[RunInfo]:
+        return await self.projections.ended_infos(names, after=after, until=until,
+                                                  limit=limit)
+
+    @staticmethod
+    def ended_time(finished_at: float) -> float:
+        """The end time by which ``ended_infos`` orders runs (``keys.ended_time``)."""
+        return ended_time(finished_at)
+
+    async def projection_head(self, name: str) -> ProjectionHead | None:
+        return await self.projections.projection_head(name)
+
+    async def projection_heads(self) -> list[ProjectionHead]:
+        return await self.projections.projection_heads()
+
+    async def projection_states(self, name: str, keys: Sequence[str] | None
+                                ) -> dict[str, Any]:
+        return await self.projections.projection_states(name, keys)
+
+    async def save_projection(
+        self, head: ProjectionHead, states: Mapping[str, Any], *, expected: int,
+        reset: bool,
+    ) -> bool:
+        return await self.projections.save_projection(head, states, expected=expected,
+                                                      reset=reset)
+
+    async def reset_projection(self, name: str, *, now: float) -> bool:
+        return await self.projections.reset_projection(name, now=now)
 
     # --- attempts -------------------------------------------------------------------
 
