@@ -1,0 +1,132 @@
+"""Projections under faults: a fleet over Valkey folds every ended run into a projection
+while its children are killed with SIGKILL (a fold in progress among them) and the Valkey
+server is killed and restarted (append-only file, fsync on every write), and runs keep
+being submitted throughout. The verdict: the projection, which lists the ids of the runs
+it folded, holds every completed run exactly once.
+
+A submit that meets the outage raises; the submitter sends it again with the same
+idempotency key, as a producer would, so it is one run. The order of the faults is drawn
+from a seed (printed, so a failure can be replayed).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pyrula.workflows import RunStatus, StoreUnavailable, SyncWorkflowClient, ValkeyStore
+from tests.conftest import wait_until
+from tests.fleet.fleetprocs import Fleet, Fleets, ready, write_app
+from tests.servers import Server, start_server
+
+pytestmark = pytest.mark.slow
+
+APP = "chaosprojections"
+WORKFLOW, PROJECTION = "chaos_folded", "chaos_folded.ids"
+APP_TEXT = f'''
+"""A workflow and its projection for the projection chaos test (written by the test)."""
+
+import time
+
+from pyrula.workflows import projection, step, workflow
+
+
+@step
+def work(n: int) -> int:
+    time.sleep(0.02)  # a kill lands while runs are in their step
+    return n
+
+
+@workflow(name="{WORKFLOW}")
+async def folded(ctx, params):
+    return await work(params["n"])
+
+
+@projection("{PROJECTION}", on=["{WORKFLOW}"])
+def ids(state, run):
+    return [*(state or []), run.run_id]
+'''
+RUNS = 600
+KILLS = 3
+
+
+def _submit_some(client: SyncWorkflowClient, submitted: dict[str, str], count: int) -> None:
+    for _ in range(count):
+        if len(submitted) >= RUNS:
+            return
+        key = f"r{len(submitted)}"
+        try:
+            submitted[key] = client.submit(WORKFLOW, {"n": len(submitted)},
+                                           idempotency_key=key).run_id
+        except (StoreUnavailable, OSError):
+            return  # not acknowledged: the same key again next time
+
+
+def _kill_a_child(fleet: Fleet, rng: random.Random) -> bool:
+    status = fleet.status()
+    found = ready(status) if status else []
+    if len(found) < 2:
+        return False
+    os.kill(rng.choice(found)["pid"], signal.SIGKILL)
+    return True
+
+
+def _restart(valkey: Server) -> None:
+    valkey.kill()
+    valkey.launch(keep_port=True)  # the same port and data directory
+    valkey.wait_ready()
+
+
+def test_every_completed_run_is_folded_exactly_once_through_kills_and_a_restart(
+        fleets: Fleets, tmp_path: Path) -> None:
+    seed = random.randrange(2**32)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    valkey = start_server(tmp_path / "valkey", appendonly="yes", appendfsync="always")
+    store = ValkeyStore(valkey.url, namespace="chaos", socket_timeout=2.0)
+    try:
+        client = SyncWorkflowClient(store)
+        write_app(tmp_path, APP_TEXT, module=APP)
+        fleet = fleets.start("-n", "2", "--namespace", "chaos", "--projection-interval", "0.1",
+                             "--projection-grace", "1", "--lock-ttl", "5",
+                             "--orphan-scan-interval", "1", "--shutdown-grace", "5",
+                             "--cancel-timeout", "1", app=APP, store=valkey.url)
+        fleet.wait_ready(2, timeout=60)
+        submitted: dict[str, str] = {}
+        faults = ["kill"] * KILLS
+        faults.insert(rng.randrange(len(faults) + 1), "restart")
+        while faults or len(submitted) < RUNS:
+            _submit_some(client, submitted, rng.randrange(10, 60))
+            due = len(submitted) >= RUNS * (KILLS + 2 - len(faults)) // (KILLS + 2)
+            if faults and due:
+                if faults[0] == "restart":
+                    _restart(valkey)
+                elif not _kill_a_child(fleet, rng):
+                    continue
+                faults.pop(0)
+        wanted = set(submitted.values())
+
+        def folded() -> list[str] | None:
+            try:
+                done = all(client.get(r).status is RunStatus.COMPLETED for r in wanted)
+                state = client.projection(PROJECTION) if done else None
+            except (StoreUnavailable, OSError):
+                return None
+            return state if state is not None and set(state) >= wanted else None
+
+        state = wait_until(folded, 180, what="every completed run folded")
+        twice = [run for run, n in Counter(state).items() if n > 1]
+        assert twice == [], f"seed={seed}: runs folded more than once: {twice[:5]}"
+        assert set(state) == wanted, f"seed={seed}: runs folded that were never submitted"
+        status = fleet.wait_ready(2, timeout=60)
+        assert status["restarts"] == KILLS, status  # every kill landed, and only the kills
+        fleet.send(signal.SIGTERM)
+        assert fleet.wait(60) == 0
+    finally:
+        store.close()
+        valkey.kill()
