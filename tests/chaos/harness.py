@@ -27,6 +27,7 @@ from pyrula.invariants.ledger import read_ledger
 from pyrula.workflows import RunStatus, StoreUnavailable, SyncWorkflowClient
 from pyrula.workflows.stores.base import Store
 from tests.fleet.fleetprocs import Fleet, ready
+from tests.servers import Server
 
 WORKFLOW = "pyrula.bench"
 APP = "pyrula.examples.bench"
@@ -378,3 +379,21 @@ class FakeClock:
         tmp = self.offset_file.with_suffix(".tmp")
         tmp.write_text(f"{seconds:+.0f}\n")
         tmp.replace(self.offset_file)  # never a half-written offset
+
+
+def kill_a_ready_child(fleet: Fleet, rng: random.Random) -> bool:
+    """SIGKILL one of ``fleet``'s ready children, chosen by ``rng``, while at least two are
+    ready (the fleet still serves); False (and no kill) otherwise."""
+    status = fleet.status()
+    found = ready(status) if status else []
+    if len(found) < 2:
+        return False
+    os.kill(rng.choice(found)["pid"], signal.SIGKILL)
+    return True
+
+
+def restart_valkey(valkey: Server) -> None:
+    """kill -9 the server, then start it again on the same port and data directory."""
+    valkey.kill()
+    valkey.launch(keep_port=True)
+    valkey.wait_ready()

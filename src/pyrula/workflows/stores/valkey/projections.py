@@ -55,14 +55,13 @@ class ValkeyProjections:
 
     async def projection_head(self, name: str) -> ProjectionHead | None:
         head = f"{self.connection.keys.projection(name)}:head"
-        fields = as_hash((await self.connection.pipeline([(head, ("HGETALL", head))],
-                                                         idempotent=True))[0])
+        fields = as_hash(await self.connection.read(head, "HGETALL", head))
         return _head(fields) if fields else None
 
     async def projection_heads(self) -> list[ProjectionHead]:
         conn = self.connection
         index = conn.keys.projections
-        names = (await conn.pipeline([(index, ("ZRANGE", index, 0, -1))], idempotent=True))[0]
+        names = await conn.read(index, "ZRANGE", index, 0, -1)
         heads = [f"{conn.keys.projection(_text(n))}:head" for n in names or []]
         replies = await conn.pipeline([(h, ("HGETALL", h)) for h in heads], idempotent=True)
         raise_first(replies)
@@ -77,9 +76,7 @@ class ValkeyProjections:
             return {}
         else:
             command = ("HMGET", states, *keys)
-        reply = (await self.connection.pipeline([(states, command)], idempotent=True))[0]
-        if isinstance(reply, BaseException):
-            raise reply
+        reply = await self.connection.read(states, *command)
         if keys is None:
             return {k: orjson.loads(v) for k, v in as_hash(reply).items()}
         return {k: orjson.loads(v) for k, v in zip(keys, reply, strict=True) if v is not None}
