@@ -23,9 +23,11 @@ def test_the_hosts_memory_is_what_psutil_says() -> None:
 
 
 def test_a_childs_rss_is_what_psutil_says_and_none_once_it_exited() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"  # settled
         ours = rss_of(child.pid)
         theirs = psutil.Process(child.pid).memory_info().rss
         assert ours is not None and abs(ours - theirs) <= 1 * 2**20
