@@ -52,110 +52,122 @@ def _worker(row: dict[str, Any]) -> dict[str, Any]:
 
 def build_app(db: Database) -> Starlette:
     """The collector over ``db`` (opened by the app's lifespan, closed at its end)."""
-    keys: dict[str, str] = {}
+    c = Collector(db)
+    return Starlette(routes=[
+        Route("/", c.page), Route("/healthz", c.healthz),
+        Route("/api/ingest", c.ingest, methods=["POST"]),
+        Route("/api/fleets", c.api_fleets), Route("/api/runs", c.api_runs),
+        Route("/api/submits", c.api_submit, methods=["POST"]),
+        Route("/api/submits/take", c.take, methods=["POST"]),
+        Route("/api/submits/ack", c.ack, methods=["POST"]),
+    ], exception_handlers={_Unauthorized: _unauthorized}, lifespan=c.lifespan)
 
-    async def environment(key: str | None) -> str:
+
+class Collector:
+    """The collector's routes over one database, with the keys it has already checked."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.keys: dict[str, str] = {}
+
+    async def environment(self, key: str | None) -> str:
+        """The environment of API key ``key``; _Unauthorized for none or an unknown one."""
         if key is None:
             raise _Unauthorized
-        if key not in keys:
-            found = await records.environment_of(db, key)
+        if key not in self.keys:
+            found = await records.environment_of(self.db, key)
             if found is None:
                 raise _Unauthorized
-            keys[key] = found
-        return keys[key]
+            self.keys[key] = found
+        return self.keys[key]
 
-    async def authorized(request: Request) -> str:
-        return await environment(_bearer(request))
+    async def authorized(self, request: Request) -> str:
+        return await self.environment(_bearer(request))
 
-    async def body(request: Request) -> Any:
-        try:
-            return orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            return None
-
-    async def ingest(request: Request) -> Response:
-        env = await authorized(request)
-        data = await body(request)
+    async def ingest(self, request: Request) -> Response:
+        env = await self.authorized(request)
+        data = await _body(request)
         if not isinstance(data, dict) or not isinstance(data.get("events"), list):
             return JSONResponse({"error": "expected {source, events: [...]}"}, 400)
-        applied = await records.ingest(db, env, dict(data.get("source") or {}), data["events"])
+        applied = await records.ingest(self.db, env, dict(data.get("source") or {}),
+                                       data["events"])
         return JSONResponse({"received": len(data["events"]), "applied": applied})
 
-    async def api_fleets(request: Request) -> Response:
-        await authorized(request)
-        fleets = await records.fleets(db)
+    async def api_fleets(self, request: Request) -> Response:
+        await self.authorized(request)
+        fleets = await records.fleets(self.db)
         return JSONResponse({"fleets": [
             {**f, "last_seen": iso(f["last_seen"]), "workers": [_worker(w) for w in f["workers"]]}
             for f in fleets]})
 
-    async def api_runs(request: Request) -> Response:
-        await authorized(request)
+    async def api_runs(self, request: Request) -> Response:
+        await self.authorized(request)
         q = request.query_params
         try:
             limit = max(1, min(int(q.get("limit", "1000")), 100_000))
         except ValueError:
             return JSONResponse({"error": "limit must be an integer"}, 400)
-        rows = await records.runs(db, q.get("workflow") or None, q.get("status") or None, limit)
+        rows = await records.runs(self.db, q.get("workflow") or None, q.get("status") or None,
+                                  limit)
         return JSONResponse({"runs": [_run(r) for r in rows]})
 
-    async def api_submit(request: Request) -> Response:
-        env = await authorized(request)
-        data = await body(request)
+    async def api_submit(self, request: Request) -> Response:
+        env = await self.authorized(request)
+        data = await _body(request)
         if not isinstance(data, dict) or not isinstance(data.get("workflow"), str):
             return JSONResponse({"error": "expected {workflow, params}"}, 400)
-        submit_id = await records.queue_submit(db, env, data["workflow"],
+        submit_id = await records.queue_submit(self.db, env, data["workflow"],
                                                data.get("params") or {})
         return JSONResponse({"submit_id": submit_id, "environment": env}, 201)
 
-    async def take(request: Request) -> Response:
-        env = await authorized(request)
-        data = await body(request) or {}
-        taken = await records.take_submits(db, env, str(data.get("worker_id")),
+    async def take(self, request: Request) -> Response:
+        env = await self.authorized(request)
+        data = await _body(request) or {}
+        taken = await records.take_submits(self.db, env, str(data.get("worker_id")),
                                            list(data.get("workflows") or []))
         return JSONResponse({"submits": taken})
 
-    async def ack(request: Request) -> Response:
-        env = await authorized(request)
-        data = await body(request) or {}
-        await records.ack_submits(db, env, list(data.get("acks") or []))
+    async def ack(self, request: Request) -> Response:
+        env = await self.authorized(request)
+        data = await _body(request) or {}
+        await records.ack_submits(self.db, env, list(data.get("acks") or []))
         return JSONResponse({"ok": True})
 
-    async def page(request: Request) -> Response:
+    async def page(self, request: Request) -> Response:
         given = request.query_params.get("key")
         key = given or _bearer(request) or request.cookies.get(COOKIE)
         try:
-            await environment(key)
+            await self.environment(key)
         except _Unauthorized:
             return HTMLResponse(login_page(bad=key is not None), 401)
         q = request.query_params
-        response = HTMLResponse(await render_page(db, q.get("workflow"), q.get("status")))
+        response = HTMLResponse(await render_page(self.db, q.get("workflow"), q.get("status")))
         if given:
             response.set_cookie(COOKIE, given, httponly=True, samesite="strict")
         return response
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    async def unauthorized(request: Request, exc: Exception) -> Response:
-        return JSONResponse({"error": "a valid API key is required: "
-                             "Authorization: Bearer KEY"}, 401,
-                            headers={"WWW-Authenticate": "Bearer"})
-
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        opener = getattr(db, "open", None)
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        opener = getattr(self.db, "open", None)
         if opener is not None:
             await opener()
         try:
             yield
         finally:
-            await db.close()
+            await self.db.close()
 
-    return Starlette(routes=[
-        Route("/", page), Route("/healthz", healthz),
-        Route("/api/ingest", ingest, methods=["POST"]),
-        Route("/api/fleets", api_fleets), Route("/api/runs", api_runs),
-        Route("/api/submits", api_submit, methods=["POST"]),
-        Route("/api/submits/take", take, methods=["POST"]),
-        Route("/api/submits/ack", ack, methods=["POST"]),
-    ], exception_handlers={_Unauthorized: unauthorized}, lifespan=lifespan)
+
+async def _body(request: Request) -> Any:
+    """The request's JSON body, None when it is not JSON."""
+    try:
+        return orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def _unauthorized(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": "a valid API key is required: Authorization: Bearer KEY"},
+                        401, headers={"WWW-Authenticate": "Bearer"})
