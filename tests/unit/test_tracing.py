@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -215,7 +216,7 @@ async def test_each_try_of_a_retried_step_is_a_span_of_its_own(
     runner: InlineWorkflowRunner, clock: ManualClock
 ) -> None:
     t0 = clock.now()
-    run = await runner.client.submit("tracing.flaky", {"key": f"k-{id(runner)}"})
+    run = await runner.client.submit("tracing.flaky", {"key": f"k-{os.urandom(8).hex()}"})
     await runner.run(run.name, run.run_id)
     spans = await _spans(runner, run.run_id)
 

@@ -40,7 +40,7 @@ from pyrula.wire import WorkerState
 from pyrula.workflows.build import serving_build
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock, StoreClock
-from pyrula.workflows.definition import REGISTRY, Registry, workflow_name
+from pyrula.workflows.definition import REGISTRY, Registry, WorkflowSpec, workflow_name
 from pyrula.workflows.engine import AttemptSettings
 from pyrula.workflows.projections import PROJECTIONS, ProjectionSpec, projection_spec
 from pyrula.workflows.records import PoisonPolicy
@@ -151,16 +151,7 @@ class WorkflowWorker:
         if clock is None:
             server = self._caps.server_clock
             clock = StoreClock(server.server_time) if server is not None else SYSTEM_CLOCK
-        available = registry.workflows()
-        if workflows is None:
-            self._specs = available
-        else:
-            self._specs = {}
-            for wf in workflows:
-                name = workflow_name(wf)
-                if name not in available:
-                    raise WorkflowNotFound(f"no workflow registered under the name {name!r}")
-                self._specs[name] = available[name]
+        self._specs = _served(workflows, registry.workflows())
         self._projections = _projections(projections)
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
         #: The code it serves (``pyrula.workflows.build``), in every run:started it writes.
@@ -201,13 +192,7 @@ class WorkflowWorker:
         self._schedules = ScheduleLoop(self.store, self.workflow_names, self.metrics, self._log,
                                        interval=o.schedule_interval, runtime=self._rt)
         self._probes = Probes(self, self._rt, self._caps.queue_stats)
-        self._traces: TraceExports | None = None
-        if span_exporter is not None:  # needs pyrula[otel]; says so at construction
-            from pyrula.workflows.tracing import require_otel
-            from pyrula.workflows.worker.traces import TraceExports
-
-            require_otel()
-            self._traces = TraceExports(self.store, span_exporter, self._log)
+        self._traces = _trace_exports(self.store, span_exporter, self._log)
 
     # --- public surface -------------------------------------------------------------
 
@@ -320,19 +305,7 @@ class WorkflowWorker:
         self._timers.start()
         # The probes first: while the store does not answer, /readyz says so.
         await self._start_probes()
-        rt.store_waiting = True
-        try:
-            ready = await until_reachable(
-                self._prepare_store, where=self.store_shown or repr(self.store),
-                bound=self.options.store_wait, stopping=rt.stopping, log=self._log,
-            )
-        except BaseException:  # the store refused the worker, or stayed away too long
-            ready = False
-            await self.aclose()  # nothing started but the probes: serve nothing
-            raise
-        finally:
-            rt.store_waiting = False
-        if not ready:  # stopped while waiting for the store
+        if not await self._store_ready():  # stopped while waiting for the store
             rt.state = WorkerState.STOPPED
             return
         if cloud is not None:
@@ -343,15 +316,7 @@ class WorkflowWorker:
         self._pool = StepPool(worker_id=self.worker_id, on_saturated=lambda: self.metrics.inc(
             "pyrula.workflows.step_threads.saturated"))
         self._runner = self._attempt_runner(self._pool)
-        self._renewer = LockRenewer(
-            store=self.store, clock=self._clock, loop=loop, runs=self._runs, watch=rt,
-            metrics=self.metrics,
-            settings=RenewalSettings(
-                worker_id=self.worker_id, lock_ttl=self.options.lock_ttl, poison=self._poison,
-                charge_loop_blocked=self.options.poison_counts_loop_blocked,
-                log_extra=self._log,
-            ),
-        )
+        self._renewer = self._lock_renewer(loop)
         self._renewer.start()
         background = self._start_loops()
         self._claim = ClaimLoop(ClaimParts(
@@ -376,6 +341,34 @@ class WorkflowWorker:
             raise rt.fatal
 
     # --- startup --------------------------------------------------------------------
+
+    async def _store_ready(self) -> bool:
+        """Wait for the store to answer and pass its checks (``store_wait`` at most);
+        False if stopped meanwhile. A refusal (or a store away too long) closes the probes,
+        the only thing started so far, and is raised."""
+        rt = self._rt
+        rt.store_waiting = True
+        try:
+            return await until_reachable(
+                self._prepare_store, where=self.store_shown or repr(self.store),
+                bound=self.options.store_wait, stopping=rt.stopping, log=self._log,
+            )
+        except BaseException:
+            await self.aclose()
+            raise
+        finally:
+            rt.store_waiting = False
+
+    def _lock_renewer(self, loop: asyncio.AbstractEventLoop) -> LockRenewer:
+        o = self.options
+        return LockRenewer(
+            store=self.store, clock=self._clock, loop=loop, runs=self._runs, watch=self._rt,
+            metrics=self.metrics,
+            settings=RenewalSettings(
+                worker_id=self.worker_id, lock_ttl=o.lock_ttl, poison=self._poison,
+                charge_loop_blocked=o.poison_counts_loop_blocked, log_extra=self._log,
+            ),
+        )
 
     def _attempt_runner(self, pool: StepPool) -> AttemptRunner:
         o = self.options
@@ -509,3 +502,29 @@ class WorkflowWorker:
             await self._orphans.membership.leave()
         except Exception:  # the registration lapses by itself
             logger.debug("unregister failed", exc_info=True, extra=self._log)
+
+
+def _served(workflows: Sequence[Any] | None,
+            available: dict[str, WorkflowSpec]) -> dict[str, WorkflowSpec]:
+    """The workflows a worker serves: every registered one, or those named."""
+    if workflows is None:
+        return available
+    chosen = {}
+    for wf in workflows:
+        name = workflow_name(wf)
+        if name not in available:
+            raise WorkflowNotFound(f"no workflow registered under the name {name!r}")
+        chosen[name] = available[name]
+    return chosen
+
+
+def _trace_exports(store: Store, exporter: SpanExporter | None,
+                   log: dict[str, str]) -> TraceExports | None:
+    """The exporter of ended runs' traces (needs pyrula[otel]: says so at construction)."""
+    if exporter is None:
+        return None
+    from pyrula.workflows.tracing import require_otel
+    from pyrula.workflows.worker.traces import TraceExports
+
+    require_otel()
+    return TraceExports(store, exporter, log)
