@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -105,6 +106,17 @@ class StoreThread:
             self._thread.join()
 
     def _main(self) -> None:
+        try:
+            self._serve()
+        except BaseException:
+            # A daemon cut short while the interpreter exits (what it touches is being
+            # torn down): its callers are gone, and a traceback would be noise after the
+            # process's own last line. Anything else is a bug: raised as usual.
+            if sys.is_finalizing():
+                return
+            raise
+
+    def _serve(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
