@@ -93,3 +93,16 @@ def test_the_fork_server_is_started_before_the_cli_is_imported() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == "click not loaded ['start', '--app', 'x']"
+
+
+def test_a_start_refused_by_the_cli_leaves_no_scratch_directory(tmp_path: Any) -> None:
+    # The quick read started a fork server with a scratch directory for its report; the
+    # CLI then refuses the command line: nothing of that start stays behind.
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", "from pyrula.cli.fleet import main; main()", "start",
+         "--app", "nosuchapp", "--no-such-flag"],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "--no-such-flag" in done.stderr
+    assert list(tmp_path.glob("pyrula-fleet-*")) == []

@@ -21,7 +21,9 @@ imports, the supervisor imports anyway.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -101,6 +103,7 @@ def start_early(argv: list[str]) -> None:
         spec = fork_server_spec(read["apps"], read["workflows"], read["store_url"],
                                 os.getcwd())
         scratch = tempfile.mkdtemp(prefix="pyrula-fleet-")
+        atexit.register(shutil.rmtree, scratch, True)  # also after a usage error
         forkserver.configure(spec["preload"],
                              {**spec["check"], "report": os.path.join(scratch, REPORT)})
         forkserver.start(tracker_later=True)
