@@ -152,7 +152,7 @@ async def test_every_run_is_reported_before_any_of_its_code_runs(store: Any) -> 
 @workflow(name="wsusp_steps")
 async def steps(ctx: WorkflowContext, params: Any) -> Any:
     first = await sync_part("a")
-    await ctx.sleep(0.01)
+    await ctx.sleep(0.3)  # parks: long enough that a slow machine does not pass it first
     return [first, await async_part("b")]
 
 
