@@ -57,8 +57,6 @@ async def test_a_backlog_of_one_owner_does_not_delay_another_owner(
 
         async with serving(worker):
             await all_ended(store, b_runs, timeout=30)
-            a_set = set(a_tags)
-            done_a = sum(1 for _, tag in LEDGER.order if tag in a_set)
             await await_until(lambda: len(LEDGER.order) == A_RUNS + len(b_tags), timeout=30,
                               what="every run's step")
             await all_ended(store, a_runs, timeout=30)
@@ -70,6 +68,6 @@ async def test_a_backlog_of_one_owner_does_not_delay_another_owner(
     b_set = set(b_tags)
     last_b = max(i for i, tag in enumerate(order) if tag in b_set)
     a_before_last_b = last_b + 1 - len(b_tags)
+    # When B's last run started, most of A's runs had not (read from the ledger's order,
+    # not from when the test saw B done: its polling lets A's runs go on meanwhile).
     assert a_before_last_b < BOUND, f"B's last run started after {a_before_last_b} of A's"
-    # When B was done, most of A's runs had not even started.
-    assert done_a < A_RUNS // 3, done_a
