@@ -184,6 +184,13 @@ class WorkflowWorker:
         self._renewer: LockRenewer | None = None
         self._runner: AttemptRunner | None = None
         self._claim: ClaimLoop | None = None
+        self._make_loops(clock)
+        self._probes = Probes(self, self._rt, self._caps.queue_stats)
+        self._traces = _trace_exports(self.store, span_exporter, self._log)
+
+    def _make_loops(self, clock: Clock) -> None:
+        """The timer, orphan and schedule loops (started by ``run()``)."""
+        o = self.options
         self._timers = TimerLoop(self.store, self._caps.timers, clock,
                                  interval=o.timer_poll_interval_s, batch=o.timer_max_batch,
                                  runtime=self._rt, metrics=self.metrics)
@@ -191,8 +198,6 @@ class WorkflowWorker:
         self._orphans = OrphanLoop(serving, self._poison, self._rt, self.metrics)
         self._schedules = ScheduleLoop(self.store, self.workflow_names, self.metrics, self._log,
                                        interval=o.schedule_interval, runtime=self._rt)
-        self._probes = Probes(self, self._rt, self._caps.queue_stats)
-        self._traces = _trace_exports(self.store, span_exporter, self._log)
 
     # --- public surface -------------------------------------------------------------
 
