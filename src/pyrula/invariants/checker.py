@@ -122,6 +122,15 @@ def check(
 
 def _check_run(report: Report, run_id: str, journal: list[Event], want: Any,
                executions: list[Execution]) -> None:
+    _check_end(report, run_id, journal, want)
+    recorded, ended_by = _recorded(report, run_id, journal)
+    seen: set[tuple[int, int, int]] = set()
+    for execution in sorted(executions, key=lambda x: (x.call, x.attempt, x.started)):
+        _check_execution(report, run_id, execution, seen, recorded, ended_by)
+
+
+def _check_end(report: Report, run_id: str, journal: list[Event], want: Any) -> None:
+    """One terminal event, the one expected."""
     terminal = [e for e in journal if e["type"] in TERMINAL_EVENTS]
     if not terminal:
         report.lost += 1
@@ -135,9 +144,14 @@ def _check_run(report: Report, run_id: str, journal: list[Event], want: Any,
         report._problem("wrong_result", f"run {run_id}: ended {_summary(terminal[0])}, "
                                         f"want {_want(want)}")
 
+
+def _recorded(report: Report, run_id: str, journal: list[Event]
+              ) -> tuple[dict[int, tuple[int, Any]], dict[int, str]]:
+    """call -> (the attempt that recorded it, its result); attempt -> the named fault
+    that ended it. A call recorded twice is counted."""
     attempt = 0
-    recorded: dict[int, tuple[int, Any]] = {}  # call -> (attempt it was recorded in, result)
-    ended_by: dict[int, str] = {}  # attempt -> the named fault that ended it
+    recorded: dict[int, tuple[int, Any]] = {}
+    ended_by: dict[int, str] = {}
     for event in journal:
         kind = event["type"]
         if kind == EventType.RUN_STARTED:
@@ -154,40 +168,44 @@ def _check_run(report: Report, run_id: str, journal: list[Event], want: Any,
             ended_by.setdefault(attempt, str(event.get("reason") or "requeued"))
         elif kind == EventType.RUN_ERROR and event.get("code") == "max_retries":
             ended_by.setdefault(attempt, "quarantined")
+    return recorded, ended_by
 
-    seen: set[tuple[int, int, int]] = set()
-    for execution in sorted(executions, key=lambda x: (x.call, x.attempt, x.started)):
-        key = (execution.call, execution.attempt, execution.step_attempt)
-        where = f"run {run_id} call {execution.call} ({execution.step})"
-        if key in seen:
-            report.rerun_after_record += 1
-            report._problem("rerun_after_record",
-                            f"{where}: try {execution.step_attempt} ran twice in attempt "
-                            f"{execution.attempt}")
-            continue
-        seen.add(key)
-        record = recorded.get(execution.call)
-        if record is not None and execution.attempt == record[0]:
-            if execution.result != record[1]:
-                report.wrong_result += 1
-                report._problem("wrong_result", f"{where}: journal holds {record[1]!r}, the "
-                                                f"execution returned {execution.result!r}")
-            continue
-        if record is not None and execution.attempt > record[0]:
-            report.rerun_after_record += 1
-            report._problem("rerun_after_record",
-                            f"{where}: ran in attempt {execution.attempt} (pid "
-                            f"{execution.pid}) after attempt {record[0]} recorded it")
-            continue
-        fault = ended_by.get(execution.attempt)
-        if fault is None:
-            report.unattributed += 1
-            report._problem("unattributed",
-                            f"{where}: ran in attempt {execution.attempt} (pid "
-                            f"{execution.pid}), never recorded, and no fault ended that attempt")
-            continue
-        report.rerun_in_window += 1
-        report.faults[fault] += 1
+
+def _check_execution(report: Report, run_id: str, execution: Execution,
+                     seen: set[tuple[int, int, int]], recorded: dict[int, tuple[int, Any]],
+                     ended_by: dict[int, str]) -> None:
+    """One execution of a step against what the journal recorded of its call."""
+    key = (execution.call, execution.attempt, execution.step_attempt)
+    where = f"run {run_id} call {execution.call} ({execution.step})"
+    if key in seen:
+        report.rerun_after_record += 1
+        report._problem("rerun_after_record",
+                        f"{where}: try {execution.step_attempt} ran twice in attempt "
+                        f"{execution.attempt}")
+        return
+    seen.add(key)
+    record = recorded.get(execution.call)
+    if record is not None and execution.attempt == record[0]:
+        if execution.result != record[1]:
+            report.wrong_result += 1
+            report._problem("wrong_result", f"{where}: journal holds {record[1]!r}, the "
+                                            f"execution returned {execution.result!r}")
+        return
+    if record is not None and execution.attempt > record[0]:
+        report.rerun_after_record += 1
+        report._problem("rerun_after_record",
+                        f"{where}: ran in attempt {execution.attempt} (pid "
+                        f"{execution.pid}) after attempt {record[0]} recorded it")
+        return
+    fault = ended_by.get(execution.attempt)
+    if fault is None:
+        report.unattributed += 1
+        report._problem("unattributed",
+                        f"{where}: ran in attempt {execution.attempt} (pid "
+                        f"{execution.pid}), never recorded, and no fault ended that attempt")
+        return
+    report.rerun_in_window += 1
+    report.faults[fault] += 1
 
 
 def _ended_as(event: Event, want: Any) -> bool:
