@@ -29,8 +29,8 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
 
 
 def cloud_env(collector: Collector, key: str, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return child_env(PYRULA_CLOUD_API_KEY=key, PYRULA_CLOUD_URL=collector.url,
-                     PYRULA_CLOUD_OUTBOX_PATH=str(tmp_path / "outbox"), **extra)
+    return child_env(**{"PYRULA_CLOUD_API_KEY": key, "PYRULA_CLOUD_URL": collector.url,
+                        "PYRULA_CLOUD_OUTBOX_PATH": str(tmp_path / "outbox"), **extra})
 
 
 def submit_open(client: SyncWorkflowClient, workers: Workers, n: int, tag: str) -> list[str]:
@@ -162,3 +162,31 @@ def test_the_inline_runner_connects_on_start_and_reports(
 
 def _fleets(collector: Collector, key: str) -> list[object]:
     return list(collector.get("/api/fleets", key)[1]["fleets"])
+
+
+def test_terminal_events_a_sigkilled_worker_never_sent_come_from_the_store(
+    collector: Collector, workers: Workers, client: SyncWorkflowClient, tmp_path: Path
+) -> None:
+    """No spool, the collector down, the worker killed with SIGKILL: its connector's
+    queue is gone, and the next connector of the environment sends the terminal events
+    from the store's ended runs, each once."""
+    key = collector.create_key("prod")
+    env = cloud_env(collector, key, tmp_path, PYRULA_CLOUD_OUTBOX_PATH="off",
+                    PYRULA_CLOUD_RECONCILE_S="0.5")
+    collector.kill()
+    first = workers.start(env=env, name="first")
+    wait_until(lambda: "cloud_connected" in first.log(), timeout=30,
+               what="the first worker's connector to start")
+    runs = submit_open(client, workers, 6, "killed")
+    wait_until(lambda: all(client.get(r).status == "completed" for r in runs), timeout=30,
+               what="the runs to complete with the collector down")
+    first.send(signal.SIGKILL)
+    first.wait()
+    assert not list((tmp_path / "outbox").glob("*.jsonl"))
+    collector.start()
+    second = workers.start(env=env, name="second")
+    wait_until(lambda: reported(collector, key) >= set(runs), timeout=60,
+               what="the killed worker's runs to be reported by the next worker")
+    counts = Counter(run_id for run_id, _ in collector.terminal_events())
+    assert {r: counts[r] for r in runs} == dict.fromkeys(runs, 1)
+    assert "cloud_reconciled" in second.log()

@@ -23,6 +23,7 @@ def test_a_key_gives_its_environment_and_the_defaults() -> None:
     assert (config.environment, config.url, config.drain_deadline_s) == ("prod", DEFAULT_URL,
                                                                         5.0)
     assert config.outbox == default_outbox({})
+    assert config.reconcile_s == 30.0
 
 
 def test_outbox_off_and_a_path() -> None:
@@ -41,6 +42,9 @@ def test_outbox_off_and_a_path() -> None:
     ({"PYRULA_CLOUD_DRAIN_DEADLINE_S": "5s"}, "PYRULA_CLOUD_DRAIN_DEADLINE_S"),
     ({"PYRULA_CLOUD_DRAIN_DEADLINE_S": "-1"}, "PYRULA_CLOUD_DRAIN_DEADLINE_S"),
     ({"PYRULA_CLOUD_API_KEY": KEY, "PYRULA_CLOUD_URL": "ftp://x"}, "PYRULA_CLOUD_URL"),
+    ({"PYRULA_CLOUD_API_KEY": KEY, "PYRULA_CLOUD_RECONCILE_S": "0"},
+     "PYRULA_CLOUD_RECONCILE_S"),
+    ({"PYRULA_CLOUD_RECONCILE_S": "30s"}, "PYRULA_CLOUD_RECONCILE_S"),
     ({"PYRULA_CLOUD_URL": "http://:99999"}, "PYRULA_CLOUD_URL"),
 ])
 def test_unusable_values_are_named(environ: dict[str, str], named: str) -> None:

@@ -11,6 +11,10 @@ and writes the critical ones (``wire.CRITICAL_EVENTS``) to the spool (``outbox``
 still undelivered. The next connector to start on the host sends it. Only live-stream
 detail (steps, sleeps, starts) can be lost: at a drain that runs out, when the spool is
 ``off``, or when more than ``MAX_QUEUED`` events wait.
+
+What a process killed with SIGKILL still held is found again in the store: every
+``reconcile_s`` the task also runs a pass of ``reconcile.Reconciler``, which sends the
+critical events of the runs that ended since a cursor kept in the store.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyrula.cloud.outbox import Outbox
+from pyrula.cloud.reconcile import Reconciler
 from pyrula.cloud.wire import (
     ACK_SUBMITS_PATH,
     INGEST_PATH,
@@ -35,6 +40,7 @@ from pyrula.cloud.wire import (
 from pyrula.config.cloud import CloudConfig
 from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.events import Event
+from pyrula.workflows.stores.capabilities import capabilities_of
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +75,19 @@ class CloudConnector:
         self._wake: asyncio.Event | None = None
         self._sent_at = 0.0
         self._polled_at = 0.0
+        self._reconciled_at = 0.0
+        self._reconciler = self._make_reconciler()
         #: Whether the spool file may hold events (it is deleted once all are delivered).
         self._spool_dirty = False
         self.dropped = 0
         self.delivered = 0
+
+    def _make_reconciler(self) -> Reconciler | None:
+        projections = capabilities_of(self._client.store).projections
+        if projections is None:  # a store without an ended-runs index: nothing to read
+            return None
+        return Reconciler(self._client.store, projections, self.config.environment,
+                          self.config.reconcile_s)
 
     # --- the worker's side ----------------------------------------------------------
 
@@ -159,6 +174,11 @@ class CloudConnector:
             if ok and time.monotonic() - self._polled_at >= SUBMIT_POLL_S:
                 self._polled_at = time.monotonic()
                 ok = await self._take_submits()
+            if self._reconciler is not None and (
+                    time.monotonic() - self._reconciled_at >= self._reconciler.every_s):
+                # Also while the collector is down: the first pass sets the cursors.
+                self._reconciled_at = time.monotonic()
+                ok = await self._reconcile(self._reconciler) and ok
             backoff = FLUSH_INTERVAL_S if ok else min(backoff * 2, MAX_BACKOFF_S)
 
     async def _flush(self) -> bool:
@@ -204,6 +224,39 @@ class CloudConnector:
             return
         self._spooled.update(r["id"] for r in fresh)
         self._spool_dirty = True
+
+    async def _reconcile(self, reconciler: Reconciler) -> bool:
+        """A pass over each served workflow; False once the collector refused a send."""
+        try:
+            for workflow in self._workflows():
+                going_on = False
+                while True:
+                    done = await reconciler.reconcile(workflow, self._deliver,
+                                                      now=time.time(), going_on=going_on)
+                    if done.outcome == "undelivered":
+                        return False
+                    if done.runs:
+                        logger.info("cloud_reconciled: %d ended runs of %s sent from the "
+                                    "store", done.runs, workflow,
+                                    extra={"event": "cloud_reconciled", **self._log})
+                    if not done.more:
+                        break
+                    going_on = True
+        except Exception as exc:  # the store is down: the next pass tries again
+            logger.debug("cloud reconcile failed: %s", exc, extra=self._log)
+        return True
+
+    async def _deliver(self, reports: list[dict[str, Any]]) -> bool:
+        """Send ``reports`` (beside the queue) in batches; True once all were taken."""
+        for start in range(0, len(reports), BATCH):
+            body = {"source": dict(self._source()), "events": reports[start:start + BATCH]}
+            try:
+                await post(self.config.url, self.config.key, INGEST_PATH, body,
+                           REQUEST_TIMEOUT_S)
+            except SendFailed as exc:
+                logger.debug("cloud send failed: %s", exc, extra=self._log)
+                return False
+        return True
 
     async def _take_submits(self) -> bool:
         """Submit into this store the runs the collector queued for this environment."""

@@ -22,10 +22,14 @@ KEY_ENV = "PYRULA_CLOUD_API_KEY"
 URL_ENV = "PYRULA_CLOUD_URL"
 DRAIN_ENV = "PYRULA_CLOUD_DRAIN_DEADLINE_S"
 OUTBOX_ENV = "PYRULA_CLOUD_OUTBOX_PATH"
+RECONCILE_ENV = "PYRULA_CLOUD_RECONCILE_S"
 #: What ``pyrula cloud serve`` listens on by default, and so where a key reports without a URL.
 DEFAULT_PORT = 8090
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_DRAIN_DEADLINE_S = 5.0
+#: How often the connectors of an environment look in the store for the critical events
+#: of runs whose process died before sending them.
+DEFAULT_RECONCILE_S = 30.0
 #: A key is ``pyr_<environment>_<32 hex digits>``: its environment is readable from it.
 ENVIRONMENT_PATTERN = r"[a-z0-9][a-z0-9-]{0,39}"
 _KEY = re.compile(rf"pyr_({ENVIRONMENT_PATTERN})_([0-9a-f]{{32}})")
@@ -41,6 +45,8 @@ class CloudConfig:
     drain_deadline_s: float
     #: The spool's directory, or None (``off``).
     outbox: Path | None
+    #: How often a connector reconciles the collector with the store's ended runs.
+    reconcile_s: float = DEFAULT_RECONCILE_S
 
 
 def key_environment(key: str) -> str:
@@ -92,11 +98,14 @@ def cloud_config(cloud: bool = True, environ: Mapping[str, str] | None = None
     raw_drain = env.get(DRAIN_ENV, "").strip()
     drain = (parse_float(DRAIN_ENV, raw_drain) if raw_drain else DEFAULT_DRAIN_DEADLINE_S)
     url = _url(env)
+    raw_reconcile = env.get(RECONCILE_ENV, "").strip()
+    reconcile = (parse_float(RECONCILE_ENV, raw_reconcile, strict=True) if raw_reconcile
+                 else DEFAULT_RECONCILE_S)
     key = env.get(KEY_ENV, "").strip()
     if not cloud or not key:
         return None
     return CloudConfig(key=key, environment=key_environment(key), url=url,
-                       drain_deadline_s=drain, outbox=_outbox(env))
+                       drain_deadline_s=drain, outbox=_outbox(env), reconcile_s=reconcile)
 
 
 def check_cloud(cloud: bool = True) -> None:

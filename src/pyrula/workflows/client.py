@@ -22,7 +22,7 @@ from pyrula.workflows.errors import (
 )
 from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, INTERRUPT_SIGNAL, Event, dumps
 from pyrula.workflows.forks import fork_point
-from pyrula.workflows.projections import WHOLE, check_projection_name
+from pyrula.workflows.projections import WHOLE, check_projection_name, is_internal
 from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import Store
@@ -192,7 +192,8 @@ class WorkflowClient:
     async def projections(self) -> list[ProjectionHead]:
         """Every projection folded in this store (its version, checkpoint, runs folded),
         by name."""
-        return await self._projections().projection_heads()
+        heads = await self._projections().projection_heads()
+        return [head for head in heads if not is_internal(head.name)]
 
     async def rebuild_projection(self, name: str) -> None:
         """Drop projection ``name``'s state and checkpoint: the workers fold it again

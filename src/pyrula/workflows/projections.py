@@ -36,8 +36,18 @@ WHOLE = ""
 #: folded (its chain goes on in its successor, whose own end is folded).
 FOLDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 
+#: Heads whose names begin with this control character (which no projection name may
+#: hold) are bookkeeping kept beside projections, such as the Cloud connector's cursors:
+#: listings of projections skip them.
+INTERNAL_MARK = "\x1f"
+
 Fold = Callable[[Any, RunInfo], Any]
 KeyOf = Callable[[RunInfo], Any]
+
+
+def is_internal(name: str) -> bool:
+    """Whether a head named ``name`` is bookkeeping, not a projection."""
+    return name.startswith(INTERNAL_MARK)
 
 
 def check_projection_name(name: Any) -> str:
