@@ -152,7 +152,7 @@ async def test_every_critical_event_reaches_the_collector_whatever_the_faults(
     await reconciler(store).reconcile(WF, collector.deliver, now=now)
     ids: list[str] = []
     try:
-        for round_ in range(12):
+        for _ in range(12):
             ids += await ended(store, rng.randrange(0, 5), at=now + 1)
             now += EVERY_S + 10
             fault = rng.choice(["none", "none", "refused", "died"])
