@@ -38,10 +38,12 @@ def request(url: str, key: str | None = None, body: Any = None) -> tuple[int, An
 
 
 class Collector:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, store: str | None = None) -> None:
+        """A collector keeping its data in ``directory``'s SQLite file, or in ``store``
+        (a ``postgresql://`` DSN)."""
         self.directory = directory
         self.db = directory / "cloud.db"
-        self.store = f"sqlite:///{self.db}"
+        self.store = store or f"sqlite:///{self.db}"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None

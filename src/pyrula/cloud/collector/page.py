@@ -51,7 +51,8 @@ async def render_page(db: Database, workflow: str | None, status: str | None) ->
             '<button>filter</button></form>')
     return (
         '<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" '
-        f'content="5"><title>pyrula cloud</title><style>{_STYLE}</style></head><body>'
+        'content="5"><link rel="icon" href="data:,">'
+        f'<title>pyrula cloud</title><style>{_STYLE}</style></head><body>'
         "<h1>pyrula cloud</h1><h2>Fleets</h2>"
         + _table(["environment", "fleet", "live workers", "last seen"], fleet_rows,
                  "No fleet has reported yet.")
@@ -68,6 +69,7 @@ async def render_page(db: Database, workflow: str | None, status: str | None) ->
 
 def login_page(*, bad: bool) -> str:
     said = "<p>That key is not known here.</p>" if bad else ""
-    return ('<!doctype html><html><head><meta charset="utf-8"><title>pyrula cloud</title>'
+    return ('<!doctype html><html><head><meta charset="utf-8"><link rel="icon" '
+            'href="data:,"><title>pyrula cloud</title>'
             f"</head><body><h1>pyrula cloud</h1>{said}<form>API key "
             '<input name="key" type="password"> <button>open</button></form></body></html>')
