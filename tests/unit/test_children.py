@@ -244,3 +244,26 @@ async def test_cancel_children_cancels_only_those_the_journal_names_for_cancel(
         kids["gone"].run_id
     ]
     assert (await runner.client.get(kids["gone"].run_id)).status is RunStatus.CANCELLED
+
+
+async def test_runs_show_draws_a_parent_and_its_children_as_a_tree(tmp_path: Any) -> None:
+    from click.testing import CliRunner
+
+    from pyrula.cli.runs import runs
+    from pyrula.workflows import SQLiteStore
+
+    path = tmp_path / "store.db"
+    runner = InlineWorkflowRunner(store=SQLiteStore(str(path)), cloud=False)
+    try:
+        run = await runner.client.submit("kids.fan", {"n": 2, "limit": 2, "fail": []})
+        await drain(runner)
+        kids = await children_of(runner, run.run_id)
+    finally:
+        await runner.aclose()
+    store = f"sqlite:///{path}"
+    shown = CliRunner().invoke(runs, ["show", run.run_id, "--store", store])
+    assert shown.exit_code == 0, shown.output
+    for kid in kids:
+        assert f"└─ {kid.run_id} kids.double (completed)" in shown.output
+    shown = CliRunner().invoke(runs, ["show", kids[0].run_id, "--store", store])
+    assert f"parent {run.run_id}" in shown.output
