@@ -116,6 +116,31 @@ class StepFailed(PyrulaError):
         )
 
 
+class ChildFailed(PyrulaError):
+    """A child workflow did not complete; raised into its parent where it is awaited.
+
+    ``run_id`` is the child's run; ``status`` how it ended (``failed`` or ``cancelled``);
+    ``error_type`` and ``message`` its error (``RunInfo.error``), ``code`` that error's
+    machine-readable cause.
+    """
+
+    def __init__(self, run_id: str, name: str, status: str, error_type: str, message: str,
+                 code: str | None = None) -> None:
+        self.run_id = run_id
+        self.name = name
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.code = code
+        super().__init__(
+            f"child workflow {name!r} run {run_id} {status}: {error_type}: {message}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.name, self.status, self.error_type,
+                             self.message, self.code))
+
+
 class NonDeterminismError(PyrulaError):
     """The workflow's code no longer matches the journal recorded for the run."""
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pyrula.workflows import InlineWorkflowRunner, RunInfo
+from pyrula.workflows import InlineWorkflowRunner, RunInfo, RunStatus
 from pyrula.workflows.clock import ManualClock
 from pyrula.workflows.stores.base import Store
 
@@ -35,6 +35,21 @@ class Run:
     async def __call__(self, runner: InlineWorkflowRunner, clock: ManualClock, run_id: str) -> None:
         info = await runner.client.get(run_id)
         await runner.run(info.name, run_id)
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Run every queued run (the scenario's run and its children) until none is queued,
+    as a fleet would; the children run by the scenario's ``also`` workflows."""
+
+    async def __call__(self, runner: InlineWorkflowRunner, clock: ManualClock, run_id: str) -> None:
+        for _ in range(100):
+            queued = [i async for i in runner.client.list_runs(status=RunStatus.QUEUED)]
+            if not queued:
+                return
+            for info in queued:
+                await runner.run(info.name, info.run_id)
+        raise AssertionError("runs still queued after 100 rounds")
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,8 @@ class Scenario:
     to_end: tuple[Action, ...]
     #: Step name -> failing calls injected while recording ``to_frontier``.
     failures: Mapping[str, int] = field(default_factory=dict)
+    #: Other workflows the run needs served (its child workflows).
+    also: tuple[str, ...] = ()
 
 
 # --- loading a recorded run in flight into a store ------------------------------------
@@ -170,13 +187,17 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
 #: (``build``: the fingerprint of the code the process that claimed it had loaded).
 VOLATILE = frozenset({"ts", "worker", "build"})
 #: Fields that hold run ids, which a store makes anew.
-RUN_IDS = frozenset({"successor", "predecessor"})
+RUN_IDS = frozenset({"successor", "predecessor", "child"})
 
 
 def normalise(event: Event) -> Event:
     out = {k: v for k, v in event.items() if k not in VOLATILE}
     for key in RUN_IDS & out.keys():
         out[key] = "<run id>"
+    if "children" in out:  # a fan-out's [index, run id, name]
+        out["children"] = [[i, "<run id>", name] for i, _, name in out["children"]]
+    if out.get("name") == "pyrula.child" and isinstance(out.get("payload"), dict):
+        out["payload"] = {**out["payload"], "child": "<run id>"}
     return out
 
 

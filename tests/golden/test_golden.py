@@ -59,7 +59,8 @@ async def record(scenario: Scenario) -> dict[str, Any]:
     FAIL_NEXT.update(scenario.failures)
     clock = ManualClock(start=GOLDEN_EPOCH)
     runner = InlineWorkflowRunner(
-        store=MemoryStore(), clock=clock, workflows=[scenario.workflow], cloud=False
+        store=MemoryStore(), clock=clock, workflows=[scenario.workflow, *scenario.also],
+        cloud=False,
     )
     runner.worker_id = "golden-recorder"  # stable files: the host and pid are not news
     try:
@@ -114,7 +115,7 @@ async def replay(store: Store, golden: dict[str, Any], scenario: Scenario) -> No
 
     clock = ManualClock(start=frontier["clock"])
     runner = InlineWorkflowRunner(
-        store=store, clock=clock, workflows=[scenario.workflow], cloud=False
+        store=store, clock=clock, workflows=[scenario.workflow, *scenario.also], cloud=False
     )
     try:
         for action in scenario.to_end:

@@ -15,7 +15,7 @@ import asyncio
 from typing import Any
 
 from pyrula.workflows import WorkflowContext, step, workflow
-from tests.golden.harness import Resume, Run, Scenario, Signal, Timers, Wake
+from tests.golden.harness import Drain, Resume, Run, Scenario, Signal, Timers, Wake
 
 EXECUTED: list[str] = []
 #: Step name -> how many of its next calls fail (set only while recording).
@@ -122,6 +122,24 @@ async def patch_deprecated(ctx: WorkflowContext, params: dict[str, int]) -> dict
     return {"first": first, "extra": extra, "last": int(await tick(params["last"]))}
 
 
+@workflow(name="golden.kid")
+async def kid(ctx: WorkflowContext, params: int) -> int:
+    return int(await tick(params))
+
+
+@workflow(name="golden.family")
+async def family(ctx: WorkflowContext, params: dict[str, int]) -> dict[str, Any]:
+    """A parent: a child started and awaited, then a fan-out kept to two at a time."""
+    first = int(await tick(params["first"]))
+    await ctx.sleep(60)
+    handle = await ctx.start_child("golden.kid", params["child"])
+    one = await handle
+    many = await ctx.gather_children(
+        [("golden.kid", n) for n in range(params["fan"])], max_concurrency=2
+    )
+    return {"first": first, "one": one, "many": many}
+
+
 TICKS = {"first": 1, "extra": 10, "last": 2}
 
 ORDER = {"order_id": "o-1", "qty": 2, "amount": 19.5, "cool_off": 3600}
@@ -177,6 +195,14 @@ SCENARIOS = {
             workflow="golden.patch_added", params=TICKS,
             to_frontier=(Run(),),
             to_end=(Timers(60), Run()),
+        ),
+        Scenario(
+            name="family_sleeping",
+            doc="parked in a sleep before starting a child and a fan-out of children",
+            workflow="golden.family", params={"first": 1, "child": 7, "fan": 3},
+            to_frontier=(Run(),),
+            to_end=(Timers(60), Drain()),
+            also=("golden.kid",),
         ),
         Scenario(
             name="patch_deprecated",

@@ -245,10 +245,13 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
 
     runs_client = client(store, namespace)
     info = get_run(runs_client, run_id)
-    steps = timeline(runs_client.events(run_id))
+    events = runs_client.events(run_id)
+    steps = timeline(events)
     retries = retries_of(info)
+    kin = family_of(runs_client, info, events)
     if as_json:
-        print_json({**info_dict(info), "retries": retries, "timeline": steps})
+        print_json({**info_dict(info), "retries": retries, "timeline": steps,
+                    "parent_id": info.parent_id, "children": kin})
         return
     click.echo(f"run {info.run_id}  workflow {info.name}")
     rows = [("status", info.status.value), ("attempt", info.attempt),
@@ -271,11 +274,50 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
     click.echo("timeline:" if steps else "timeline: (not started)")
     for entry in steps:
         click.echo(f"  {describe(entry)}")
+    echo_family(info, kin)
     trace = ((info.error or {}).get("detail") or {}).get("traceback")
     if trace:
         click.echo("traceback:")
         for line in str(trace).rstrip("\n").splitlines():
             click.echo(f"  {line}")
+
+
+#: The most children ``runs show`` looks up one by one (the rest are counted).
+SHOWN_CHILDREN = 50
+
+
+def family_of(runs_client: Any, info: Any, events: list[Any]) -> list[dict[str, Any]]:
+    """The children the run's journal records starting: id, workflow, status (looked up
+    for the first ``SHOWN_CHILDREN``)."""
+    from pyrula.workflows.children import started_children
+    from pyrula.workflows.errors import WorkflowNotFound
+
+    found = []
+    for n, (child_id, name, _) in enumerate(started_children(events)):
+        status = None
+        if n < SHOWN_CHILDREN:
+            try:
+                status = runs_client.get(child_id).status.value
+            except WorkflowNotFound:
+                status = "missing"
+        found.append({"run_id": child_id, "name": name, "status": status})
+    return found
+
+
+def echo_family(info: Any, kin: list[dict[str, Any]]) -> None:
+    """The run in its tree: its parent above it, its children below."""
+    if info.parent_id is None and not kin:
+        return
+    click.echo("family:")
+    indent = "  "
+    if info.parent_id is not None:
+        click.echo(f"  parent {info.parent_id}")
+        indent = "    "
+    click.echo(f"{indent}└─ {info.run_id} {info.name} ({info.status.value})  <- this run")
+    for child in kin[:SHOWN_CHILDREN]:
+        click.echo(f"{indent}   └─ {child['run_id']} {child['name']} ({child['status'] or '?'})")
+    if len(kin) > SHOWN_CHILDREN:
+        click.echo(f"{indent}   └─ ... and {len(kin) - SHOWN_CHILDREN} more children")
 
 
 @runs.command("events")

@@ -53,6 +53,8 @@ class WorkerOptions:
     #: How often the trigger loop starts runs from due batches of events (BatchTrigger).
     trigger_interval: float = 1.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    #: The longest a parent waiting for child workflows sleeps between two looks at them.
+    child_recheck: float = 60.0
     health_port: int | None = None
     health_host: str = "127.0.0.1"
     poison_counts_loop_blocked: bool = True
@@ -163,6 +165,7 @@ _PARSERS: dict[str, Callable[[str, Any], Any]] = {
     "schedule_interval": _seconds(),
     "trigger_interval": _seconds(),
     "max_payload_bytes": lambda name, value: parse_bytes(name, value, minimum=1),
+    "child_recheck": _seconds(),
     "health_port": _port,
     "health_host": _text,
     "poison_counts_loop_blocked": parse_bool,

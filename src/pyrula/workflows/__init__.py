@@ -11,11 +11,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pyrula.workflows.children import ChildHandle
     from pyrula.workflows.client import SyncWorkflowClient, WorkflowClient
     from pyrula.workflows.context import WorkflowContext
     from pyrula.workflows.definition import StepInfo, step, step_info, workflow
     from pyrula.workflows.errors import (
         ArchiveSchemaMismatch,
+        ChildFailed,
         ConfigurationError,
         NonDeterminismError,
         PayloadTooLarge,
@@ -48,6 +50,8 @@ _SOURCES = {
     "ArchiveSchemaMismatch": "pyrula.workflows.errors",
     "ArchivingStore": "pyrula.workflows.stores.archive",
     "BatchTrigger": "pyrula.workflows.triggers",
+    "ChildFailed": "pyrula.workflows.errors",
+    "ChildHandle": "pyrula.workflows.children",
     "ConfigurationError": "pyrula.workflows.errors",
     "InlineWorkflowRunner": "pyrula.workflows.inline",
     "MemoryStore": "pyrula.workflows.stores.memory",
@@ -87,6 +91,8 @@ __all__ = [
     "ArchiveSchemaMismatch",
     "ArchivingStore",
     "BatchTrigger",
+    "ChildFailed",
+    "ChildHandle",
     "ConfigurationError",
     "InlineWorkflowRunner",
     "MemoryStore",

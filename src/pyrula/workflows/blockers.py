@@ -26,6 +26,8 @@ class BlockerKind(Enum):
     SLEEP = "sleep"
     WAIT = "wait"
     RETRY = "retry"
+    #: Waiting for children to end: woken by their nudge (a signal) or a re-check timer.
+    CHILD = "child"
 
 
 @dataclass(slots=True)
@@ -38,6 +40,8 @@ class Blocker:
     signal: str | None = None
     interrupt: Any = None
     kind: BlockerKind = BlockerKind.SLEEP
+    #: A child wait: the seq of the last child nudge when it last looked at its children.
+    since_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,10 @@ class ParkPlan:
     wake_at: float | None
     signals: list[str]
     interrupt: Any
+
+
+#: The blockers that look again at the journal or the store when the run is nudged.
+_LOOKS_AGAIN = frozenset({BlockerKind.WAIT, BlockerKind.CHILD})
 
 
 class Blockers:
@@ -69,12 +77,14 @@ class Blockers:
 
     async def block(
         self, call: int, *, wake_at: float | None = None, signal: str | None = None,
-        interrupt: Any = None, kind: BlockerKind = BlockerKind.SLEEP,
+        interrupt: Any = None, kind: BlockerKind = BlockerKind.SLEEP, since_seq: int = 0,
     ) -> Any:
         """Block operation ``call`` until the loop resolves it (its timer is due, or a
         wait is to look at the journal again)."""
         future = asyncio.get_running_loop().create_future()
-        self._by_call[call] = Blocker(call, future, wake_at, signal, interrupt, kind)
+        self._by_call[call] = Blocker(
+            call, future, wake_at, signal, interrupt, kind, since_seq
+        )
         self._wake.set()
         try:
             with self._waiting():
@@ -115,8 +125,16 @@ class Blockers:
     def rewake_waits(self) -> None:
         """Let every waiting branch re-check the journal (a signal or timeout may be in)."""
         for blocker in list(self._by_call.values()):
-            if blocker.kind is BlockerKind.WAIT and not blocker.future.done():
+            if blocker.kind in _LOOKS_AGAIN and not blocker.future.done():
                 blocker.future.set_result(None)
+
+    def children_nudged(self, child_signal_seq: int) -> bool:
+        """A child wait looked at its children before the last nudge the journal holds
+        (it came in with other events): it must look again rather than park."""
+        return any(
+            b.kind is BlockerKind.CHILD and b.since_seq < child_signal_seq
+            for b in self._by_call.values()
+        )
 
     def plan(self, deadline: float | None) -> ParkPlan:
         """What the run parks on: the earliest timer (the run's ``deadline`` included)."""

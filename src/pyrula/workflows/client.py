@@ -267,8 +267,18 @@ class WorkflowClient:
         await self.store.signal(run_id, INTERRUPT_SIGNAL, value, now=self._clock.now())
 
     async def cancel(self, run_id: str) -> bool:
-        """Cancel the run. Returns False if it had already ended."""
-        return await self.store.cancel(run_id, now=self._clock.now())
+        """Cancel the run. Returns False if it had already ended.
+
+        Its child workflows started with ``on_parent_cancel="cancel"`` are cancelled too
+        (and theirs in turn) once the cancel is recorded.
+        """
+        from pyrula.workflows.family import cancel_children
+
+        cancelled = await self.store.cancel(run_id, now=self._clock.now())
+        if cancelled:
+            journal = await self.store.read_events(run_id)
+            await cancel_children(self.store, journal, now=self._clock.now())
+        return cancelled
 
     async def wake(self, run_id: str) -> bool:
         """Wake a sleeping run now instead of at its timer."""

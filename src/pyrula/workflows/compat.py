@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from pyrula.workflows.children import GATHER_CHILDREN_OP, START_CHILD_OP, ChildHandle
 from pyrula.workflows.context import WorkflowContext
 from pyrula.workflows.definition import StepSpec, WorkflowSpec, current_engine
 from pyrula.workflows.errors import ContinueAsNew, NonDeterminismError
@@ -183,6 +184,32 @@ class _Check:
         self._replay.deprecated_patch(patch_id)
         self._moved()
         self.calls = self._replay.calls_taken
+
+    # --- child workflows ----------------------------------------------------------------
+
+    async def op_start_child(
+        self, name: str, params: Any, *, idempotency_key: str | None, owner: str | None,
+        on_parent_cancel: str,
+    ) -> ChildHandle:
+        call = self._take()
+        for event in self._decide(lambda: self._replay.children(call, START_CHILD_OP)):
+            return ChildHandle(self, str(event["child"]), name, float(event["ts"]))
+        result: ChildHandle = await self._reach(call, f"{START_CHILD_OP} {name!r}")
+        return result
+
+    async def op_child_result(self, run_id: str, name: str, started_at: float) -> Any:
+        # A child's result is in its own run, not in this journal: the check ends here.
+        self._refuse_if_over()
+        return await self._reach(self.calls, f"the result of child {run_id} ({name!r})")
+
+    async def op_gather_children(
+        self, children: list[tuple[str, Any]], max_concurrency: int | None,
+        on_parent_cancel: str,
+    ) -> list[Any]:
+        call = self._take()
+        self._decide(lambda: self._replay.children(call, GATHER_CHILDREN_OP))
+        result: list[Any] = await self._reach(call, GATHER_CHILDREN_OP)
+        return result
 
     # --- sleeps and waits -------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from pyrula.workflows.errors import ContinueAsNew
 
 if TYPE_CHECKING:
+    from pyrula.workflows.children import ChildHandle
     from pyrula.workflows.clock import Clock
 
 logger = logging.getLogger(__name__)
@@ -58,11 +59,33 @@ class AttemptOperations(Protocol):
 
     def check_payload(self, value: Any, what: str) -> Any: ...
 
+    async def op_start_child(
+        self, name: str, params: Any, *, idempotency_key: str | None, owner: str | None,
+        on_parent_cancel: str,
+    ) -> ChildHandle: ...
+
+    async def op_child_result(self, run_id: str, name: str, started_at: float) -> Any: ...
+
+    async def op_gather_children(
+        self, children: list[tuple[str, Any]], max_concurrency: int | None,
+        on_parent_cancel: str,
+    ) -> list[Any]: ...
+
 
 def _patch_id(patch_id: Any) -> str:
     if not isinstance(patch_id, str) or not patch_id:
         raise ValueError(f"patch id must be a non-empty str, got {patch_id!r}")
     return patch_id
+
+
+def _child_name(name: Any) -> str:
+    """A child's workflow name, from a name or a ``@workflow`` function."""
+    from pyrula.workflows.definition import workflow_name
+
+    resolved = workflow_name(name)
+    if not isinstance(resolved, str) or not resolved:
+        raise ValueError(f"child workflow name must be a non-empty str, got {name!r}")
+    return resolved
 
 
 def _seconds(value: float | timedelta, what: str) -> float:
@@ -176,6 +199,60 @@ class WorkflowContext:
         change is open: the old branch can go. Records nothing; a run whose journal holds
         the patch's marker here still replays."""
         self._attempt.op_deprecate_patch(_patch_id(patch_id))
+
+    async def start_child(
+        self, name: Any, params: Any = None, *, idempotency_key: str | None = None,
+        owner: str | None = None, on_parent_cancel: str = "cancel",
+    ) -> ChildHandle:
+        """Start workflow ``name`` (a name or a ``@workflow`` function) as a child run
+        with ``params``; return its :class:`~pyrula.workflows.ChildHandle` at once.
+
+        Journaled: a replay finds the same child, never starts a second. ``await handle``
+        waits for its result without holding a worker slot. ``idempotency_key`` names the
+        child within this run instead of the call's position; ``owner`` defaults to this
+        run's. Cancelling this run cancels the child unless ``on_parent_cancel`` is
+        ``"abandon"``.
+        """
+        from pyrula.workflows.children import check_on_parent_cancel
+
+        policy = check_on_parent_cancel(on_parent_cancel)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key
+        ):
+            raise ValueError(f"idempotency_key must be a non-empty str, got {idempotency_key!r}")
+        return await self._attempt.op_start_child(
+            _child_name(name), params, idempotency_key=idempotency_key, owner=owner,
+            on_parent_cancel=policy,
+        )
+
+    async def child(self, name: Any, params: Any = None, **options: Any) -> Any:
+        """Start a child run and wait for its result (``start_child`` then ``await``)."""
+        handle = await self.start_child(name, params, **options)
+        return await handle
+
+    async def gather_children(
+        self, children: Any, *, max_concurrency: int | None = None,
+        on_parent_cancel: str = "cancel",
+    ) -> list[Any]:
+        """Run a child for each ``(name, params)`` of ``children``, at most
+        ``max_concurrency`` at a time; return their results in order.
+
+        Every child runs to its end; if any failed, the first failed one in order is
+        raised as :class:`~pyrula.workflows.ChildFailed`. The journal records the
+        children's ids, not their results: these are read from the children's runs.
+        """
+        from pyrula.workflows.children import check_on_parent_cancel
+
+        policy = check_on_parent_cancel(on_parent_cancel)
+        if max_concurrency is not None and (
+            isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
+            or max_concurrency < 1
+        ):
+            raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
+        specs = [(_child_name(name), params) for name, params in children]
+        if not specs:
+            return []
+        return await self._attempt.op_gather_children(specs, max_concurrency, policy)
 
     def continue_as_new(self, params: Any) -> NoReturn:
         """End this run now (status ``continued``) and queue a successor with ``params``.

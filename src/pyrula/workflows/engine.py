@@ -36,8 +36,15 @@ from pyrula.workflows.blockers import BlockerKind, Blockers
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
 from pyrula.workflows.context import WorkflowContext
 from pyrula.workflows.definition import WorkflowSpec
-from pyrula.workflows.errors import ContinueAsNew, NonDeterminismError, PayloadTooLarge, StepFailed
+from pyrula.workflows.errors import (
+    ChildFailed,
+    ContinueAsNew,
+    NonDeterminismError,
+    PayloadTooLarge,
+    StepFailed,
+)
 from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
+from pyrula.workflows.family import cancel_children, nudge_parent
 from pyrula.workflows.frames import user_traceback
 from pyrula.workflows.operations import RUN_TASK_PREFIX as RUN_TASK_PREFIX
 from pyrula.workflows.operations import RUNNING_RUN as RUNNING_RUN
@@ -65,6 +72,9 @@ class AttemptSettings:
     #: A retry delay longer than this parks the run on a durable timer instead of
     #: holding its slot while it waits.
     inline_retry_max: float = 5.0
+    #: The longest a parent waiting for its children sleeps between two looks at their
+    #: runs (a child's nudge wakes it sooner; the look finds a child whose nudge was lost).
+    child_recheck: float = 60.0
 
 
 class OutcomeKind(StrEnum):
@@ -144,6 +154,7 @@ class Attempt:
             executor=executor, user_code=self._user_code, waiting=self._body.waiting,
             on_step=on_step, max_payload_bytes=settings.max_payload_bytes,
             inline_retry_max=settings.inline_retry_max,
+            child_recheck=settings.child_recheck,
         )
         self._task: asyncio.Task[Any] | None = None  # the body's, once started
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -308,6 +319,10 @@ class Attempt:
             await self._writes.flush()
             self._blockers.wake_due(due)
             return None
+        if self._blockers.children_nudged(self._replay.child_signal_seq):
+            # A child's nudge came in with other events after a child wait last looked.
+            self._blockers.rewake_waits()
+            return None
         plan = self._blockers.plan(deadline)
         if await self._writes.park(
             now=now, wake_at=plan.wake_at, signals=plan.signals, interrupt=plan.interrupt
@@ -347,6 +362,11 @@ class Attempt:
             if exc.traceback:
                 detail["traceback"] = exc.traceback
             return await self._fail(RunError("step_failed", exc.error_type, str(exc), detail))
+        except ChildFailed as exc:
+            return await self._fail(RunError("child_failed", "ChildFailed", str(exc), {
+                "child": exc.run_id, "workflow": exc.name, "status": exc.status,
+                "error_type": exc.error_type, "message": exc.message,
+            }))
         except Exception as exc:  # the workflow body raised: the run fails with it
             return await self._fail(RunError(
                 "workflow_error", type(exc).__name__, str(exc) or type(exc).__name__,
@@ -361,6 +381,7 @@ class Attempt:
             return await self._fail(RunError("serialization", type(exc).__name__, str(exc)))
         self._writes.add(run_completed(self._clock.now(), result))
         await self._writes.finish(RunStatus.COMPLETED, result=result)
+        await self._ended()
         return Outcome(OutcomeKind.COMPLETED, self.journal)
 
     def _timeout_error(self) -> RunError:
@@ -374,11 +395,13 @@ class Attempt:
         self._writes.add(error.event(self._clock.now()))
         stored = error.as_dict()
         await self._writes.finish(RunStatus.FAILED, error=stored)
+        await self._ended()
         return Outcome(OutcomeKind.FAILED, self.journal, error=stored)
 
     async def _finish_cancelled(self) -> Outcome:
         self._writes.add(run_cancelled(self._clock.now()))
         await self._writes.finish(RunStatus.CANCELLED)
+        await self._ended(cancelled=True)
         return Outcome(OutcomeKind.CANCELLED, self.journal)
 
     async def _continue(self, params: Any) -> Outcome:
@@ -386,8 +409,22 @@ class Attempt:
         await self._writes.finish(RunStatus.CONTINUED, successor_params=params)
         return Outcome(OutcomeKind.CONTINUED, self.journal, successor_id=terminal.get("successor"))
 
+    async def _ended(self, *, cancelled: bool = False) -> None:
+        """The run's end is written: cancel its children if it was cancelled, and nudge
+        its parent if it is a child (best effort, see ``family``)."""
+        now = self._clock.now()
+        try:
+            if cancelled:
+                await cancel_children(self._store, self.journal, now=now)
+            await nudge_parent(self._store, self.run_id, self.journal, now=now)
+        except Exception:  # the run has ended: its outcome stands whatever this does
+            logger.warning("run %s ended; telling its parent or children failed",
+                           self.run_id, exc_info=True)
+
     async def _requeue(self, stand: StandDown) -> Outcome:
         outcome = await self._writes.requeue(stand)
+        if outcome.quarantined:
+            await self._ended()
         return Outcome(
             OutcomeKind.FAILED if outcome.quarantined else OutcomeKind.REQUEUED, self.journal,
             reason=stand.reason,

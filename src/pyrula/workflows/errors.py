@@ -6,6 +6,7 @@ configuration layer can raise them without importing the engine.
 
 from pyrula.errors import (
     ArchiveSchemaMismatch,
+    ChildFailed,
     ConfigurationError,
     ContinueAsNew,
     ControlFlow,
@@ -26,6 +27,7 @@ from pyrula.errors import (
 
 __all__ = [
     "ArchiveSchemaMismatch",
+    "ChildFailed",
     "ConfigurationError",
     "ContinueAsNew",
     "ControlFlow",

@@ -38,6 +38,11 @@ class EventType(StrEnum):
     RUN_FORKED = "run:forked"
     #: ``ctx.patched(patch_id)`` took the patched branch here (its marker: ``patch``, the id).
     PATCH_APPLIED = "patch:applied"
+    #: ``ctx.start_child`` or ``ctx.gather_children`` started children here (their ids).
+    CHILD_STARTED = "child:started"
+    #: ``ctx.gather_children`` saw these of its children end (their indices): a marker,
+    #: so a replay need not read them again until it reads the results.
+    CHILD_ENDED = "child:ended"
 
 
 TERMINAL_EVENTS = frozenset(
@@ -49,6 +54,11 @@ INTERRUPT_SIGNAL = "pyrula.interrupt"
 #: The signal a run waits for when no live worker's code can replay its journal (an
 #: upgrade changed its workflow incompatibly and the old code is gone).
 BUILD_SIGNAL = "pyrula.build"
+#: The signal a child's end sends its parent (payload ``{"child": run_id}``): a nudge to
+#: look at its children again, never a result.
+CHILD_SIGNAL = "pyrula.child"
+#: The idempotency key of a child run starts with this, then its parent's run id.
+CHILD_KEY_PREFIX = "pyrula.child:"
 #: The operation name of a patch marker (``patch:applied``), which replay's name check reads.
 PATCH_OP = "pyrula.patched"
 
@@ -67,6 +77,20 @@ def stamp_successor(events: list[Event], successor_id: str) -> None:
     if not events or events[-1].get("type") != EventType.RUN_CONTINUED:
         raise ValueError("the successor is stamped on a run:continued event only")
     events[-1]["successor"] = successor_id
+
+
+def child_key(parent_id: str, suffix: str) -> str:
+    """The idempotency key a parent submits child ``suffix`` with: a second submit (a
+    replay, a crash between the submit and its journal record) finds the same child."""
+    return f"{CHILD_KEY_PREFIX}{parent_id}:{suffix}"
+
+
+def parent_of_key(idempotency_key: str | None) -> str | None:
+    """The parent run id of a child run submitted with ``idempotency_key``, else None."""
+    if not idempotency_key or not idempotency_key.startswith(CHILD_KEY_PREFIX):
+        return None
+    parent, sep, _ = idempotency_key[len(CHILD_KEY_PREFIX):].partition(":")
+    return parent if sep and parent else None
 
 
 #: Payloads (params, step results, signal payloads, resume values) are JSON and nothing

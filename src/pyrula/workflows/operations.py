@@ -25,6 +25,17 @@ from typing import Any, Protocol
 
 from pyrula.logs import RUN_FIELDS
 from pyrula.workflows.blockers import BlockerKind, Blockers
+from pyrula.workflows.children import (
+    GATHER_CHILDREN_OP,
+    START_CHILD_OP,
+    ChildHandle,
+    ChildOutcome,
+    FanOut,
+    child_started,
+    children_ended,
+    children_started,
+    outcome_of,
+)
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.definition import (
     StepCaller,
@@ -34,7 +45,7 @@ from pyrula.workflows.definition import (
     current_step,
 )
 from pyrula.workflows.errors import NonDeterminismError, PayloadTooLarge, StepFailed
-from pyrula.workflows.events import INTERRUPT_SIGNAL, dumps, loads
+from pyrula.workflows.events import CHILD_SIGNAL, INTERRUPT_SIGNAL, child_key, dumps, loads
 from pyrula.workflows.frames import failing_frame, user_traceback
 from pyrula.workflows.records import ClaimedRun
 from pyrula.workflows.replay import (
@@ -171,6 +182,7 @@ class Operations:
         on_step: StepObserver | None = None,
         max_payload_bytes: int,
         inline_retry_max: float,
+        child_recheck: float = 60.0,
     ) -> None:
         self.run_id = claimed.run_id
         self.name = claimed.name
@@ -194,6 +206,9 @@ class Operations:
         self._on_step = on_step
         self._max_payload_bytes = max_payload_bytes
         self._inline_retry_max = inline_retry_max
+        self._child_recheck = child_recheck
+        #: Child waits block under negative keys (calls are positive), one per wait.
+        self._child_waits = 0
 
     @property
     def is_replaying(self) -> bool:
@@ -468,6 +483,129 @@ class Operations:
     def op_deprecate_patch(self, patch_id: str) -> None:
         self._refuse_if_ending()
         self._replay.deprecated_patch(patch_id)
+
+    # --- child workflows ----------------------------------------------------------------
+
+    async def op_start_child(
+        self, name: str, params: Any, *, idempotency_key: str | None, owner: str | None,
+        on_parent_cancel: str,
+    ) -> ChildHandle:
+        params = self.check_payload(params, f"the params of child workflow {name!r}")
+        call = self._take_call()
+        try:
+            recorded = self._replay.children(call, START_CHILD_OP)
+        except NonDeterminismError as exc:
+            self._diverged(exc)
+            raise
+        for event in recorded:
+            return ChildHandle(self, str(event["child"]), name, float(event["ts"]))
+        self._stops.raise_if_halted()
+        suffix = f"call:{call}" if idempotency_key is None else f"key:{idempotency_key}"
+        child_id = await self._writes.submit_child(
+            name, params, owner=self.owner if owner is None else owner,
+            key=child_key(self.run_id, suffix),
+        )
+        now = self._clock.now()
+        # Written at once: a cancel of this run cancels the children its journal names.
+        self._writes.add(child_started(now, call, name, child_id, on_parent_cancel))
+        await self._writes.flush()
+        return ChildHandle(self, child_id, name, now)
+
+    async def op_child_result(self, run_id: str, name: str, started_at: float) -> Any:
+        """Wait for child ``run_id`` to end; its result (or its ChildFailed raised)."""
+        self._refuse_if_ending()
+        while True:
+            seen = self._replay.child_signal_seq
+            outcome = outcome_of(run_id, name, await self._writes.child_info(run_id))
+            if outcome.ended:
+                return outcome.value()
+            await self._await_children(started_at, seen)
+
+    async def _await_children(self, since: float, seen: int) -> None:
+        """Block until a child's nudge comes in (``seen``: the last one looked at) or the
+        re-check timer is due. The timer, whose period grows with the wait up to
+        ``child_recheck``, finds a child whose nudge was lost (its worker died between
+        the child's end and the nudge; the child was cancelled while parked)."""
+        now = self._clock.now()
+        period = min(self._child_recheck, max(1.0, (now - since) / 2))
+        self._child_waits += 1
+        await self._blockers.block(
+            -self._child_waits, wake_at=now + period, signal=CHILD_SIGNAL,
+            kind=BlockerKind.CHILD, since_seq=seen,
+        )
+
+    async def op_gather_children(
+        self, children: list[tuple[str, Any]], max_concurrency: int | None,
+        on_parent_cancel: str,
+    ) -> list[Any]:
+        checked = [
+            (name, self.check_payload(params, f"the params of child workflow {name!r}"))
+            for name, params in children
+        ]
+        call = self._take_call()
+        try:
+            fan = FanOut.from_journal(len(checked), self._replay.children(call, GATHER_CHILDREN_OP))
+        except NonDeterminismError as exc:
+            self._diverged(exc)
+            raise
+        limit = max_concurrency or max(1, len(checked))
+        seen_info: dict[int, ChildOutcome] = {}
+        while True:
+            seen = self._replay.child_signal_seq
+            await self._look_at_live(call, fan, checked, seen_info)
+            await self._start_next(call, fan, checked, limit, on_parent_cancel)
+            if fan.done:
+                break
+            await self._await_children(fan.began or self._clock.now(), seen)
+        return await self._fan_results(fan, checked, seen_info)
+
+    async def _look_at_live(self, call: int, fan: FanOut, children: list[tuple[str, Any]],
+                            seen: dict[int, ChildOutcome]) -> None:
+        live = fan.live()
+        infos = await asyncio.gather(*(self._writes.child_info(fan.started[i]) for i in live))
+        ended = []
+        for index, info in zip(live, infos, strict=True):
+            outcome = outcome_of(fan.started[index], children[index][0], info)
+            if outcome.ended:
+                seen[index] = outcome
+                ended.append(index)
+        if ended:
+            fan.ended.update(ended)
+            self._writes.add(children_ended(self._clock.now(), call, ended))
+
+    async def _start_next(self, call: int, fan: FanOut, children: list[tuple[str, Any]],
+                          limit: int, on_parent_cancel: str) -> None:
+        indices = fan.to_start(limit)
+        if not indices:
+            return
+        self._refuse_if_ending()
+        self._stops.raise_if_halted()
+        ids = await asyncio.gather(*(
+            self._writes.submit_child(
+                children[i][0], children[i][1], owner=self.owner,
+                key=child_key(self.run_id, f"call:{call}.{i}"),
+            ) for i in indices
+        ))
+        now = self._clock.now()
+        started = [(i, run_id, children[i][0]) for i, run_id in zip(indices, ids, strict=True)]
+        fan.started.update((i, run_id) for i, run_id, _ in started)
+        fan.began = now if fan.began is None else fan.began
+        self._writes.add(children_started(now, call, started, on_parent_cancel))
+        await self._writes.flush()
+
+    async def _fan_results(self, fan: FanOut, children: list[tuple[str, Any]],
+                           seen: dict[int, ChildOutcome]) -> list[Any]:
+        """The results in order (read from the children's runs); the first failure in
+        order is raised once every child has ended."""
+        missing = [i for i in range(fan.total) if i not in seen]
+        for first in range(0, len(missing), 256):
+            chunk = missing[first:first + 256]
+            infos = await asyncio.gather(
+                *(self._writes.child_info(fan.started[i]) for i in chunk)
+            )
+            for index, info in zip(chunk, infos, strict=True):
+                seen[index] = outcome_of(fan.started[index], children[index][0], info)
+        return [seen[i].value() for i in range(fan.total)]
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:

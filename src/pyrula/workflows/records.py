@@ -9,7 +9,7 @@ from typing import Any
 
 from pyrula.config.defaults import DEFAULT_POISON_MAX_RETRIES, DEFAULT_POISON_RETRY_TTL_S
 from pyrula.workflows.errors import JournalCorrupt
-from pyrula.workflows.events import Event, EventType, make_event
+from pyrula.workflows.events import Event, EventType, make_event, parent_of_key
 
 
 class RunStatus(StrEnum):
@@ -85,6 +85,8 @@ class RunInfo:
     ``waiting_for`` names the signals a waiting run awaits (``pyrula.interrupt`` for an
     interrupt, whose payload is ``interrupt``). ``start_id`` is the first run of a
     ``continue_as_new`` chain; ``successor_id`` the run that continued this one.
+    ``parent_id`` is the run that started this one as a child workflow (read from its
+    idempotency key, which a parent gives every child it starts).
     """
 
     run_id: str
@@ -105,6 +107,11 @@ class RunInfo:
     idempotency_key: str | None = None
     start_id: str | None = None
     successor_id: str | None = None
+
+    @property
+    def parent_id(self) -> str | None:
+        """The run that started this one as a child (``ctx.start_child``), if one did."""
+        return parent_of_key(self.idempotency_key)
 
 
 @dataclass(frozen=True, slots=True)

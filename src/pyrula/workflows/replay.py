@@ -22,7 +22,14 @@ from enum import Enum
 from typing import Any
 
 from pyrula.workflows.errors import NonDeterminismError, StepFailed
-from pyrula.workflows.events import INTERRUPT_SIGNAL, PATCH_OP, Event, EventType, make_event
+from pyrula.workflows.events import (
+    CHILD_SIGNAL,
+    INTERRUPT_SIGNAL,
+    PATCH_OP,
+    Event,
+    EventType,
+    make_event,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +98,8 @@ class Replay:
         self._consumed: set[int] = set()
         #: Patch id -> the answer ``patch`` gave it: one answer per id for the whole run.
         self._patches: dict[str, bool] = {}
+        #: The seq of the last child-end nudge (``pyrula.child`` signal) in the journal.
+        self.child_signal_seq = 0
         self._index(events)
         # Calls the journal held when the attempt began: the code replays until past them.
         self._known_calls = max(self._by_call, default=0)
@@ -106,6 +115,9 @@ class Replay:
                 self._by_call.setdefault(int(call), []).append(event)
             type_ = event["type"]
             if type_ in (EventType.SIGNAL_RECEIVED, EventType.INTERRUPT_RESUMED):
+                if event.get("name") == CHILD_SIGNAL:
+                    self.child_signal_seq = max(self.child_signal_seq, int(event.get("seq", 0)))
+                    continue  # a nudge to look at the children again, never a wait's
                 self._signals.append(event)
             elif type_ == EventType.RUN_WOKEN:
                 self._woken.append(event)
@@ -205,6 +217,14 @@ class Replay:
             if event["type"] == EventType.STEP_COMPLETED:
                 return StepHistory(completed=True, result=event.get("result"))
         return StepHistory()
+
+    def children(self, call: int, op: str) -> list[Event]:
+        """What a child call (``op``) at ``call`` recorded: its ``child:started`` and
+        ``child:ended`` events, in journal order."""
+        return [
+            e for e in self.recorded(call, op)
+            if e["type"] in (EventType.CHILD_STARTED, EventType.CHILD_ENDED)
+        ]
 
     def retry_recorded(self, call: int, retry_at: float) -> bool:
         """Whether the wait for the retry of step ``call`` due at ``retry_at`` is journaled."""

@@ -18,10 +18,11 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from pyrula.workflows.children import MAX_SUCCESSOR_HOPS
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.errors import StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows.events import Event, stamp_successor
-from pyrula.workflows.records import RequeueOutcome, RunStatus
+from pyrula.workflows.records import RequeueOutcome, RunHandle, RunInfo, RunStatus
 from pyrula.workflows.replay import Replay
 from pyrula.workflows.stop import Halt, StandDown, Stop, StopState
 from pyrula.workflows.stores.base import AttemptStore
@@ -32,7 +33,21 @@ T = TypeVar("T")
 
 
 class EngineStore(AttemptStore, Protocol):
+    """What an attempt asks of the store: its own writes, its journal, and for child
+    workflows the submit, read, signal and cancel of other runs."""
+
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]: ...
+
+    async def submit(
+        self, name: str, params: Any, *, now: float, owner: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[RunHandle, bool]: ...
+
+    async def get_run(self, run_id: str) -> RunInfo | None: ...
+
+    async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None: ...
+
+    async def cancel(self, run_id: str, *, now: float) -> bool: ...
 
 
 class Writes:
@@ -120,6 +135,33 @@ class Writes:
         self._boundary_due = False
         batch, self._pending = self._pending, []
         return batch
+
+    # --- other runs (child workflows) -----------------------------------------------
+
+    async def submit_child(self, name: str, params: Any, *, owner: str | None,
+                           key: str) -> str:
+        """Submit a child run (idempotent on ``key``); its run id."""
+        with self._waiting():
+            handle, _ = await self.write(lambda: self._store.submit(
+                name, params, now=self._clock.now(), owner=owner, idempotency_key=key
+            ))
+        return handle.run_id
+
+    async def child_info(self, run_id: str) -> RunInfo | None:
+        """Child ``run_id`` as the store holds it now: the last run of its
+        ``continue_as_new`` chain (None if the store has no such run)."""
+        with self._waiting():
+            info = await self._read_run(run_id)
+            for _ in range(MAX_SUCCESSOR_HOPS):
+                if info is None or info.status is not RunStatus.CONTINUED:
+                    break
+                if not info.successor_id:
+                    break
+                info = await self._read_run(info.successor_id)
+        return info
+
+    async def _read_run(self, run_id: str) -> RunInfo | None:
+        return await self.write(lambda: self._store.get_run(run_id))
 
     async def flush(self) -> None:
         if not self._pending and not self._writing.locked():

@@ -46,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "stranded_timeout": 86400.0,
     "schedule_interval": 30.0,
     "trigger_interval": 1.0,
+    "child_recheck": 60.0,
     "projection_grace": 10.0,
     "max_payload_bytes": 16 * 1024 * 1024,
     "health_port": None,

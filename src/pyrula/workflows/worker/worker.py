@@ -382,6 +382,7 @@ class WorkflowWorker:
             step_boundary_durability=o.step_boundary_durability,
             event_buffer_size=o.event_buffer_size,
             max_payload_bytes=o.max_payload_bytes,
+            child_recheck=o.child_recheck,
         )
         return AttemptRunner(AttemptParts(
             specs=self._specs, store=self.store, clock=self._clock, options=o,

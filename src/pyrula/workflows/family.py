@@ -1,0 +1,72 @@
+"""What a run's end does to its parent and children, through the store's own calls.
+
+A child that ends nudges its parent (a ``pyrula.child`` signal), so a parent parked on
+its children is queued at once. The nudge is best effort: it comes after the child's end
+is written, and a worker that dies in between loses it. A parked parent never depends on
+it alone: it re-checks its children's runs on a timer (see ``Operations._await_children``).
+
+A run cancelled cancels the children it started with ``on_parent_cancel="cancel"``, after
+its own cancel is written (by its attempt, or by the client for a run that was not
+running). Also best effort: a process that dies in between leaves those children to run
+to their end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from pyrula.workflows.children import children_to_cancel
+from pyrula.workflows.errors import RunNotActive, StoreUnavailable, WorkflowNotFound
+from pyrula.workflows.events import CHILD_SIGNAL, Event, EventType, parent_of_key
+
+logger = logging.getLogger(__name__)
+
+
+class KinStore(Protocol):
+    async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None: ...
+
+    async def cancel(self, run_id: str, *, now: float) -> bool: ...
+
+    async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]: ...
+
+
+def parent_of(journal: Sequence[Event]) -> str | None:
+    """The parent of the run whose journal this is (from its ``run:submitted``)."""
+    if not journal or journal[0].get("type") != EventType.RUN_SUBMITTED:
+        return None
+    return parent_of_key(journal[0].get("idempotency_key"))
+
+
+async def nudge_parent(store: KinStore, run_id: str, journal: Sequence[Event], *,
+                       now: float) -> None:
+    """Tell the parent of ``run_id`` (if it has one) that the run has ended."""
+    parent = parent_of(journal)
+    if parent is None:
+        return
+    try:
+        await store.signal(parent, CHILD_SIGNAL, {"child": run_id}, now=now)
+    except (RunNotActive, WorkflowNotFound):
+        pass  # the parent has ended, or is gone: nobody waits
+    except (StoreUnavailable, OSError) as exc:
+        logger.warning("run %s ended but its parent %s was not told (%s); the parent "
+                       "finds out at its next re-check", run_id, parent, exc)
+
+
+async def cancel_children(store: KinStore, journal: Iterable[Event], *, now: float,
+                          depth: int = 0) -> list[str]:
+    """Cancel the live children the ``journal`` started (``on_parent_cancel="cancel"``),
+    and theirs in turn; the ids of those cancelled."""
+    cancelled: list[str] = []
+    for child_id in children_to_cancel(journal):
+        try:
+            if not await store.cancel(child_id, now=now):
+                continue  # ended already
+        except WorkflowNotFound:
+            continue
+        cancelled.append(child_id)
+        if depth < 32:  # a parked child ended at once: its attempt will not cascade
+            events = await store.read_events(child_id)
+            cancelled += await cancel_children(store, events, now=now, depth=depth + 1)
+    return cancelled
