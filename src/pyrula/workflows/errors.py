@@ -14,6 +14,7 @@ from pyrula.errors import (
     PayloadTooLarge,
     ProjectionNotFound,
     PyrulaError,
+    QueryFailed,
     RunCancelled,
     RunFailed,
     RunNotActive,
@@ -21,6 +22,7 @@ from pyrula.errors import (
     StaleToken,
     StepFailed,
     StoreUnavailable,
+    UpdateFailed,
     WorkflowNotFound,
 )
 
@@ -33,6 +35,7 @@ __all__ = [
     "NonDeterminismError",
     "PayloadTooLarge",
     "PyrulaError",
+    "QueryFailed",
     "RunCancelled",
     "RunFailed",
     "RunNotActive",
@@ -41,5 +44,6 @@ __all__ = [
     "StaleToken",
     "StepFailed",
     "StoreUnavailable",
+    "UpdateFailed",
     "WorkflowNotFound",
 ]

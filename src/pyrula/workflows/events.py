@@ -38,6 +38,9 @@ class EventType(StrEnum):
     RUN_FORKED = "run:forked"
     #: ``ctx.patched(patch_id)`` took the patched branch here (its marker: ``patch``, the id).
     PATCH_APPLIED = "patch:applied"
+    #: An update (``client.update``) was applied by its handler at call ``at_call``:
+    #: ``update`` (its id), ``name``, and ``result`` or ``error_type`` and ``message``.
+    UPDATE_APPLIED = "update:applied"
 
 
 TERMINAL_EVENTS = frozenset(
@@ -46,6 +49,9 @@ TERMINAL_EVENTS = frozenset(
 
 #: The signal name under which ``client.resume(run_id, value)`` is delivered to ``ctx.interrupt``.
 INTERRUPT_SIGNAL = "pyrula.interrupt"
+#: The signal name under which ``client.update(run_id, name, payload)`` is delivered: its
+#: payload is ``{"id": update id, "name": name, "payload": payload}``.
+UPDATE_SIGNAL = "pyrula.update"
 #: The signal a run waits for when no live worker's code can replay its journal (an
 #: upgrade changed its workflow incompatibly and the old code is gone).
 BUILD_SIGNAL = "pyrula.build"
