@@ -76,6 +76,34 @@ class StaleToken(PyrulaError):
         )
 
 
+class QueryFailed(PyrulaError):
+    """``client.query()`` could not answer: the run ended or is unknown to this process's
+    registry, it has no query handler of that name, or the handler raised (then
+    ``error_type`` and ``message`` are the handler's error)."""
+
+    def __init__(
+        self, run_id: str, query: str, message: str, *, error_type: str = "QueryFailed"
+    ) -> None:
+        self.run_id = run_id
+        self.query = query
+        self.error_type = error_type
+        self.message = message
+        super().__init__(f"query {query!r} of run {run_id}: {error_type}: {message}")
+
+
+class UpdateFailed(PyrulaError):
+    """``client.update()`` was refused: the update handler raised (``error_type`` and
+    ``message`` are its error), the run has no update handler of that name, or the run
+    ended before it applied the update."""
+
+    def __init__(self, run_id: str, update: str, error_type: str, message: str) -> None:
+        self.run_id = run_id
+        self.update = update
+        self.error_type = error_type
+        self.message = message
+        super().__init__(f"update {update!r} of run {run_id} failed: {error_type}: {message}")
+
+
 class RunFailed(PyrulaError):
     """``client.result()`` of a run that failed; ``.error`` holds the run's error dict."""
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from pyrula.workflows import InlineWorkflowRunner, RunInfo, RunStatus
 from pyrula.workflows.clock import ManualClock
+from pyrula.workflows.events import UPDATE_SIGNAL
 from pyrula.workflows.stores.base import Store
 
 Event = dict[str, Any]
@@ -89,6 +90,32 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class Update:
+    """Deliver an update as ``client.update`` sends it (with a fixed id, so the recording
+    is stable), without waiting for its reply: a ``Run`` applies it."""
+
+    update_id: str
+    name: str
+    payload: Any
+
+    async def __call__(self, runner: InlineWorkflowRunner, clock: ManualClock, run_id: str) -> None:
+        body = {"id": self.update_id, "name": self.name, "payload": self.payload}
+        await runner.store.signal(run_id, UPDATE_SIGNAL, body, now=clock.now())
+
+
+@dataclass(frozen=True)
+class Query:
+    """Query the run (a replay on the caller) and check the answer."""
+
+    name: str
+    expected: Any
+
+    async def __call__(self, runner: InlineWorkflowRunner, clock: ManualClock, run_id: str) -> None:
+        answer = await runner.client.query(run_id, self.name)
+        assert answer == self.expected, f"query {self.name!r}: {answer!r} != {self.expected!r}"
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     doc: str
@@ -120,7 +147,9 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
     same run state (status, timer, awaited signal) as the store that recorded it.
 
     Limits: a park is assumed to wait on its last event only (one sleep or one wait, no
-    workflow timeout); runs that ended, were requeued or continued are not loadable.
+    workflow timeout), and on updates too if the journal holds any (the run registered an
+    update handler before it first parked); runs that ended, were requeued or continued
+    are not loadable.
     """
     head, *rest = events
     if head["type"] != "run:submitted":
@@ -133,6 +162,8 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
     token = 0
     written = 1
     pending: list[Event] = []
+    updates = [UPDATE_SIGNAL] if any(_is_update(e) for e in events) else []
+    parks: list[Event] = []
 
     async def write_pending() -> None:
         nonlocal pending, written
@@ -141,11 +172,15 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
         batch = [{k: v for k, v in e.items() if k != "seq"} for e in pending]
         last = batch[-1]
         if last["type"] in _PARKING:
+            parks.append(last)
+        elif last["type"] == "update:applied" and parks:
+            last = parks[-1]  # updates applied while parked: the run parks again on that
+        if last["type"] in _PARKING:
             waiting = last["type"] == "run:waiting"
             parked = await store.park(
-                run_id, token, batch, now=last["ts"],
+                run_id, token, batch, now=batch[-1]["ts"],
                 wake_at=last.get("timeout_at") if waiting else last["wake_at"],
-                signals=[last["signal"]] if waiting else [],
+                signals=([last["signal"]] if waiting else []) + updates,
                 known_seq=written, interrupt=last.get("interrupt"),
             )
             if not parked.parked:
@@ -157,7 +192,7 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
 
     for event in rest:
         type_, now = event["type"], event["ts"]
-        if "call" in event:  # written by the engine during an attempt
+        if "call" in event or type_ == "update:applied":  # written by the engine
             pending.append(event)
             continue
         await write_pending()
@@ -179,6 +214,10 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
         written += 1
     await write_pending()
     return run_id
+
+
+def _is_update(event: Event) -> bool:
+    return event["type"] == "update:applied" or event.get("name") == UPDATE_SIGNAL
 
 
 # --- comparing journals ---------------------------------------------------------------

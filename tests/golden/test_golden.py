@@ -181,6 +181,7 @@ def test_the_journals_pin_runs_in_flight(golden_files: None) -> None:
     assert frontiers["approval_timed_out"] == ("queued", "run:woken", "timer")
     assert frontiers["fanout_interrupted"] == ("waiting", "run:waiting", None)
     assert frontiers["counter_sleeping"] == ("sleeping", "run:sleeping", None)
+    assert frontiers["tally_updated"] == ("waiting", "update:applied", None)
 
 
 def test_the_patch_journals_pin_both_sides_of_a_patch(golden_files: None) -> None:

@@ -15,7 +15,17 @@ import asyncio
 from typing import Any
 
 from pyrula.workflows import WorkflowContext, step, workflow
-from tests.golden.harness import Drain, Resume, Run, Scenario, Signal, Timers, Wake
+from tests.golden.harness import (
+    Drain,
+    Query,
+    Resume,
+    Run,
+    Scenario,
+    Signal,
+    Timers,
+    Update,
+    Wake,
+)
 
 EXECUTED: list[str] = []
 #: Step name -> how many of its next calls fail (set only while recording).
@@ -121,6 +131,24 @@ async def patch_deprecated(ctx: WorkflowContext, params: dict[str, int]) -> dict
     await ctx.sleep(60)
     return {"first": first, "extra": extra, "last": int(await tick(params["last"]))}
 
+@workflow(name="golden.tally")
+async def tally(ctx: WorkflowContext, params: dict[str, int]) -> dict[str, Any]:
+    """Updates change its total between steps; queries read it."""
+    state = {"total": int(await tick(params["start"])), "updates": 0}
+
+    def add(n: Any) -> int:
+        if not isinstance(n, int) or n <= 0:
+            raise ValueError(f"add a positive int, got {n!r}")
+        state["total"] += n
+        state["updates"] += 1
+        return state["total"]
+
+    ctx.set_query_handler("total", lambda: state["total"])
+    ctx.set_update_handler("add", add)
+    done = await ctx.wait_for_signal("done", timeout=86400)
+    last = int(await tick(state["total"]))
+    return {"last": last, "updates": state["updates"], "done": done}
+
 
 @workflow(name="golden.kid")
 async def kid(ctx: WorkflowContext, params: int) -> int:
@@ -210,6 +238,16 @@ SCENARIOS = {
             workflow="golden.patch_deprecated", params=TICKS,
             to_frontier=(Run(),),
             to_end=(Timers(60), Run()),
+        ),
+        Scenario(
+            name="tally_updated",
+            doc="two updates applied (one refused) while waiting for a signal; one more "
+                "update, then the signal",
+            workflow="golden.tally", params={"start": 1},
+            to_frontier=(Run(), Update("u-1", "add", 2), Run(), Update("u-2", "add", 0),
+                         Update("u-3", "add", 5), Run(), Query("total", 8)),
+            to_end=(Query("total", 8), Update("u-4", "add", 10), Run(), Query("total", 18),
+                    Signal("done", "now"), Run()),
         ),
     )
 }

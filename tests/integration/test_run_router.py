@@ -43,6 +43,22 @@ async def waits(ctx: WorkflowContext, params: Any) -> Any:
     return await ctx.wait_for_signal("go")
 
 
+@workflow(name="rr.tally")
+async def tally(ctx: WorkflowContext, params: Any) -> Any:
+    total = {"n": 0}
+
+    def add(n: Any) -> int:
+        if not isinstance(n, int):
+            raise TypeError(f"add an int, got {n!r}")
+        total["n"] += n
+        return total["n"]
+
+    ctx.set_query_handler("total", lambda: total["n"])
+    ctx.set_query_handler("plus", lambda a, b: total["n"] + a + b)
+    ctx.set_update_handler("add", add)
+    return await ctx.wait_for_signal("go")
+
+
 @workflow(name="rr.asks")
 async def asks(ctx: WorkflowContext, params: Any) -> Any:
     return await ctx.interrupt({"question": "ok?"})
@@ -69,7 +85,7 @@ def _app(db: Path) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with serving(make_worker(store, [echo, fails, waits, asks, batch, sums],
+        async with serving(make_worker(store, [echo, fails, waits, tally, asks, batch, sums],
                                        trigger_interval=0.05)):
             yield
         store.close()
@@ -127,6 +143,37 @@ def _refused(answer: httpx.Response, status: int, *words: str) -> str:
         assert word in error["message"], error
     code: str = error["code"]
     return code
+
+
+def _errored(answer: httpx.Response, status: int, code: str, *words: str) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    error: dict[str, Any] = answer.json()["error"]
+    assert error["code"] == code, error
+    for word in words:
+        assert word in error["message"], error
+    return error
+
+
+def test_query_and_update_a_waiting_run(api: httpx.Client) -> None:
+    run_id = _submit(api, "rr.tally")
+    wait_until(lambda: api.get(f"/{run_id}").json()["status"] == "waiting", timeout=20)
+    answer = api.post(f"/{run_id}/update/add", json={"payload": 5, "timeout": 20})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"run_id": run_id, "update": "add", "result": 5}
+    assert api.get(f"/{run_id}/query/total").json()["result"] == 5
+    assert api.get(f"/{run_id}/query/plus", params={"args": "[1, 2]"}).json()["result"] == 8
+
+    failed = _errored(api.post(f"/{run_id}/update/add", json={"payload": "x", "timeout": 20}),
+                      422, "update_failed", "add an int")
+    assert failed["error_type"] == "TypeError"
+    _errored(api.get(f"/{run_id}/query/nope"), 404, "query_not_found", "'nope'")
+    _errored(api.get(f"/{run_id}/query/total", params={"args": "{"}), 422, "invalid_input")
+    _errored(api.post(f"/{run_id}/update/add", json={"timeout": -1}), 422, "invalid_input")
+    _errored(api.get("/no-such-run/query/total"), 404, "run_not_found")
+    assert api.post(f"/{run_id}/signal", json={"name": "go"}).status_code == 200
+    assert api.get(f"/{run_id}/result", params={"timeout": 20}).status_code == 200
+    _errored(api.get(f"/{run_id}/query/total"), 409, "run_not_active", "ended")
+    _errored(api.post(f"/{run_id}/update/add", json={"payload": 1}), 409, "run_not_active")
 
 
 def test_submit_show_result_events(api: httpx.Client) -> None:
@@ -362,7 +409,8 @@ def test_openapi_describes_every_route(api: httpx.Client) -> None:
     routes = {(path, method) for path, ops in doc["paths"].items() for method in ops}
     assert routes == {
         ("/", "post"), ("/", "get"), ("/events", "post"), ("/openapi.json", "get"),
-        ("/{run_id}", "get"),
+        ("/{run_id}", "get"), ("/{run_id}/query/{name}", "get"),
+        ("/{run_id}/update/{name}", "post"),
         ("/{run_id}/result", "get"), ("/{run_id}/events", "get"),
         ("/{run_id}/signal", "post"), ("/{run_id}/resume", "post"),
         ("/{run_id}/cancel", "post"), ("/{run_id}/fork", "post"), ("/projections/{name}", "get"),

@@ -73,6 +73,23 @@ APP = textwrap.dedent(
     @workflow(name="rc_patched")
     async def patched(ctx, params):
         return {"new": ctx.patched("fix-tax"), "doubled": await double(params["x"])}
+
+
+    @workflow(name="rc_cart")
+    async def cart(ctx, params):
+        items = []
+
+        def add(item):
+            if not item:
+                raise ValueError("an item has a name")
+            items.append(item)
+            return len(items)
+
+        ctx.set_query_handler("items", lambda: items)
+        ctx.set_query_handler("has", lambda item: item in items)
+        ctx.set_update_handler("add", add)
+        await ctx.wait_for_signal("checkout")
+        return items
     '''
 )
 
@@ -161,6 +178,10 @@ MISTAKES = [
     (["signal", "0" * 32, "approved", "yes please"], 2, "PAYLOAD_JSON is not JSON"),
     (["runs", "resume", "0" * 32, "{bad"], 2, "VALUE_JSON is not JSON"),
     (["runs", "submit", "rc_ok", "{bad"], 2, "PARAMS_JSON is not JSON"),
+    (["runs", "update", "0" * 32, "add", "{bad"], 2, "PAYLOAD_JSON is not JSON"),
+    (["runs", "query", "0" * 32, "items", "{bad"], 2, "ARGS_JSON is not JSON"),
+    (["runs", "query", "0" * 32, "items"], 1, "no run with id"),
+    (["runs", "update", "0" * 32, "add", "1"], 1, "no run with id"),
     (["runs", "show", "0" * 32], 1, "no run with id"),
     (["runs", "result", "0" * 32], 1, "no run with id"),
     (["runs", "cancel", "0" * 32], 1, "no run with id"),
@@ -304,6 +325,22 @@ def test_submit_result_show_and_events(served: Cli) -> None:
     journal = served.json("runs", "events", run_id)
     assert journal == served.json("events", run_id)
     assert journal[-1]["type"] == "run:completed"
+
+
+def test_query_and_update_a_waiting_run(served: Cli) -> None:
+    run_id = served.submit("rc_cart", {})
+    wait_until(lambda: served.status(run_id) == "waiting", timeout=20)
+    assert served.json("runs", "update", run_id, "add", '"pen"', "--timeout", "20") == 1
+    assert served.json("runs", "query", run_id, "items", "--app", "rcapp") == ["pen"]
+    assert served.json("runs", "query", run_id, "has", '["pen"]', "--app", "rcapp") is True
+    _refused(served("runs", "update", run_id, "add", '""', "--timeout", "20"), 1,
+             "ValueError: an item has a name")
+    _refused(served("runs", "query", run_id, "nope", "--app", "rcapp"), 1,
+             "no query handler named 'nope'")
+    _refused(served("runs", "query", run_id, "items"), 1, "--app")
+    served.ok("runs", "signal", run_id, "checkout")
+    assert served.json("runs", "result", run_id, "--timeout", "20") == ["pen"]
+    _refused(served("runs", "update", run_id, "add", '"ink"'), 1, "has already ended")
 
 
 def test_show_names_the_patches_a_run_took(served: Cli) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pyrula.workflows import handlers as handlers_module
 from pyrula.workflows import replay as replay_module
 from pyrula.workflows.errors import NonDeterminismError
 from pyrula.workflows.replay import (
@@ -380,15 +381,17 @@ def test_the_run_started_when_its_first_attempt_did() -> None:
     assert Replay([], workflow="w", run_id="r").started_at() is None
 
 
-def test_replay_does_no_io_and_knows_no_event_loop() -> None:
-    tree = ast.parse(Path(replay_module.__file__).read_text())
+@pytest.mark.parametrize("module", [replay_module, handlers_module])
+def test_replay_does_no_io_and_knows_no_event_loop(module: Any) -> None:
+    tree = ast.parse(Path(module.__file__).read_text())
     imported = {
         node.module if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)
         for alias in node.names
     }
     pyrula = {m for m in imported if m and m.startswith("pyrula")}
-    assert pyrula <= {"pyrula.workflows.errors", "pyrula.workflows.events"}
+    assert pyrula <= {"pyrula.workflows.errors", "pyrula.workflows.events",
+                      "pyrula.workflows.handlers"}
     assert not {m.split(".")[0] for m in imported if m} & {
         "asyncio", "concurrent", "threading", "time", "socket", "os", "random",
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import asdict
 from typing import Any
@@ -355,6 +356,77 @@ def signal_command(run_id: str, name: str, payload: str, store: str | None,
                    namespace: str | None) -> None:
     """Send signal NAME with PAYLOAD_JSON to a run."""
     send_signal(run_id, name, payload, store, namespace)
+
+
+def query_run(run_id: str, name: str, args: str, apps: tuple[str, ...], store: str | None,
+              namespace: str | None) -> None:
+    """Print what query ``name`` answers (JSON); ``args`` is a JSON list of its arguments
+    (or one JSON value, its only argument). One line and exit 1 if it cannot answer."""
+    from pyrula.apps import AppError, import_module, importable_from
+    from pyrula.workflows import QueryFailed, WorkflowNotFound
+
+    value = json_argument("ARGS_JSON", args)
+    positional = value if isinstance(value, list) else [value]
+    importable_from(os.getcwd())
+    for app in apps:
+        try:
+            import_module("--app", app, app)
+        except AppError as exc:
+            raise InputError(str(exc)) from None
+    try:
+        answer = client(store, namespace).query(run_id, name, *positional)
+    except WorkflowNotFound:
+        raise RunRefusal(f"no run with id {run_id!r}") from None
+    except QueryFailed as exc:
+        hint = "; name its module with --app" if exc.error_type == "WorkflowNotFound" else ""
+        raise RunRefusal(f"{exc}{hint}") from None
+    print_json(answer)
+
+
+def update_run(run_id: str, name: str, payload: str, timeout: float | None,
+               store: str | None, namespace: str | None) -> None:
+    """Send the update and print its reply (JSON); one line and exit 1 if it failed."""
+    from pyrula.workflows import RunNotActive, UpdateFailed, WorkflowNotFound
+
+    value = json_argument("PAYLOAD_JSON", payload)
+    try:
+        reply = client(store, namespace).update(run_id, name, value, timeout=timeout)
+    except WorkflowNotFound:
+        raise RunRefusal(f"no run with id {run_id!r}") from None
+    except (UpdateFailed, RunNotActive, TimeoutError) as exc:
+        raise RunRefusal(str(exc)) from None
+    print_json(reply)
+
+
+@runs.command("query")
+@click.argument("run_id")
+@click.argument("name")
+@click.argument("args", default="[]", metavar="[ARGS_JSON]")
+@click.option("--app", "apps", multiple=True, metavar="MODULE", envvar="PYRULA_APP",
+              help="import this module so the run's @workflow registers (repeatable)")
+@STORE
+@NAMESPACE
+def query_command(run_id: str, name: str, args: str, apps: tuple[str, ...],
+                  store: str | None, namespace: str | None) -> None:
+    """Print what the run's query handler NAME answers for ARGS_JSON (a JSON list).
+
+    Answered by replaying the run's journal here with the workflow's code: import it
+    with --app MODULE. Writes nothing."""
+    query_run(run_id, name, args, apps, store, namespace)
+
+
+@runs.command("update")
+@click.argument("run_id")
+@click.argument("name")
+@click.argument("payload", metavar="PAYLOAD_JSON")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="seconds to wait for the run to apply it")
+@STORE
+@NAMESPACE
+def update_command(run_id: str, name: str, payload: str, timeout: float, store: str | None,
+                   namespace: str | None) -> None:
+    """Send update NAME with PAYLOAD_JSON to a run and print the handler's reply."""
+    update_run(run_id, name, payload, timeout, store, namespace)
 
 
 @runs.command("resume")

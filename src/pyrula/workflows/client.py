@@ -6,23 +6,37 @@ workflows; a run of a name no worker serves waits in its queue.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from pyrula.workflows._sync import run_sync
 from pyrula.workflows.clock import SYSTEM_CLOCK, Clock
-from pyrula.workflows.definition import workflow_name
+from pyrula.workflows.definition import REGISTRY, WorkflowSpec, workflow_name
 from pyrula.workflows.errors import (
     ConfigurationError,
     PayloadTooLarge,
     ProjectionNotFound,
+    QueryFailed,
     RunCancelled,
     RunFailed,
+    RunNotActive,
+    UpdateFailed,
     WorkflowNotFound,
 )
-from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, INTERRUPT_SIGNAL, Event, dumps
+from pyrula.workflows.events import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    INTERRUPT_SIGNAL,
+    UPDATE_SIGNAL,
+    Event,
+    dumps,
+)
 from pyrula.workflows.forks import fork_point
 from pyrula.workflows.projections import WHOLE, check_projection_name, is_internal
+from pyrula.workflows.queries import UpdateReply, answer_query, raise_for, update_reply
 from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
 from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import Store
@@ -35,6 +49,10 @@ from pyrula.workflows.stores.capabilities import (
 from pyrula.workflows.triggers import check_topic
 
 T = TypeVar("T")
+
+#: How often ``update`` reads the run's journal for its reply: from the first to the last
+#: pause (seconds), doubling.
+_REPLY_POLL = (0.01, 0.25)
 
 
 def _env_payload_limit() -> int:
@@ -55,6 +73,44 @@ def _env_payload_limit() -> int:
 def _check_optional(what: str, value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ValueError(f"{what} must be a non-empty str or None, got {value!r}")
+
+
+class _ReplyPoll:
+    """Reading a run's journal for an update's reply, until a deadline."""
+
+    def __init__(self, run_id: str, name: str, update_id: str, timeout: float | None,
+                 clock: Clock) -> None:
+        self.run_id, self.name, self.update_id = run_id, name, update_id
+        self.after = 0
+        self._timeout = timeout
+        self._clock = clock
+        self._deadline = None if timeout is None else clock.monotonic() + timeout
+        self._pause = _REPLY_POLL[0]
+
+    def look(self, events: list[Event]) -> UpdateReply | None:
+        """The reply if ``events`` (those after ``after``) hold it or the run's end."""
+        reply = update_reply(events, self.update_id)
+        if reply.done or reply.ended is not None:
+            return reply
+        if events:
+            self.after = int(events[-1]["seq"])
+        return None
+
+    def pause(self) -> float:
+        """How long to wait before looking again; TimeoutError past the deadline."""
+        pause, self._pause = self._pause, min(self._pause * 2, _REPLY_POLL[1])
+        if self._deadline is None:
+            return pause
+        left = self._deadline - self._clock.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"update {self.name!r} of run {self.run_id}: no reply within "
+                               f"{self._timeout:g} s (it may still be applied)")
+        return min(pause, left)
+
+
+def _check_name(what: str, name: Any) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} name must be a non-empty str, got {name!r}")
 
 
 class WorkflowClient:
@@ -258,8 +314,81 @@ class WorkflowClient:
             raise ValueError(f"signal name must be a non-empty str, got {name!r}")
         if name == INTERRUPT_SIGNAL:
             raise ValueError(f"{INTERRUPT_SIGNAL!r} is reserved; use client.resume()")
+        if name == UPDATE_SIGNAL:
+            raise ValueError(f"{UPDATE_SIGNAL!r} is reserved; use client.update()")
         self._payload(payload, f"payload of signal {name!r}")
         await self.store.signal(run_id, name, payload, now=self._clock.now())
+
+    async def query(self, run_id: str, name: str, *args: Any) -> Any:
+        """What the run's query handler ``name`` returns for ``args``.
+
+        Answered here, by replaying the run's journal with the workflow's code (this
+        process must have the workflow imported): nothing runs for real and nothing is
+        written. Raises WorkflowNotFound for an unknown run, QueryFailed when the run has
+        ended, its workflow is not registered here, it has no such handler, or the
+        handler raised (``error_type`` and ``message`` are the handler's error).
+        """
+        _check_name("query", name)
+        info, spec = await self._queried(run_id, name)
+        journal = await self.store.read_events(info.run_id)
+        return await answer_query(spec, journal, run_id=info.run_id, name=name, args=args)
+
+    async def _queried(self, run_id: str, name: str) -> tuple[RunInfo, WorkflowSpec]:
+        info = await self._live(run_id)
+        if info.status.terminal:
+            raise QueryFailed(run_id, name, f"the run has ended ({info.status.value}): only "
+                              "a run that has not ended answers queries",
+                              error_type="RunNotActive")
+        try:
+            spec = REGISTRY.workflow(info.name)
+        except WorkflowNotFound:
+            raise QueryFailed(run_id, name, f"workflow {info.name!r} is not registered in "
+                              "this process: import the module that defines it to query "
+                              "its runs", error_type="WorkflowNotFound") from None
+        return info, spec
+
+    async def _live(self, run_id: str) -> RunInfo:
+        """The run, or the live run of its ``continue_as_new`` chain."""
+        info = await self.get(run_id)
+        while info.status is RunStatus.CONTINUED and info.successor_id:
+            info = await self.get(info.successor_id)
+        return info
+
+    async def update(
+        self, run_id: str, name: str, payload: Any = None, *, timeout: float | None = None
+    ) -> Any:
+        """Send update ``name`` with ``payload`` and return what the run's update handler
+        returned, once the run has applied it (journaled: applied once).
+
+        Raises UpdateFailed with the handler's error type and message if it raised, or if
+        the run has no handler of that name, or ended before applying it; RunNotActive if
+        the run has ended; TimeoutError after ``timeout`` seconds without a reply (the
+        update stays in the run's inbox and may still be applied).
+        """
+        live, update_id = await self._send_update(run_id, name, payload)
+        poll = _ReplyPoll(live, name, update_id, timeout, self._clock)
+        while True:
+            reply = poll.look(await self.store.read_events(live, poll.after))
+            if reply is not None:
+                return raise_for(reply, live, name)
+            await asyncio.sleep(poll.pause())
+
+    async def _send_update(self, run_id: str, name: str, payload: Any) -> tuple[str, str]:
+        """Deliver the update to the live run; its id and the update's."""
+        _check_name("update", name)
+        self._payload(payload, f"payload of update {name!r}")
+        info = await self._live(run_id)
+        if info.status.terminal:
+            raise RunNotActive(f"run {run_id} has already ended ({info.status.value})")
+        if info.status in (RunStatus.SLEEPING, RunStatus.WAITING) and (
+            UPDATE_SIGNAL not in info.waiting_for
+        ):
+            raise UpdateFailed(run_id, name, "NoUpdateHandler",
+                               "the run is parked and has registered no update handler")
+        update_id = uuid.uuid4().hex
+        body = {"id": update_id, "name": name, "payload": payload}
+        await self.store.signal(info.run_id, UPDATE_SIGNAL, body, now=self._clock.now())
+        return info.run_id, update_id
 
     async def resume(self, run_id: str, value: Any = None) -> None:
         """Answer the run's ``ctx.interrupt``; it returns ``value``."""
@@ -380,6 +509,26 @@ class SyncWorkflowClient:
 
     def resume(self, run_id: str, value: Any = None) -> None:
         self._run(self._client.resume(run_id, value))
+
+    def query(self, run_id: str, name: str, *args: Any) -> Any:
+        """``WorkflowClient.query``: the run is read here, its replay runs on an event loop
+        in the background (the workflow's code is async)."""
+        _check_name("query", name)
+        info, spec = self._run(self._client._queried(run_id, name))
+        journal = self._run(self.store.read_events(info.run_id))
+        return run_sync(answer_query(spec, journal, run_id=info.run_id, name=name, args=args))
+
+    def update(
+        self, run_id: str, name: str, payload: Any = None, *, timeout: float | None = None
+    ) -> Any:
+        """``WorkflowClient.update``, waiting on this thread."""
+        live, update_id = self._run(self._client._send_update(run_id, name, payload))
+        poll = _ReplyPoll(live, name, update_id, timeout, self._client._clock)
+        while True:
+            reply = poll.look(self._run(self.store.read_events(live, poll.after)))
+            if reply is not None:
+                return raise_for(reply, live, name)
+            time.sleep(poll.pause())
 
     def cancel(self, run_id: str) -> bool:
         return self._run(self._client.cancel(run_id))

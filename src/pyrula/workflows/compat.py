@@ -32,6 +32,7 @@ from pyrula.workflows.context import WorkflowContext
 from pyrula.workflows.definition import StepSpec, WorkflowSpec, current_engine
 from pyrula.workflows.errors import ContinueAsNew, NonDeterminismError
 from pyrula.workflows.events import INTERRUPT_SIGNAL, PATCH_OP, Event, EventType, dumps, loads
+from pyrula.workflows.handlers import HandlerKind, Handlers, reapply_update
 from pyrula.workflows.replay import Replay, WaitTurn
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class _Check:
         self.blocked = 0
         self.progress = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        #: The query and update handlers the code registered so far.
+        self.handlers = Handlers()
 
     @property
     def is_replaying(self) -> bool:
@@ -119,7 +122,13 @@ class _Check:
         self._refuse_if_over()
         self._moved()
         self.calls = self._replay.take_call()
+        # The updates the run applied at this call apply again, as an attempt's replay does.
+        for request, recorded in self._replay.recorded_updates(self.calls):
+            reapply_update(self.handlers, request, recorded)
         return self.calls
+
+    def op_set_handler(self, kind: HandlerKind, name: str, fn: Callable[..., Any] | None) -> None:
+        self.handlers.set(kind, name, fn)
 
     def _moved(self) -> None:
         self.moves += 1
@@ -259,11 +268,21 @@ async def check_replay(
 ) -> Verdict:
     """:func:`replays_cleanly` on the running event loop (the code runs in a task of its
     own, beside the loop's other work)."""
+    verdict, _ = await replay_handlers(spec, journal, run_id=run_id, timeout=timeout)
+    return verdict
+
+
+async def replay_handlers(
+    spec: WorkflowSpec, journal: Sequence[Event], *, run_id: str = "?",
+    timeout: float = DEFAULT_TIMEOUT,
+) -> tuple[Verdict, Handlers]:
+    """:func:`check_replay`, and the query and update handlers the code had registered
+    where its replay ended (what answers a query of the run)."""
     head = _header(journal)
     recorded = head.get("name")
     if recorded != spec.name:
         return Verdict(False, Stop.DIVERGED,
-                       f"run {run_id} is a run of {recorded!r}, not of {spec.name!r}")
+                       f"run {run_id} is a run of {recorded!r}, not of {spec.name!r}"), Handlers()
     replay = Replay(journal, workflow=spec.name, run_id=run_id)
     starts = sum(1 for e in journal if e.get("type") == EventType.RUN_STARTED)
     ops = _Check(replay, now=float(journal[-1].get("ts", 0.0)), owner=head.get("owner"),
@@ -281,6 +300,12 @@ async def check_replay(
             body.cancel()
         # Awaited to its end, its exception taken: the verdict reports it, asyncio need not.
         await asyncio.gather(body, return_exceptions=True)
+    return _verdict(body, ops, replay, stuck, timeout), ops.handlers
+
+
+def _verdict(
+    body: asyncio.Task[Any], ops: _Check, replay: Replay, stuck: bool, timeout: float
+) -> Verdict:
     calls = ops.calls
     if ops.divergence is not None:
         return Verdict(False, Stop.DIVERGED, str(ops.divergence), calls)

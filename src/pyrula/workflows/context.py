@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from pyrula.workflows.errors import ContinueAsNew
+from pyrula.workflows.events import UPDATE_SIGNAL
+from pyrula.workflows.handlers import HandlerKind
 
 if TYPE_CHECKING:
     from pyrula.workflows.children import ChildHandle
@@ -70,6 +72,10 @@ class AttemptOperations(Protocol):
         self, children: list[tuple[str, Any]], max_concurrency: int | None,
         on_parent_cancel: str,
     ) -> list[Any]: ...
+
+    def op_set_handler(
+        self, kind: HandlerKind, name: str, fn: Callable[..., Any] | None
+    ) -> None: ...
 
 
 def _patch_id(patch_id: Any) -> str:
@@ -156,6 +162,8 @@ class WorkflowContext:
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"signal name must be a non-empty str, got {name!r}")
+        if name == UPDATE_SIGNAL:
+            raise ValueError(f"signal name {name!r} is reserved for updates")
         seconds = None if timeout is None else _seconds(timeout, "timeout")
         if seconds is not None and seconds < 0:
             raise ValueError(f"timeout must be >= 0, got {seconds}")
@@ -167,6 +175,25 @@ class WorkflowContext:
         ``payload`` (JSON) tells whoever resumes what is asked; it shows in ``RunInfo``.
         """
         return await self._attempt.op_interrupt(payload)
+
+    def set_query_handler(self, name: str, fn: Callable[..., Any] | None) -> None:
+        """Answer ``client.query(run_id, name, *args)`` with ``fn(*args)``.
+
+        ``fn`` is a plain function returning JSON; it reads the workflow's state and must
+        not change it. The caller answers by replaying the run's journal with this code,
+        so the handler registered where the journal ends answers. None removes it.
+        """
+        self._attempt.op_set_handler(HandlerKind.QUERY, name, fn)
+
+    def set_update_handler(self, name: str, fn: Callable[[Any], Any] | None) -> None:
+        """Apply ``client.update(run_id, name, payload)`` with ``fn(payload)``; the client
+        gets what ``fn`` returns (JSON), or ``UpdateFailed`` with what it raised.
+
+        An update is applied when the workflow next awaits a step, a sleep or a wait, or
+        while it is parked; its outcome is journaled, so a replay applies each update once,
+        at the same point. ``fn`` is a plain function. None removes it.
+        """
+        self._attempt.op_set_handler(HandlerKind.UPDATE, name, fn)
 
     def now(self) -> datetime:
         """The current time as an aware UTC datetime, recorded on first execution."""

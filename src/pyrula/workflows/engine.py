@@ -43,7 +43,7 @@ from pyrula.workflows.errors import (
     PayloadTooLarge,
     StepFailed,
 )
-from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, Event
+from pyrula.workflows.events import DEFAULT_MAX_PAYLOAD_BYTES, UPDATE_SIGNAL, Event
 from pyrula.workflows.family import cancel_children, nudge_parent
 from pyrula.workflows.frames import user_traceback
 from pyrula.workflows.operations import RUN_TASK_PREFIX as RUN_TASK_PREFIX
@@ -309,6 +309,8 @@ class Attempt:
         return not self._blockers.any_resolved()
 
     async def _park(self, deadline: float | None) -> Outcome | None:
+        # Every branch of the code is blocked: the updates received meanwhile apply now.
+        self._ops.apply_updates()
         now = self._clock.now()
         due = self._blockers.due(now)
         if due:
@@ -324,8 +326,9 @@ class Attempt:
             self._blockers.rewake_waits()
             return None
         plan = self._blockers.plan(deadline)
+        signals = [*plan.signals, UPDATE_SIGNAL] if self._ops.accepts_updates else plan.signals
         if await self._writes.park(
-            now=now, wake_at=plan.wake_at, signals=plan.signals, interrupt=plan.interrupt
+            now=now, wake_at=plan.wake_at, signals=signals, interrupt=plan.interrupt
         ):
             await self._stop_task()
             return Outcome(OutcomeKind.PARKED, self.journal, wake_at=plan.wake_at)

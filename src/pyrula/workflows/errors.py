@@ -15,6 +15,7 @@ from pyrula.errors import (
     PayloadTooLarge,
     ProjectionNotFound,
     PyrulaError,
+    QueryFailed,
     RunCancelled,
     RunFailed,
     RunNotActive,
@@ -22,6 +23,7 @@ from pyrula.errors import (
     StaleToken,
     StepFailed,
     StoreUnavailable,
+    UpdateFailed,
     WorkflowNotFound,
 )
 
@@ -35,6 +37,7 @@ __all__ = [
     "NonDeterminismError",
     "PayloadTooLarge",
     "PyrulaError",
+    "QueryFailed",
     "RunCancelled",
     "RunFailed",
     "RunNotActive",
@@ -43,5 +46,6 @@ __all__ = [
     "StaleToken",
     "StepFailed",
     "StoreUnavailable",
+    "UpdateFailed",
     "WorkflowNotFound",
 ]

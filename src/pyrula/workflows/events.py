@@ -43,6 +43,9 @@ class EventType(StrEnum):
     #: ``ctx.gather_children`` saw these of its children end (their indices): a marker,
     #: so a replay need not read them again until it reads the results.
     CHILD_ENDED = "child:ended"
+    #: An update (``client.update``) was applied by its handler at call ``at_call``:
+    #: ``update`` (its id), ``name``, and ``result`` or ``error_type`` and ``message``.
+    UPDATE_APPLIED = "update:applied"
 
 
 TERMINAL_EVENTS = frozenset(
@@ -51,6 +54,9 @@ TERMINAL_EVENTS = frozenset(
 
 #: The signal name under which ``client.resume(run_id, value)`` is delivered to ``ctx.interrupt``.
 INTERRUPT_SIGNAL = "pyrula.interrupt"
+#: The signal name under which ``client.update(run_id, name, payload)`` is delivered: its
+#: payload is ``{"id": update id, "name": name, "payload": payload}``.
+UPDATE_SIGNAL = "pyrula.update"
 #: The signal a run waits for when no live worker's code can replay its journal (an
 #: upgrade changed its workflow incompatibly and the old code is gone).
 BUILD_SIGNAL = "pyrula.build"

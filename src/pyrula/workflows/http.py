@@ -48,9 +48,11 @@ from pyrula.workflows.client import WorkflowClient
 from pyrula.workflows.definition import check_workflow_name, unknown_name
 from pyrula.workflows.errors import (
     PayloadTooLarge,
+    QueryFailed,
     RunCancelled,
     RunFailed,
     RunNotActive,
+    UpdateFailed,
     WorkflowNotFound,
 )
 from pyrula.workflows.records import RunStatus
@@ -63,6 +65,16 @@ MAX_LIST_LIMIT = 1000
 #: The longest ``GET /{run_id}/result?timeout=`` wait, in seconds: a request holds a
 #: connection, so it is bounded rather than left to the caller.
 MAX_RESULT_TIMEOUT_S = 300.0
+#: How long ``POST /{run_id}/update/{name}`` waits for the reply unless told (seconds).
+DEFAULT_UPDATE_TIMEOUT_S = 30.0
+#: A query refused (``QueryFailed.error_type``) -> the answer's status and code; any
+#: other (the handler's own error) is a 422 ``query_failed``.
+_QUERY_REFUSALS = {
+    "RunNotActive": (409, "run_not_active"),
+    "NoQueryHandler": (404, "query_not_found"),
+    "WorkflowNotFound": (424, "workflow_not_loaded"),
+    "ReplayFailed": (424, "replay_failed"),
+}
 #: Room for the JSON around a request's payloads (field names, escapes, whitespace).
 BODY_OVERHEAD_BYTES = 64 * 1024
 
@@ -259,6 +271,29 @@ OPENAPI: dict[str, Any] = {
             _body_of({"name": {"type": "string", "minLength": 1}, "payload": _ANY},
                      ["name"]),
         )},
+        "/{run_id}/query/{name}": {"get": _operation(
+            "Query a run (its journal replayed by this server with the workflow's code)",
+            {"200": _answer("the query handler's answer", "Answer")},
+            {**_REFUSALS, "404": _answer("no run with this id, or no query handler of "
+                                         "this name (query_not_found)", "Error"),
+             "409": _answer("the run has ended", "Error"),
+             "422": _answer("bad args, or the handler raised (query_failed)", "Error"),
+             "424": _answer("this server has not loaded the run's workflow, or cannot "
+                            "replay the run", "Error")},
+            [_RUN_ID, _param("name", "path", {"type": "string"}, "the query's name"),
+             _param("args", "query", {"type": "string"}, "a JSON list of its arguments")],
+        )},
+        "/{run_id}/update/{name}": {"post": _operation(
+            "Update a run and wait for its handler's reply",
+            {"200": _answer("the update handler's reply", "Answer")},
+            {**_PAYLOAD_REFUSALS,
+             "422": _answer("bad input, or the update failed (update_failed: the "
+                            "handler raised, or the run has no such handler)", "Error"),
+             "504": _answer("no reply within the timeout", "Error")},
+            [_RUN_ID, _param("name", "path", {"type": "string"}, "the update's name")],
+            _body_of({"payload": _ANY, "timeout": {"type": "number", "exclusiveMinimum": 0,
+                      "maximum": MAX_RESULT_TIMEOUT_S}}, []),
+        )},
         "/{run_id}/resume": {"post": _operation(
             "Answer the run's interrupt", {"200": _answer("delivered")},
             _PAYLOAD_REFUSALS, [_RUN_ID], _body_of({"value": _ANY}, []),
@@ -292,6 +327,9 @@ OPENAPI: dict[str, Any] = {
             "version": {"type": "integer"}, "folded": {"type": "integer"},
             "checkpoint": {"type": ["object", "null"]}, "fingerprint": {"type": "string"},
             "updated_at": {"type": "string"}, "key": _OPTIONAL_STR, "state": _ANY}},
+        "Answer": {"type": "object", "required": ["run_id", "result"], "properties": {
+            "run_id": {"type": "string"}, "query": {"type": "string"},
+            "update": {"type": "string"}, "result": _ANY}},
         "Emitted": {"type": "object", "required": ["event_id"], "properties": {
             "event_id": {"type": "string"}}},
         "Forked": {"type": "object", "required": ["run_id", "workflow", "forks", "from_step"],
@@ -348,6 +386,8 @@ class RunRouter:
             Route("/{run_id}/result", self._guard(self.result), methods=["GET"]),
             Route("/{run_id}/events", self._guard(self.events), methods=["GET"]),
             Route("/{run_id}/signal", self._guard(self.signal), methods=["POST"]),
+            Route("/{run_id}/query/{name}", self._guard(self.query), methods=["GET"]),
+            Route("/{run_id}/update/{name}", self._guard(self.update), methods=["POST"]),
             Route("/{run_id}/resume", self._guard(self.resume), methods=["POST"]),
             Route("/{run_id}/cancel", self._guard(self.cancel), methods=["POST"]),
             Route("/{run_id}/fork", self._guard(self.fork), methods=["POST"]),
@@ -520,6 +560,44 @@ class RunRouter:
             field = "payload" if str(exc).startswith("payload") else "name"
             raise _client_call(field, exc) from None
         return json_response({"run_id": run_id, "signal": name})
+
+    async def query(self, request: Request) -> Response:
+        run_id, name = request.path_params["run_id"], request.path_params["name"]
+        raw = request.query_params.get("args", "[]")
+        try:
+            args = json.loads(raw)
+        except ValueError:
+            raise bad_input("args", "a JSON list of the query's arguments") from None
+        if not isinstance(args, list):
+            raise bad_input("args", "a JSON list of the query's arguments")
+        try:
+            value = await self.client.query(run_id, name, *args)
+        except QueryFailed as exc:
+            status, code = _QUERY_REFUSALS.get(exc.error_type, (422, "query_failed"))
+            raise ApiError(status, code, str(exc), {"error_type": exc.error_type}) from None
+        return json_response({"run_id": run_id, "query": name, "result": value})
+
+    async def update(self, request: Request) -> Response:
+        run_id, name = request.path_params["run_id"], request.path_params["name"]
+        body = await _body(request, self.body_cap)
+        timeout = body.get("timeout", DEFAULT_UPDATE_TIMEOUT_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+            0 < timeout <= MAX_RESULT_TIMEOUT_S
+        ):
+            raise bad_input("timeout", f"seconds, above 0 and at most {MAX_RESULT_TIMEOUT_S:g}")
+        try:
+            value = await self.client.update(run_id, name, body.get("payload"),
+                                             timeout=float(timeout))
+        except UpdateFailed as exc:
+            raise ApiError(422, "update_failed", str(exc), {"error_type": exc.error_type,
+                                                            "detail": exc.message}) from None
+        except TimeoutError as exc:
+            raise ApiError(504, "update_timeout", str(exc)) from None
+        except (PayloadTooLarge, RunNotActive):
+            raise  # ValueErrors with answers of their own (413, 409)
+        except ValueError as exc:
+            raise _client_call("payload", exc) from None
+        return json_response({"run_id": run_id, "update": name, "result": value})
 
     async def resume(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]

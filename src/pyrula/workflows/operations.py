@@ -47,6 +47,7 @@ from pyrula.workflows.definition import (
 from pyrula.workflows.errors import NonDeterminismError, PayloadTooLarge, StepFailed
 from pyrula.workflows.events import CHILD_SIGNAL, INTERRUPT_SIGNAL, child_key, dumps, loads
 from pyrula.workflows.frames import failing_frame, user_traceback
+from pyrula.workflows.handlers import HandlerKind, Handlers, apply_update, reapply_update
 from pyrula.workflows.records import ClaimedRun
 from pyrula.workflows.replay import (
     Replay,
@@ -209,6 +210,7 @@ class Operations:
         self._child_recheck = child_recheck
         #: Child waits block under negative keys (calls are positive), one per wait.
         self._child_waits = 0
+        self.handlers = Handlers()
 
     @property
     def is_replaying(self) -> bool:
@@ -244,6 +246,33 @@ class Operations:
         self._refuse_if_ending()
         return self._replay.take_call()
 
+    # --- query and update handlers ------------------------------------------------------
+
+    def op_set_handler(self, kind: HandlerKind, name: str, fn: Callable[..., Any] | None) -> None:
+        self.handlers.set(kind, name, fn)
+
+    @property
+    def accepts_updates(self) -> bool:
+        """The code registered an update handler: a parked run is woken by an update."""
+        return bool(self.handlers.updates)
+
+    def apply_updates(self, call: int | None = None) -> None:
+        """Apply the updates due at ``call`` (by default the last call taken, where every
+        branch of the code is blocked): those the journal records there, again, for their
+        effect on the workflow's state; then, past the journal, each update received and
+        not applied yet, recording its outcome."""
+        call = self._replay.calls_taken if call is None else call
+        for request, recorded in self._replay.recorded_updates(call):
+            reapply_update(self.handlers, request, recorded)
+        if not self._replay.updates_open(call):
+            return
+        for request in self._replay.pending_updates():
+            self._replay.take_update(request.id)
+            self._writes.add(apply_update(
+                self.handlers, request, now=self._clock.now(), at_call=call,
+                check=self.check_payload,
+            ))
+
     def _diverged(self, exc: NonDeterminismError) -> None:
         """Replay's name check failed: the divergence stops the attempt (the first one
         found is the one the run fails with) and is raised into the workflow code at its
@@ -257,6 +286,7 @@ class Operations:
         # The call index is taken here, synchronously, so steps started together
         # (asyncio.gather) are numbered in the order the code called them.
         call = self._take_call()
+        self.apply_updates(call)
         return self._step(call, spec, args, kwargs)
 
     async def _step(
@@ -408,6 +438,7 @@ class Operations:
 
     async def op_sleep(self, *, seconds: float | None, until: float | None) -> None:
         call = self._take_call()
+        self.apply_updates(call)
         try:
             decision = self._replay.sleep(
                 call, now=self._clock.now(), seconds=seconds, until=until
@@ -422,10 +453,12 @@ class Operations:
 
     async def op_wait(self, signal: str, timeout: float | None) -> Any:
         call = self._take_call()
+        self.apply_updates(call)
         return await self._wait(call, "pyrula.wait_for_signal", signal, timeout, None)
 
     async def op_interrupt(self, payload: Any) -> Any:
         call = self._take_call()
+        self.apply_updates(call)
         payload = self.check_payload(payload, "interrupt payload")
         return await self._wait(call, "pyrula.interrupt", INTERRUPT_SIGNAL, None, payload)
 

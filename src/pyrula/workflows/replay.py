@@ -26,10 +26,12 @@ from pyrula.workflows.events import (
     CHILD_SIGNAL,
     INTERRUPT_SIGNAL,
     PATCH_OP,
+    UPDATE_SIGNAL,
     Event,
     EventType,
     make_event,
 )
+from pyrula.workflows.handlers import UpdateRequest
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +102,15 @@ class Replay:
         self._patches: dict[str, bool] = {}
         #: The seq of the last child-end nudge (``pyrula.child`` signal) in the journal.
         self.child_signal_seq = 0
+        #: Updates: the requests in journal order, the applied ones by the call at which
+        #: they were applied (until replayed), and the ids applied or being applied.
+        self._update_requests: dict[str, UpdateRequest] = {}
+        self._updates_at: dict[int, list[Event]] = {}
+        self._updates_done: set[str] = set()
         self._index(events)
         # Calls the journal held when the attempt began: the code replays until past them.
         self._known_calls = max(self._by_call, default=0)
+        self._known_update_call = max(self._updates_at, default=0)
         self._next_call = 0
 
     # --- the index ------------------------------------------------------------------
@@ -114,13 +122,26 @@ class Replay:
             if call is not None:
                 self._by_call.setdefault(int(call), []).append(event)
             type_ = event["type"]
-            if type_ in (EventType.SIGNAL_RECEIVED, EventType.INTERRUPT_RESUMED):
+            if type_ == EventType.SIGNAL_RECEIVED and event.get("name") == UPDATE_SIGNAL:
+                request = UpdateRequest.of(event)
+                if request is not None:
+                    self._update_requests.setdefault(request.id, request)
+            elif type_ in (EventType.SIGNAL_RECEIVED, EventType.INTERRUPT_RESUMED):
                 if event.get("name") == CHILD_SIGNAL:
                     self.child_signal_seq = max(self.child_signal_seq, int(event.get("seq", 0)))
                     continue  # a nudge to look at the children again, never a wait's
                 self._signals.append(event)
             elif type_ == EventType.RUN_WOKEN:
                 self._woken.append(event)
+            elif type_ == EventType.UPDATE_APPLIED:
+                self._index_applied(event)
+
+    def _index_applied(self, event: Event) -> None:
+        update_id = str(event.get("update"))
+        if update_id in self._updates_done:
+            return  # this attempt applied it: it is not to be replayed again
+        self._updates_done.add(update_id)
+        self._updates_at.setdefault(int(event.get("at_call", 0)), []).append(event)
 
     @property
     def last_seq(self) -> int:
@@ -271,6 +292,32 @@ class Replay:
             e["type"] == EventType.PATCH_APPLIED and e.get("patch") == patch_id
             for e in self._by_call.get(call, ())
         )
+
+    # --- updates ----------------------------------------------------------------------
+
+    def recorded_updates(self, call: int) -> list[tuple[UpdateRequest, Event]]:
+        """The updates the journal records as applied at ``call``, in the order applied,
+        each with its request; handed out once."""
+        applied = self._updates_at.pop(call, [])
+        found = []
+        for event in applied:
+            request = self._update_requests.get(str(event.get("update")))
+            if request is not None:
+                found.append((request, event))
+        return found
+
+    def updates_open(self, call: int) -> bool:
+        """Whether new updates may be applied at ``call``: the journal holds no operation
+        and no applied update past it (else its replay decides what was applied where)."""
+        return not self.is_replaying and call >= self._known_update_call
+
+    def pending_updates(self) -> list[UpdateRequest]:
+        """The requests in the journal not applied yet, in the order they arrived."""
+        return [r for r in self._update_requests.values() if r.id not in self._updates_done]
+
+    def take_update(self, update_id: str) -> None:
+        """The attempt applies update ``update_id`` now: it is pending no more."""
+        self._updates_done.add(update_id)
 
     # --- timers and signals -------------------------------------------------------------
 
