@@ -236,8 +236,8 @@ class CloudConnector:
                     if done.outcome == "undelivered":
                         return False
                     if done.runs:
-                        logger.info("cloud_reconciled: %d ended runs of %s sent from the "
-                                    "store", done.runs, workflow,
+                        logger.info("cloud_reconciled: %d ended run%s of %s sent from the "
+                                    "store", done.runs, "" if done.runs == 1 else "s", workflow,
                                     extra={"event": "cloud_reconciled", **self._log})
                     if not done.more:
                         break
