@@ -85,6 +85,7 @@ class RunInfo:
     ``waiting_for`` names the signals a waiting run awaits (``pyrula.interrupt`` for an
     interrupt, whose payload is ``interrupt``). ``start_id`` is the first run of a
     ``continue_as_new`` chain; ``successor_id`` the run that continued this one.
+    ``priority`` (0..9) orders the run among its owner's queued runs: higher first.
     """
 
     run_id: str
@@ -105,6 +106,7 @@ class RunInfo:
     idempotency_key: str | None = None
     start_id: str | None = None
     successor_id: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
