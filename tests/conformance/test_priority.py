@@ -61,6 +61,16 @@ class _Model:
         )
         queue.remove(got)
 
+    def pick(self, index: int) -> str | None:
+        """A waiting run (the ``index``-th, modulo how many wait), or None."""
+        ids = sorted(self.owner_of)
+        return ids[index % len(ids)] if ids else None
+
+    def gone(self, run_id: str) -> None:
+        """``run_id`` left its queue otherwise than by a claim (cancelled, taken by id)."""
+        queue = self.waiting[self.owner_of.pop(run_id)]
+        queue.remove(next(w for w in queue if w[2] == run_id))
+
     def left(self) -> int:
         return sum(len(q) for q in self.waiting.values())
 
@@ -75,6 +85,7 @@ submission = st.tuples(st.sampled_from(OWNERS), st.integers(0, 9))
 step = st.one_of(
     st.tuples(st.just("submit"), submission),
     st.tuples(st.just("claim"), st.integers(1, 4)),
+    st.tuples(st.sampled_from(["cancel", "claim_run"]), st.integers(0, 100)),
 )
 
 
@@ -89,9 +100,18 @@ async def _play(store: Store, steps: Sequence[tuple[str, Any]]) -> None:
             run_id = await submit_with(store, name, owner, priority, now)
             model.add(_shard(store, run_id), owner, priority, run_id)
             continue
-        batch = await store.claim(WORKER, [name], limit=arg, now=now, lock_ttl=TTL)
-        for claimed in batch:
-            model.claimed(claimed.run_id)
+        if kind == "claim":
+            batch = await store.claim(WORKER, [name], limit=arg, now=now, lock_ttl=TTL)
+            for claimed in batch:
+                model.claimed(claimed.run_id)
+            continue
+        run_id = model.pick(arg)
+        if run_id is not None:  # a run leaves its queue some other way
+            if kind == "cancel":
+                assert await store.cancel(run_id, now=now)
+            else:
+                assert await store.claim_run(run_id, WORKER, now=now, lock_ttl=TTL)
+            model.gone(run_id)
     if getattr(store, "shard_count", 1) == 1:
         assert model.left() == 0, "a claim of 1000 left runs queued"
 
@@ -103,7 +123,8 @@ async def submit_with(store: Store, name: str, owner: str, priority: int, now: f
 
 
 def test_claims_take_an_owners_highest_priority_first_fifo_within_one(store: Store) -> None:
-    """Hypothesis draws owners, priorities and the order of submissions and claims."""
+    """Hypothesis draws owners, priorities and the order of submissions, claims, cancels
+    and claims by id of queued runs."""
     with asyncio.Runner() as runner:
 
         @settings(max_examples=40, deadline=None,

@@ -1,6 +1,7 @@
 """The memory store's work queue: submit, claim (deficit round robin over owners, within
-one its highest priority first, FIFO within a priority, flow control), claim one put-aside suspect, claim one run by id, wake runs
-whose timer is due, and the queues' depth and age (QueueStats)."""
+one its highest priority first, FIFO within a priority, flow control), claim one
+put-aside suspect, claim one run by id, wake runs whose timer is due, and the queues'
+depth and age (QueueStats)."""
 
 from __future__ import annotations
 

@@ -256,8 +256,9 @@ class _NameQueue:
 
     The owners with queued runs are found by a skip scan of the ``runs_queue_p`` index
     (one index seek per owner, not a pass over every queued run), each owner's next runs
-    are read in queue order (highest priority first, FIFO within one) a batch at a time, and the served counts are kept here and written
-    once at the end of the claim (``record_served``).
+    are read in queue order (highest priority first, FIFO within one) a batch at a time,
+    and the served counts are kept here and written once at the end of the claim
+    (``record_served``).
     """
 
     _OWNERS = (
