@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pyrula.workflows.events import EventType
+from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.base import Store
 from tests.conformance.support import (
     T0,
@@ -22,6 +24,7 @@ from tests.conformance.support import (
     WF,
     WORKER,
     complete,
+    ev,
     info,
     require_global_order,
     sleep,
@@ -196,3 +199,18 @@ async def test_a_run_woken_or_requeued_keeps_its_priority(store: Store) -> None:
     await store.requeue(requeued, r.token, now=T0 + 14, reason="test")
     await _claimed_next(store, requeued, T0 + 15)
     assert (await info(store, requeued)).priority == 5
+
+
+async def test_a_continue_as_new_successor_keeps_the_priority(store: Store) -> None:
+    require_global_order(store)
+    run_id = await submit_with(store, WF, "a", 6, T0)
+    claimed = await take(store, run_id)
+    plain = await submit_with(store, WF, "a", 0, T0 + 1)
+    finished = await store.finish(
+        run_id, claimed.token, [ev(EventType.RUN_CONTINUED, T0 + 2)],
+        now=T0 + 2, status=RunStatus.CONTINUED, successor_params={},
+    )
+    successor = finished.successor_id
+    assert successor is not None and (await info(store, successor)).priority == 6
+    batch = await store.claim(WORKER, [WF], limit=2, now=T0 + 3, lock_ttl=TTL)
+    assert [c.run_id for c in batch] == [successor, plain]
