@@ -105,7 +105,7 @@ end
 -- before: the shard's doorbell must ring, both when the shard had nothing queued (it
 -- needs a worker) and when other owners' runs wait (deficit round robin serves the
 -- newcomer next here, so claims should visit this shard soon). A run of priority 0 costs
--- what it did before priorities, but for one HEXISTS when its owner's FIFO was empty.
+-- what it did before priorities, but for one HGET when its owner's FIFO was empty.
 local function enqueue(base, id, owner, now, fresh, prio)
   local q = base .. ':q:' .. owner
   local rang = false
@@ -122,7 +122,7 @@ local function enqueue(base, id, owner, now, fresh, prio)
   elseif p > 0 then
     rang = enqueue_ranked(base, id, owner, tostring(p))
   elseif redis.call('RPUSH', q, id) == 1
-    and redis.call('HEXISTS', base .. ':prio', owner) == 0 then
+    and not redis.call('HGET', base .. ':prio', owner) then
     level(base, owner)
     rang = true
   end
