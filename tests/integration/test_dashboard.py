@@ -110,7 +110,7 @@ def test_the_pages_show_the_fleet_a_run_and_its_timeline_read_only(
 ) -> None:
     fleet = fleets.start("-n", "2", *QUICK)
     status = fleet.wait_ready(2)
-    run = client.submit("fa_load", {"tag": "t1"})
+    run = client.submit("fa_load", {"tag": "t1"}, priority=2)
     assert client.result(run.run_id, timeout=20) == ["a", "b"]
     nobody = client.submit("dash_nobody", {})  # no worker serves it: a stuck run
     shots = tmp_path / "screenshots"
@@ -139,6 +139,8 @@ def test_the_pages_show_the_fleet_a_run_and_its_timeline_read_only(
         assert [s.split(" · ")[0] for s in steps] == ["step step_a", "step step_b"]
         assert "attempt 1 on " in page.locator("#timeline li.attempt").inner_text()
         assert page.locator("#run-status").inner_text() == "completed"
+        facts = page.locator("#run-facts").inner_text().splitlines()
+        assert [f.split() for f in facts if f.startswith("priority")] == [["priority", "2"]]
         assert "read-only" in page.locator("#run-actions").inner_text()
         watched.shot(shots / "run.png")
 

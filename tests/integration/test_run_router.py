@@ -184,6 +184,9 @@ def test_submit_show_result_events(api: httpx.Client) -> None:
     info = api.get(f"/{run_id}").json()
     assert info["run_id"] == run_id and info["status"] == "completed"
     assert info["owner"] == "acme" and info["params"] == {"n": 1}
+    assert info["priority"] == 0
+    urgent = _submit(api, "rr.echo", {"n": 2}, owner="acme", priority=8)
+    assert api.get(f"/{urgent}").json()["priority"] == 8
     events = api.get(f"/{run_id}/events").json()["events"]
     assert events[0]["type"] == "run:submitted" and events[-1]["type"] == "run:completed"
     later = api.get(f"/{run_id}/events", params={"after_seq": events[0]["seq"]}).json()
@@ -318,6 +321,9 @@ def test_unknown_runs_are_404(api: httpx.Client) -> None:
     ("post", "/", {"json": {"workflow": ""}}, "workflow"),
     ("post", "/", {"json": {"workflow": "rr.echo", "owner": 3}}, "owner"),
     ("post", "/", {"json": {"workflow": "rr.echo", "idempotency_key": ""}}, "idempotency_key"),
+    ("post", "/", {"json": {"workflow": "rr.echo", "priority": 10}}, "priority"),
+    ("post", "/", {"json": {"workflow": "rr.echo", "priority": "high"}}, "priority"),
+    ("post", "/", {"json": {"workflow": "rr.echo", "priority": True}}, "priority"),
     ("post", "/", {"content": b'{"workflow": "rr.echo", "params": [NaN]}'}, "params"),
     ("post", "/", {"content": b'{"workflow": "rr.echo", "params": 1e400}'}, "params"),
     ("post", "/", {"content": b'{"workflow": "rr.echo", "params": 99999999999999999999999}'},
@@ -419,7 +425,7 @@ def test_openapi_describes_every_route(api: httpx.Client) -> None:
     assert listing == {"workflow", "status", "owner", "limit", "cursor"}
     submit = doc["paths"]["/"]["post"]["requestBody"]["content"]["application/json"]
     assert set(submit["schema"]["properties"]) == {
-        "workflow", "params", "owner", "idempotency_key"
+        "workflow", "params", "owner", "idempotency_key", "priority"
     }
 
 

@@ -253,8 +253,9 @@ def all_keys(url: str, match: str = "*") -> list[str]:
 
 
 async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") -> None:
-    """Every kind of call the store makes, through a worker serving ``two_steps``,
-    ``sleeps`` and ``awaits_signal``, and its client. ``tag`` keeps ledger entries apart.
+    """Every kind of call the store makes (runs of a priority among them), through a worker
+    serving ``two_steps``, ``sleeps`` and ``awaits_signal``, and its client. ``tag`` keeps
+    ledger entries apart.
     With the worker's ``schedule_interval`` under 5 s its schedule loop fires a schedule
     too (otherwise the schedule runs only through ``run_schedule_now``)."""
     client = worker.client
@@ -262,7 +263,8 @@ async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") ->
     assert (await store.aflow_control_get("metered")) is not None
     handles = [
         await client.submit(two_steps, {"tag": f"{tag}a{i}"},
-                            owner="metered" if i % 2 else None, idempotency_key=f"k{i}")
+                            owner="metered" if i % 2 else None, idempotency_key=f"k{i}",
+                            priority=3 if i in (2, 3) else 0)
         for i in range(6)
     ]
     again = await client.submit(two_steps, {"tag": f"{tag}a0"}, idempotency_key="k0")
@@ -271,6 +273,8 @@ async def exercise(store: ValkeyStore, worker: WorkflowWorker, tag: str = "") ->
     waiter = await client.submit(awaits_signal, {"tag": f"{tag}w"})
     stranded = await client.submit("vk.nobody_serves_this", {})
     assert await client.cancel(stranded.run_id)
+    urgent = await client.submit("vk.nobody_serves_this", {}, priority=7)
+    assert await client.cancel(urgent.run_id)  # a queued run of a priority leaves its list
 
     async def waiting() -> bool:
         return (await client.get(waiter.run_id)).status is RunStatus.WAITING

@@ -70,6 +70,43 @@ def test_the_sync_client_refuses_them_too(params: Any, named: str) -> None:
     assert list(client.list_runs(limit=10)) == []
 
 
+BAD_PRIORITIES = [
+    pytest.param(-1, ValueError, "-1", id="negative"),
+    pytest.param(10, ValueError, "10", id="above-9"),
+    pytest.param(True, TypeError, "True", id="bool"),
+    pytest.param(2.0, TypeError, "2.0", id="float"),
+    pytest.param("5", TypeError, "'5'", id="str"),
+    pytest.param(None, TypeError, "None", id="none"),
+]
+
+
+@pytest.mark.parametrize(("priority", "error", "shown"), BAD_PRIORITIES)
+async def test_a_bad_priority_is_refused_at_submit_naming_it(
+    priority: Any, error: type[Exception], shown: str
+) -> None:
+    store = MemoryStore()
+    with pytest.raises(error, match=r"priority must be an int from 0 to 9, got ") as refused:
+        await WorkflowClient(store).submit("orders.process", {}, priority=priority)
+    assert shown in str(refused.value)
+    assert await store.list_runs(limit=10) == []  # nothing was written
+
+
+@pytest.mark.parametrize(("priority", "error", "shown"), BAD_PRIORITIES)
+def test_the_sync_client_refuses_a_bad_priority_too(
+    priority: Any, error: type[Exception], shown: str
+) -> None:
+    client = SyncWorkflowClient(MemoryStore())
+    with pytest.raises(error, match="priority"):
+        client.submit("orders.process", {}, priority=priority)
+    assert list(client.list_runs(limit=10)) == []
+
+
+def test_the_sync_client_submits_with_a_priority() -> None:
+    client = SyncWorkflowClient(MemoryStore())
+    handle = client.submit("orders.process", {}, priority=3)
+    assert client.get(handle.run_id).priority == 3
+
+
 async def test_signal_and_resume_payloads_that_are_not_json_are_refused() -> None:
     store = MemoryStore()
     client = WorkflowClient(store)

@@ -45,7 +45,7 @@ def test_a_version_1_file_gains_the_schedules_table(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 6
+        assert _version(path) == SCHEMA_VERSION == 7
         store.schedule_create(Schedule.create("wf", "0 * * * *", schedule_id="s"))
         assert [s.schedule_id for s in store.schedule_list()] == ["s"]
     finally:
@@ -169,7 +169,7 @@ async def test_a_version_5_file_gains_the_projection_tables(tmp_path: Path) -> N
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 6
+        assert _version(path) == SCHEMA_VERSION == 7
         head = ProjectionHead("p", 0, "fp", False, None, 0, 200.0)
         assert await store.save_projection(head, {"": [1]}, expected=0, reset=False)
         assert await store.projection_states("p", None) == {"": [1]}
@@ -271,5 +271,38 @@ def test_create_false_opens_the_store_a_worker_made(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "fleet.db", create=False)
     try:
         assert SyncWorkflowClient(store).get(run_id).params == {"n": 1}
+    finally:
+        store.close()
+
+
+async def test_a_version_6_file_gains_run_priorities(tmp_path: Path) -> None:
+    """A schema-6 file (no runs.priority, the runs_queue index): its queued runs are
+    priority 0 and still claimed in their order; a new run of a higher priority first."""
+    path = tmp_path / "v6.db"
+    store = SQLiteStore(path)
+    try:
+        old = [(await store.submit("wf", {}, now=100.0 + i, owner="o"))[0].run_id
+               for i in range(2)]
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)  # what pyrula with schema 6 left behind
+    try:
+        conn.execute("DROP INDEX runs_queue_p")
+        conn.execute("ALTER TABLE runs DROP COLUMN priority")
+        conn.execute("CREATE INDEX runs_queue ON runs(name, owner, queue_seq) "
+                     "WHERE status = 'queued'")
+        conn.execute("UPDATE meta SET value='6' WHERE key='schema_version'")
+        conn.commit()
+    finally:
+        conn.close()
+
+    store = SQLiteStore(path)
+    try:
+        assert _version(path) == SCHEMA_VERSION == 7
+        high = (await store.submit("wf", {}, now=200.0, owner="o", priority=4))[0].run_id
+        claimed = await store.claim("w", ["wf"], limit=3, now=300.0, lock_ttl=30.0)
+        assert [c.run_id for c in claimed] == [high, *old]
+        info = await store.get_run(old[0])
+        assert info is not None and info.priority == 0
     finally:
         store.close()

@@ -190,12 +190,13 @@ cli.add_command(runs_group)
 @click.argument("params", default="{}", metavar="[PARAMS_JSON]")
 @click.option("--owner", default=None)
 @click.option("--idempotency-key", default=None)
+@runs.PRIORITY
 @STORE
 @NAMESPACE
 def submit(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
-           store: str | None, namespace: str | None) -> None:
+           priority: int, store: str | None, namespace: str | None) -> None:
     """Submit a run of WORKFLOW with PARAMS_JSON (same as "pyrula runs submit")."""
-    runs.submit_run(workflow, params, owner, idempotency_key, store, namespace)
+    runs.submit_run(workflow, params, owner, idempotency_key, store, namespace, priority)
 
 
 @cli.command("emit")

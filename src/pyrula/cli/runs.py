@@ -32,6 +32,9 @@ from pyrula.timestamps import iso_utc_or_none, readable_event
 logger = logging.getLogger(__name__)
 
 JSON = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
+PRIORITY = click.option("--priority", type=click.IntRange(0, 9), default=0, show_default=True,
+                        help="0..9: among its owner's queued runs, a higher one is claimed "
+                        "first")
 
 
 class RunRefusal(Refusal):
@@ -118,12 +121,13 @@ def _unserved(store: Any, name: str) -> bool:
 
 
 def submit_run(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
-               store: str | None, namespace: str | None) -> None:
+               store: str | None, namespace: str | None, priority: int = 0) -> None:
     """Submit and print ``{"name", "run_id"}``; warn on stderr if no live worker serves
     the workflow yet (the run waits for one)."""
     value = json_argument("PARAMS_JSON", params)
     runs = client(store, namespace)
-    handle = runs.submit(workflow, value, owner=owner, idempotency_key=idempotency_key)
+    handle = runs.submit(workflow, value, owner=owner, idempotency_key=idempotency_key,
+                         priority=priority)
     print_json({"name": handle.name, "run_id": handle.run_id})
     if not warn_if_unknown(runs.store, handle.name, "; the run waits until a worker serves it") \
             and _unserved(runs.store, handle.name):
@@ -241,7 +245,8 @@ def runs_table(rows: list[Any]) -> list[str]:
 @STORE
 @NAMESPACE
 def show_command(run_id: str, as_json: bool, store: str | None, namespace: str | None) -> None:
-    """A run: status, attempt, owner, times, error, result, and its step timeline."""
+    """A run: status, attempt, owner, priority, times, error, result, and its step
+    timeline."""
     from pyrula.workflows.triage import retries_of
 
     runs_client = client(store, namespace)
@@ -256,7 +261,8 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
         return
     click.echo(f"run {info.run_id}  workflow {info.name}")
     rows = [("status", info.status.value), ("attempt", info.attempt),
-            ("owner", info.owner or "-"), ("created", iso(info.created_at)),
+            ("owner", info.owner or "-"), ("priority", info.priority),
+            ("created", iso(info.created_at)),
             ("started", iso(info.started_at) or "-"),
             ("finished", iso(info.finished_at) or "-")]
     if retries:
@@ -446,12 +452,13 @@ def resume_command(run_id: str, value: str, store: str | None, namespace: str | 
 @click.argument("params", default="{}", metavar="[PARAMS_JSON]")
 @click.option("--owner", default=None)
 @click.option("--idempotency-key", default=None)
+@PRIORITY
 @STORE
 @NAMESPACE
 def submit_command(workflow: str, params: str, owner: str | None, idempotency_key: str | None,
-                   store: str | None, namespace: str | None) -> None:
+                   priority: int, store: str | None, namespace: str | None) -> None:
     """Submit a run of NAME with PARAMS_JSON; print its id."""
-    submit_run(workflow, params, owner, idempotency_key, store, namespace)
+    submit_run(workflow, params, owner, idempotency_key, store, namespace, priority)
 
 
 @runs.command("stuck")

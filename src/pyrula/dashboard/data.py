@@ -35,7 +35,7 @@ def run_row(info: RunInfo) -> dict[str, Any]:
     """A run as the table shows it (ISO-8601 UTC times; the page formats them)."""
     return {
         "run_id": info.run_id, "workflow": info.name, "status": info.status.value,
-        "owner": info.owner, "attempt": info.attempt,
+        "owner": info.owner, "priority": info.priority, "attempt": info.attempt,
         "created_at": iso_utc(info.created_at),
         "started_at": iso_utc_or_none(info.started_at),
         "finished_at": iso_utc_or_none(info.finished_at),

@@ -35,6 +35,7 @@ from pyrula.workflows.events import (
     dumps,
 )
 from pyrula.workflows.forks import fork_point
+from pyrula.workflows.priority import check_priority
 from pyrula.workflows.projections import WHOLE, check_projection_name, is_internal
 from pyrula.workflows.queries import UpdateReply, answer_query, raise_for, update_reply
 from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
@@ -149,6 +150,7 @@ class WorkflowClient:
         *,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
     ) -> RunHandle:
         """Queue a run of ``workflow`` (a name or a ``@workflow`` function) with ``params``.
 
@@ -156,15 +158,19 @@ class WorkflowClient:
         returns the first run's handle. Raises ValueError for params that are not JSON.
         No params (or None) are ``{}``: a workflow reading ``params["x"]`` then fails with
         a KeyError naming the key, not with "NoneType is not subscriptable".
+        ``priority`` (0..9, default 0): among its owner's queued runs, a run of a higher
+        priority is claimed first (TypeError for a non-int, ValueError out of range).
         """
         name = workflow_name(workflow)
         if params is None:
             params = {}
         _check_optional("owner", owner)
         _check_optional("idempotency_key", idempotency_key)
+        priority = check_priority(priority)
         self._payload(params, f"params for workflow {name!r}")
         handle, _ = await self.store.submit(
-            name, params, now=self._clock.now(), owner=owner, idempotency_key=idempotency_key
+            name, params, now=self._clock.now(), owner=owner, idempotency_key=idempotency_key,
+            priority=priority,
         )
         return handle
 
@@ -185,7 +191,7 @@ class WorkflowClient:
         self._payload(params, f"params for the fork of run {run_id}")
         handle, _ = await self.store.submit(
             info.name, params, now=self._clock.now(), owner=info.owner,
-            idempotency_key=point.key(),
+            idempotency_key=point.key(), priority=info.priority,
         )
         return handle
 
@@ -467,10 +473,11 @@ class SyncWorkflowClient:
         *,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
     ) -> RunHandle:
-        return self._run(
-            self._client.submit(workflow, params, owner=owner, idempotency_key=idempotency_key)
-        )
+        return self._run(self._client.submit(
+            workflow, params, owner=owner, idempotency_key=idempotency_key, priority=priority
+        ))
 
     def fork(self, run_id: str, *, from_step: str | int, params: Any = None) -> RunHandle:
         return self._run(self._client.fork(run_id, from_step=from_step, params=params))

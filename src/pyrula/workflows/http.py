@@ -55,6 +55,7 @@ from pyrula.workflows.errors import (
     UpdateFailed,
     WorkflowNotFound,
 )
+from pyrula.workflows.priority import MAX_PRIORITY, MIN_PRIORITY, check_priority
 from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.base import Store
 
@@ -108,6 +109,15 @@ def _too_large(size: int, cap: int) -> ApiError:
     return ApiError(413, "payload_too_large",
                     f"the request body is over {cap} bytes (at least {size}); the payloads it "
                     "carries are limited by max_payload_bytes")
+
+
+def _priority(body: dict[str, Any]) -> int:
+    """The body's ``priority`` (0 when absent); 422 naming it for anything but an int in
+    0..9."""
+    try:
+        return check_priority(body.get("priority", 0))
+    except (TypeError, ValueError) as exc:
+        raise bad_input("priority", str(exc)) from None
 
 
 def _optional_str(body: dict[str, Any], field: str) -> str | None:
@@ -179,6 +189,8 @@ _INSTANT: dict[str, Any] = {"type": ["string", "null"], "format": "date-time",
 _RUN_ID = _param("run_id", "path", {"type": "string"}, "the run's id")
 _ANY: dict[str, Any] = {"description": "any JSON value"}
 _OPTIONAL_STR: dict[str, Any] = {"type": ["string", "null"], "minLength": 1}
+_PRIORITY: dict[str, Any] = {"type": "integer", "minimum": MIN_PRIORITY,
+                             "maximum": MAX_PRIORITY, "default": 0}
 _REFUSALS = {
     "404": _answer("no run with this id", "Error"),
     "422": _answer("bad input; the message names the field (unknown_workflow: a workflow "
@@ -210,7 +222,8 @@ OPENAPI: dict[str, Any] = {
                 {**_REFUSALS, "413": _PAYLOAD_REFUSALS["413"]},
                 body=_body_of(
                     {"workflow": {"type": "string", "minLength": 1}, "params": _ANY,
-                     "owner": _OPTIONAL_STR, "idempotency_key": _OPTIONAL_STR},
+                     "owner": _OPTIONAL_STR, "idempotency_key": _OPTIONAL_STR,
+                     "priority": _PRIORITY},
                     ["workflow"],
                 ),
             ),
@@ -341,7 +354,7 @@ OPENAPI: dict[str, Any] = {
         "Run": {"type": "object", "required": ["run_id", "name", "status"], "properties": {
             "run_id": {"type": "string"}, "name": {"type": "string"},
             "status": {"type": "string", "enum": [s.value for s in RunStatus]},
-            **{key: _INSTANT for key in RUN_TIMES}}},
+            "priority": _PRIORITY, **{key: _INSTANT for key in RUN_TIMES}}},
         "RunPage": {"type": "object", "required": ["runs", "cursor"], "properties": {
             "runs": {"type": "array", "items": {"$ref": "#/components/schemas/Run"}},
             "cursor": {"type": ["string", "null"]}}},
@@ -454,9 +467,11 @@ class RunRouter:
                                {"known": served})
         owner = _optional_str(body, "owner")
         key = _optional_str(body, "idempotency_key")
+        priority = _priority(body)
         try:
             handle = await self.client.submit(
-                workflow, body.get("params"), owner=owner, idempotency_key=key
+                workflow, body.get("params"), owner=owner, idempotency_key=key,
+                priority=priority,
             )
         except (PayloadTooLarge, RunNotActive):
             raise  # ValueErrors with answers of their own (413, 409)

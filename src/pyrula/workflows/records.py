@@ -87,6 +87,7 @@ class RunInfo:
     ``continue_as_new`` chain; ``successor_id`` the run that continued this one.
     ``parent_id`` is the run that started this one as a child workflow (read from its
     idempotency key, which a parent gives every child it starts).
+    ``priority`` (0..9) orders the run among its owner's queued runs: higher first.
     """
 
     run_id: str
@@ -107,6 +108,7 @@ class RunInfo:
     idempotency_key: str | None = None
     start_id: str | None = None
     successor_id: str | None = None
+    priority: int = 0
 
     @property
     def parent_id(self) -> str | None:

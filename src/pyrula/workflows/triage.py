@@ -49,7 +49,8 @@ async def retry_run(client: WorkflowClient, run_id: str) -> RunHandle:
                else f"is {info.status.value}, not failed")
         raise NotRetryable(f"run {run_id} {why}; only a failed run can be retried")
     return await client.submit(info.name, info.params, owner=info.owner,
-                               idempotency_key=f"{RETRY_KEY_PREFIX}{run_id}")
+                               idempotency_key=f"{RETRY_KEY_PREFIX}{run_id}",
+                               priority=info.priority)
 
 
 async def stuck_runs(store: Any, limit: int, now: float) -> list[dict[str, Any]]:

@@ -348,7 +348,8 @@
       bar.appendChild(name); bar.appendChild(payload); bar.appendChild(send);
     }
     if (!ACTIONS) { bar.appendChild(el("span", { "class": "muted", text: "read-only: actions need --dashboard-actions" })); }
-    var facts = [["workflow", run.workflow], ["owner", run.owner || "-"], ["attempt", run.attempt],
+    var facts = [["workflow", run.workflow], ["owner", run.owner || "-"],
+      ["priority", run.priority === undefined ? 0 : run.priority], ["attempt", run.attempt],
       ["created", fmtTime(run.created_at)], ["started", fmtTime(run.started_at)],
       ["finished", fmtTime(run.finished_at)], ["events", run.events]];
     if (run.waiting_for && run.waiting_for.length) { facts.push(["waiting for", run.waiting_for.join(", ")]); }

@@ -52,11 +52,17 @@ class RunSubmitter(Protocol):
         now: float,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
     ) -> tuple[RunHandle, bool]:
         """Create a queued run with a ``run:submitted`` event; return (handle, created).
 
         Atomic with the idempotency check: a second submit with the same
         ``(name, idempotency_key)`` returns the first run's handle and ``created`` False.
+        ``priority`` (0..9) places the run among its owner's queued runs of ``name``:
+        after those of its priority or higher, before those of a lower one. The run keeps
+        it whenever it is queued again (requeued, woken); its ``continue_as_new``
+        successor inherits it. Raises TypeError / ValueError (writing nothing) for a
+        priority that is not an int in 0..9.
         """
         ...
 

@@ -111,7 +111,7 @@ class MemoryAttempts:
                 stamp_successor(events, successor_id)
                 successor = state.new_run(
                     successor_id, run.name, successor_params, run.owner, now,
-                    start_id=run.start_id,
+                    start_id=run.start_id, priority=run.priority,
                 )
                 successor.append(
                     [submitted_event(now, run.name, successor_params, run.owner or None, None)],

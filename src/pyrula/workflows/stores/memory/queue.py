@@ -1,6 +1,7 @@
-"""The memory store's work queue: submit, claim (deficit round robin over owners, FIFO
-within one, flow control), claim one put-aside suspect, claim one run by id, wake runs
-whose timer is due, and the queues' depth and age (QueueStats)."""
+"""The memory store's work queue: submit, claim (deficit round robin over owners, within
+one its highest priority first, FIFO within a priority, flow control), claim one
+put-aside suspect, claim one run by id, wake runs whose timer is due, and the queues'
+depth and age (QueueStats)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyrula.workflows.events import EventType, make_event
+from pyrula.workflows.priority import check_priority
 from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, RunStatus, SuspectsAt
 from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.common import (
@@ -40,7 +42,11 @@ class MemoryQueue:
         now: float,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
     ) -> tuple[RunHandle, bool]:
+        """Atomic (under the state's lock): the idempotency check, the new run, its
+        place in its owner's queue by ``priority``."""
+        priority = check_priority(priority)
         state = self._state
         with state.lock:
             if idempotency_key is not None:
@@ -49,7 +55,7 @@ class MemoryQueue:
                     return RunHandle(name, existing), False
             run = state.new_run(
                 new_run_id(now), name, params, owner or NO_OWNER, now,
-                idempotency_key=idempotency_key,
+                idempotency_key=idempotency_key, priority=priority,
             )
             run.append([submitted_event(now, name, params, owner, idempotency_key)], now)
             if idempotency_key is not None:

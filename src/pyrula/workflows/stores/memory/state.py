@@ -67,6 +67,8 @@ class RunRecord:
     result: Any = None
     error: dict[str, Any] | None = None
     successor_id: str | None = None
+    #: 0..9: among its owner's queued runs, a higher one is claimed first.
+    priority: int = 0
 
     def info(self) -> RunInfo:
         return RunInfo(
@@ -88,6 +90,7 @@ class RunRecord:
             idempotency_key=self.idempotency_key,
             start_id=self.start_id,
             successor_id=self.successor_id,
+            priority=self.priority,
         )
 
     def append(self, events: Sequence[Event], now: float) -> int:
@@ -107,7 +110,8 @@ class RunRecord:
 class MemoryState:
     """The runs, their queues and timers, and the lock every operation holds.
 
-    ``queues`` maps a workflow name to its owners' FIFOs of run ids; ``served`` counts the
+    ``queues`` maps a workflow name to its owners' queues of run ids (highest priority
+    first, FIFO within a priority: ``enqueue``); ``served`` counts the
     claims of each owner there, which deficit round robin levels. ``timers`` is a heap of
     (wake_at, run_id), possibly holding stale entries (a run woken or parked again since).
     ``suspects`` maps a workflow name to the FIFO of its queued suspects, put aside from
@@ -151,6 +155,7 @@ class MemoryState:
         *,
         idempotency_key: str | None = None,
         start_id: str | None = None,
+        priority: int = 0,
     ) -> RunRecord:
         """Store a new run and queue it (its journal still empty)."""
         run = RunRecord(
@@ -162,14 +167,15 @@ class MemoryState:
             updated_at=now,
             start_id=start_id or run_id,
             idempotency_key=idempotency_key,
+            priority=priority,
         )
         self.runs[run_id] = run
         self.enqueue(run, now)
         return run
 
     def enqueue(self, run: RunRecord, now: float) -> None:
-        """Queue ``run`` behind its owner's other runs of its workflow, claimable from
-        ``now``."""
+        """Queue ``run`` behind its owner's other runs of its workflow of its priority or
+        higher (ahead of those of a lower one), claimable from ``now``."""
         run.status = RunStatus.QUEUED
         run.queued_at = now
         run.lock_owner = None
@@ -188,7 +194,17 @@ class MemoryState:
             # resets the deficit of a queue that empties).
             active = [served.get(o, 0.0) for o, q in owners.items() if q]
             served[run.owner] = min(active) if active else 0.0
-        owners.setdefault(run.owner, deque()).append(run.run_id)
+        self._place(owners.setdefault(run.owner, deque()), run)
+
+    def _place(self, queue: deque[str], run: RunRecord) -> None:
+        """Put ``run`` into its owner's ``queue``, kept in (priority descending, then
+        FIFO) order: after every run of its priority or higher. A priority-0 run (the
+        lowest) is simply appended."""
+        at = len(queue)
+        if run.priority > 0:
+            while at > 0 and self.runs[queue[at - 1]].priority < run.priority:
+                at -= 1
+        queue.insert(at, run.run_id)
 
     def dequeue(self, run: RunRecord) -> None:
         """Take ``run`` out of its queue (or the suspects'), if it is there."""

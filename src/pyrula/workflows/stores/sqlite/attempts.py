@@ -141,7 +141,7 @@ class Attempts:
                 batch = [dict(e) for e in events]
                 successor_id = new_run(
                     conn, row["name"], successor_params, row["owner"], now, None,
-                    row["start_id"], predecessor=run_id,
+                    row["start_id"], predecessor=run_id, priority=row["priority"],
                 )
                 conn.execute(
                     "UPDATE runs SET successor_id=? WHERE run_id=?", (successor_id, run_id)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pyrula.workflows.errors import JournalCorrupt, WorkflowNotFound
 from pyrula.workflows.events import Event, EventType, make_event
+from pyrula.workflows.priority import MAX_PRIORITY, check_priority
 from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, RunStatus, SuspectsAt
 from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.common import NO_OWNER, pick_owner, record_params, started_event
@@ -51,7 +52,12 @@ class WorkQueue:
         now: float,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
     ) -> tuple[RunHandle, bool]:
+        """One transaction: the idempotency check and the new run, queued by
+        ``priority`` among its owner's runs."""
+        priority = check_priority(priority)
+
         def op() -> tuple[RunHandle, bool]:
             with self._db.tx() as conn:
                 if idempotency_key is not None:
@@ -62,7 +68,8 @@ class WorkQueue:
                     if row is not None:
                         return RunHandle(name, row[0]), False
                 run_id = new_run(
-                    conn, name, params, owner or NO_OWNER, now, idempotency_key, None
+                    conn, name, params, owner or NO_OWNER, now, idempotency_key, None,
+                    priority=priority,
                 )
                 return RunHandle(name, run_id), True
 
@@ -164,7 +171,7 @@ class WorkQueue:
         return await self._calls.call(op)
 
     async def queue_stats(self, names: Sequence[str]) -> dict[str, QueueStat]:
-        """One read over the ``runs_queue`` index: the queued runs of these names only,
+        """One read over the ``runs_queue_p`` index: the queued runs of these names only,
         whatever flow control would let their owners start now."""
 
         wanted = list(dict.fromkeys(names))
@@ -247,10 +254,11 @@ def _take(
 class _NameQueue:
     """The queued runs of one workflow name, as one claim transaction sees them.
 
-    The owners with queued runs are found by a skip scan of the ``runs_queue`` index (one
-    index seek per owner, not a pass over every queued run), each owner's next runs are
-    read in queue order a batch at a time, and the served counts are kept here and written
-    once at the end of the claim (``record_served``).
+    The owners with queued runs are found by a skip scan of the ``runs_queue_p`` index
+    (one index seek per owner, not a pass over every queued run), each owner's next runs
+    are read in queue order (highest priority first, FIFO within one) a batch at a time,
+    and the served counts are kept here and written once at the end of the claim
+    (``record_served``).
     """
 
     _OWNERS = (
@@ -261,9 +269,11 @@ class _NameQueue:
         "SELECT o.owner, COALESCE(s.served, 0) FROM o "
         "LEFT JOIN served s ON s.name=:name AND s.owner=o.owner WHERE o.owner IS NOT NULL"
     )
+    # After the cursor (priority, queue_seq) of the last run read, in queue order.
     _NEXT = (
-        "SELECT run_id, created_at, queue_seq FROM runs WHERE name=? AND owner=? "
-        "AND status='queued' AND queue_seq>? ORDER BY queue_seq LIMIT ?"
+        "SELECT run_id, created_at, queue_seq, priority FROM runs WHERE name=:name "
+        "AND owner=:owner AND status='queued' AND queue_seq IS NOT NULL AND (priority<:p "
+        "OR (priority=:p AND queue_seq>:seq)) ORDER BY priority DESC, queue_seq LIMIT :count"
     )
 
     def __init__(self, conn: sqlite3.Connection, name: str, limit: int) -> None:
@@ -274,31 +284,33 @@ class _NameQueue:
         self._taken: dict[str, int] = {}
         # owner -> its next queued runs (run_id, created_at, queue_seq), oldest first.
         self._next: dict[str, deque[tuple[str, float, int]]] = {}
-        self._after: dict[str, int] = {}
+        # owner -> (priority, queue_seq) of the last run read: the next are after it.
+        self._after: dict[str, tuple[int, int]] = {}
         for owner, served in conn.execute(self._OWNERS, {"name": name}).fetchall():
             self._served[owner] = float(served)
-            self._after[owner] = -1
+            self._after[owner] = (MAX_PRIORITY + 1, -1)
             self._fill(owner, 1)
 
     def _fill(self, owner: str, count: int) -> None:
-        rows = self._conn.execute(
-            self._NEXT, (self.name, owner, self._after[owner], count)
-        ).fetchall()
+        p, seq = self._after[owner]
+        rows = self._conn.execute(self._NEXT, {
+            "name": self.name, "owner": owner, "p": p, "seq": seq, "count": count,
+        }).fetchall()
         if rows:
-            self._next[owner] = deque((str(r), float(c), int(q)) for r, c, q in rows)
-            self._after[owner] = int(rows[-1][2])
+            self._next[owner] = deque((str(r), float(c), int(q)) for r, c, q, _ in rows)
+            self._after[owner] = (int(rows[-1][3]), int(rows[-1][2]))
         else:
             self._next.pop(owner, None)
 
     def candidates(self, blocked: set[str]) -> dict[str, tuple[float, float]]:
-        """owner -> (served, created_at of its oldest queued run), for ``pick_owner``."""
+        """owner -> (served, created_at of its next queued run), for ``pick_owner``."""
         return {
             owner: (self._served[owner], runs[0][1])
             for owner, runs in self._next.items() if owner not in blocked
         }
 
     def take(self, owner: str) -> str:
-        """Take ``owner``'s oldest queued run and charge the owner one run served."""
+        """Take ``owner``'s next queued run and charge the owner one run served."""
         runs = self._next[owner]
         run_id = runs.popleft()[0]
         self._served[owner] += 1.0

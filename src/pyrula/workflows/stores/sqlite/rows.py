@@ -22,7 +22,7 @@ RUN_COLUMNS = (
     "run_id, name, owner, params, status, attempt, created_at, updated_at, started_at, "
     "finished_at, result, error, wake_at, waiting_for, interrupt, idempotency_key, start_id, "
     "successor_id, cancel_requested, crashes, lock_owner, lock_expires, journal_len, signal_seq, "
-    "parked_seq, suspect_seq"
+    "parked_seq, suspect_seq, priority"
 )
 
 #: The terminal statuses, as an SQL list (``status IN (...)``).
@@ -96,6 +96,7 @@ def run_info(found: sqlite3.Row) -> RunInfo:
         idempotency_key=found["idempotency_key"],
         start_id=found["start_id"],
         successor_id=found["successor_id"],
+        priority=found["priority"],
     )
 
 
@@ -189,16 +190,17 @@ def enqueue_suspect(conn: sqlite3.Connection, run_id: str, now: float) -> None:
 def new_run(
     conn: sqlite3.Connection, name: str, params: Any, owner: str, now: float,
     idempotency_key: str | None, start_id: str | None, predecessor: str | None = None,
-    run_id: str | None = None,
+    run_id: str | None = None, priority: int = 0,
 ) -> str:
     """Insert a run (``run_id``, else a new id), journal its ``run:submitted`` and queue
-    it; its id."""
+    it (by ``priority`` among its owner's runs: the runs_queue_p index); its id."""
     run_id = run_id or new_run_id(now)
     conn.execute(
         "INSERT INTO runs(run_id, name, owner, params, status, attempt, created_at, "
-        "updated_at, idempotency_key, start_id, journal_len, crashes, signal_seq) "
-        "VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?, 0, '[]', '{}')",
-        (run_id, name, owner, to_json(params), now, now, idempotency_key, start_id or run_id),
+        "updated_at, idempotency_key, start_id, journal_len, crashes, signal_seq, priority) "
+        "VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?, 0, '[]', '{}', ?)",
+        (run_id, name, owner, to_json(params), now, now, idempotency_key, start_id or run_id,
+         priority),
     )
     event = submitted_event(now, name, params, owner or None, idempotency_key)
     if predecessor is not None:

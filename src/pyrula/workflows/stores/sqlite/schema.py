@@ -14,11 +14,12 @@ from pyrula.workflows.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: Versions this schema upgrades in place (2 added the schedules table, 3 runs.queued_at,
 #: 4 runs.suspect_seq, 5 the trigger_* tables of events and batch triggers, 6 the
-#: projection_* tables and the runs_ended index).
-ADDITIVE_FROM = frozenset({1, 2, 3, 4, 5})
+#: projection_* tables and the runs_ended index, 7 runs.priority and the runs_queue_p
+#: index in place of runs_queue).
+ADDITIVE_FROM = frozenset({1, 2, 3, 4, 5, 6})
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -53,12 +54,11 @@ SCHEMA = (
         parked_seq INTEGER NOT NULL DEFAULT 0,
         queue_seq INTEGER,
         queued_at REAL,
-        suspect_seq INTEGER
+        suspect_seq INTEGER,
+        priority INTEGER NOT NULL DEFAULT 0
     )""",
     """CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency
         ON runs(name, idempotency_key) WHERE idempotency_key IS NOT NULL""",
-    """CREATE INDEX IF NOT EXISTS runs_queue
-        ON runs(name, owner, queue_seq) WHERE status = 'queued'""",
     """CREATE INDEX IF NOT EXISTS runs_timers
         ON runs(wake_at) WHERE status IN ('sleeping', 'waiting') AND wake_at IS NOT NULL""",
     """CREATE INDEX IF NOT EXISTS runs_locks
@@ -166,10 +166,18 @@ ADDED_COLUMNS = (
     # it waits apart from its owner's queue, in this order. An older pyrula queued every
     # run in its owner's queue: none is a suspect.
     ("runs", "suspect_seq", "INTEGER", "SELECT 1"),
+    # 0..9: among its owner's queued runs, a higher one is claimed first. An older pyrula
+    # had no priorities: every run is 0.
+    ("runs", "priority", "INTEGER NOT NULL DEFAULT 0", "SELECT 1"),
 )
 
 #: What is built on the added columns: made once they exist.
 LATE_SCHEMA = (
+    # Each owner's queue of a name in claim order: highest priority first, FIFO within
+    # one (it replaces runs_queue, which lacked the priority).
+    """CREATE INDEX IF NOT EXISTS runs_queue_p
+        ON runs(name, owner, priority DESC, queue_seq) WHERE status = 'queued'""",
+    "DROP INDEX IF EXISTS runs_queue",
     """CREATE INDEX IF NOT EXISTS runs_suspects
         ON runs(name, suspect_seq) WHERE status = 'queued' AND suspect_seq IS NOT NULL""",
 )

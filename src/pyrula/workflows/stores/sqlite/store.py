@@ -116,10 +116,11 @@ class SQLiteStore(SyncAdmin):
 
     async def submit(
         self, name: str, params: Any, *, now: float, owner: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, priority: int = 0,
     ) -> tuple[RunHandle, bool]:
         return await self._queue.submit(
-            name, params, now=now, owner=owner, idempotency_key=idempotency_key
+            name, params, now=now, owner=owner, idempotency_key=idempotency_key,
+            priority=priority,
         )
 
     async def claim(

@@ -107,6 +107,7 @@ def run_info(run_id: str, f: Mapping[str, str]) -> RunInfo:
         idempotency_key=f.get("idem") or None,
         start_id=f.get("start_id") or run_id,
         successor_id=f.get("successor_id") or None,
+        priority=int(f.get("prio") or 0),
     )
 
 

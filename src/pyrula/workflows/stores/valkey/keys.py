@@ -7,7 +7,10 @@ starts with the name hash and the shard, so any client finds a run's keys from i
 
     <ns>:{<h>.<s>}:run:<id>       hash     the run record
     <ns>:{<h>.<s>}:jnl:<id>       list     the journal (event JSON; seq = index + 1)
-    <ns>:{<h>.<s>}:q:<owner>      list     FIFO of queued runs of one owner
+    <ns>:{<h>.<s>}:q:<owner>      list     FIFO of queued runs of one owner, priority 0
+    <ns>:{<h>.<s>}:pq:<owner>:<p> list     FIFO of its queued runs of priority p (1..9)
+    <ns>:{<h>.<s>}:prio           hash     owner -> digits of its priorities 1..9 with queued
+                                           runs, highest first (absent: priority 0 only)
     <ns>:{<h>.<s>}:active         zset     owners with queued runs -> runs served (DRR)
     <ns>:{<h>.<s>}:suspects       list     FIFO of queued suspects, apart from the owners'
     <ns>:{<h>.<s>}:timers         zset     parked run -> wake time

@@ -11,6 +11,7 @@ from typing import Any
 
 from pyrula.errors import JournalCorrupt
 from pyrula.workflows.events import Event
+from pyrula.workflows.priority import check_priority
 from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, SuspectsAt
 from pyrula.workflows.stores.common import NO_OWNER, record_params
 from pyrula.workflows.stores.valkey.codec import (
@@ -190,14 +191,18 @@ class Queue:
         now: float,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        priority: int = 0,
     ) -> tuple[RunHandle, bool]:
+        """One script (atomic): the idempotency check, the record, its place in its
+        owner's queue of its ``priority`` (a priority-0 run passes no argument for it)."""
+        priority = check_priority(priority)
         conn, keys = self.connection, self.connection.keys
         await self.registry.register(name)
         shard = self._shard_for(idempotency_key)
         base = keys.base_of(name, shard)
         run_id = keys.new_run_id(name, shard, now)
         args = ("submit", run_id, name, owner or NO_OWNER, dumps(params), now,
-                idempotency_key or "", "")
+                idempotency_key or "", "", *((priority,) if priority else ()))
         if await conn.clustered():
             result = await conn.op(base, *args)
             if int(result[2]):  # the doorbell lives in another slot: ring it now

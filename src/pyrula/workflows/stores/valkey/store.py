@@ -146,10 +146,10 @@ class ValkeyStore(SyncAdmin):
 
     async def submit(
         self, name: str, params: Any, *, now: float, owner: str | None = None,
-        idempotency_key: str | None = None,
+        idempotency_key: str | None = None, priority: int = 0,
     ) -> tuple[RunHandle, bool]:
         return await self.queue.submit(name, params, now=now, owner=owner,
-                                       idempotency_key=idempotency_key)
+                                       idempotency_key=idempotency_key, priority=priority)
 
     async def claim(
         self, worker_id: str, names: Sequence[str], *, limit: int, now: float, lock_ttl: float,

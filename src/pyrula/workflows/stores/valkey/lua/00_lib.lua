@@ -1,6 +1,10 @@
 -- Shared helpers. Every op takes KEYS[1] = the shard's base key "<ns>:{<tag>}"; every key
 -- an op touches is that base plus a suffix, so it shares the hash tag (one slot).
--- Suffixes: :run:<id> (hash), :jnl:<id> (list of event JSON), :q:<owner> (FIFO list),
+-- Suffixes: :run:<id> (hash), :jnl:<id> (list of event JSON), :q:<owner> (FIFO list of
+-- the owner's queued runs of priority 0), :pq:<owner>:<p> (FIFO list of its queued runs of
+-- priority p, 1..9; the record's field `prio` holds p, absent for 0), :prio (hash owner ->
+-- the digits of its priorities 1..9 with queued runs, highest first: only owners that have
+-- such runs; claims take each owner's highest priority first),
 -- :active (zset owner -> served, owners with queued runs), :suspects (FIFO list of the
 -- queued suspects, put aside from their owners' queues: the record's field `suspect` is
 -- '1' from a crash counted until an attempt parks or ends the run),
@@ -26,7 +30,7 @@ local function jnlk(base, id) return base .. ':jnl:' .. id end
 
 -- Every field a fenced write reads, in one HMGET.
 local RUN_FIELDS = {'status', 'attempt', 'cancel', 'start_id', 'idem', 'waiter',
-  'lock_expires', 'owner', 'jnl'}
+  'lock_expires', 'owner', 'jnl', 'prio'}
 
 local function stale(run, token)
   -- Fencing: the write is accepted only from the run's current attempt while it runs.
@@ -57,25 +61,69 @@ local function push_events(base, id, a, from, f)
   return redis.call('LLEN', jnlk(base, id))
 end
 
--- Put a run in its owner's FIFO. `fresh` (a run just created) skips resetting the fields
--- and indexes a parked or running run would still carry. Returns true when the owner had
--- nothing queued here before: the shard's doorbell must ring, both when the shard had
--- nothing queued (it needs a worker) and when other owners' runs wait (deficit round robin
--- serves the newcomer next here, so claims should visit this shard soon).
-local function enqueue(base, id, owner, now, fresh)
+local function level(base, owner)
+  -- An owner that (re)appears starts level with the least-served active one: it neither
+  -- starves the others nor waits behind the runs it got while alone.
+  local low = redis.call('ZRANGE', base .. ':active', 0, 0, 'WITHSCORES')
+  local floor = 0
+  if #low > 0 then floor = tonumber(low[2]) end
+  redis.call('ZADD', base .. ':active', floor, owner)
+end
+
+local function pqk(base, owner, p) return base .. ':pq:' .. owner .. ':' .. p end
+
+local function with_digit(digits, p, present)
+  -- `digits` (priorities, highest first) with the digit `p` added (present) or taken out.
+  local out = {}
+  for d in string.gmatch((digits or '') .. (present and p or ''), '%d') do
+    if d ~= p or present then out[tonumber(d)] = d end
+  end
+  local s = ''
+  for i = 9, 1, -1 do if out[i] then s = s .. out[i] end end
+  return s
+end
+
+local function set_digits(base, owner, digits)
+  if digits == '' then redis.call('HDEL', base .. ':prio', owner)
+  else redis.call('HSET', base .. ':prio', owner, digits) end
+end
+
+local function enqueue_ranked(base, id, owner, p)
+  -- Queue a run of priority p (1..9) in its owner's list of that priority. Returns true
+  -- when the owner had nothing queued here before (as enqueue).
+  if redis.call('RPUSH', pqk(base, owner, p), id) > 1 then return false end
+  local digits = redis.call('HGET', base .. ':prio', owner)
+  set_digits(base, owner, with_digit(digits, p, true))
+  if digits or redis.call('EXISTS', base .. ':q:' .. owner) == 1 then return false end
+  level(base, owner)
+  return true
+end
+
+-- Put a run in its owner's FIFO of its priority (`prio`, read from the record unless
+-- `fresh`). `fresh` (a run just created) skips resetting the fields and indexes a parked
+-- or running run would still carry. Returns true when the owner had nothing queued here
+-- before: the shard's doorbell must ring, both when the shard had nothing queued (it
+-- needs a worker) and when other owners' runs wait (deficit round robin serves the
+-- newcomer next here, so claims should visit this shard soon). A run of priority 0 costs
+-- what it did before priorities, but for one HGET when its owner's FIFO was empty.
+local function enqueue(base, id, owner, now, fresh, prio)
   local q = base .. ':q:' .. owner
   local rang = false
-  if not fresh and redis.call('HGET', runk(base, id), 'suspect') == '1' then
+  local suspect = nil
+  if not fresh then
+    local f = redis.call('HMGET', runk(base, id), 'suspect', 'prio')
+    suspect, prio = f[1], f[2]
+  end
+  local p = tonumber(prio or '') or 0
+  if suspect == '1' then
     -- A suspect waits apart, for claim_suspect; the first one rings the shard.
     q = base .. ':suspects'
     rang = redis.call('RPUSH', q, id) == 1
-  elseif redis.call('RPUSH', q, id) == 1 then
-    -- An owner that (re)appears starts level with the least-served active one: it
-    -- neither starves the others nor waits behind the runs it got while alone.
-    local low = redis.call('ZRANGE', base .. ':active', 0, 0, 'WITHSCORES')
-    local floor = 0
-    if #low > 0 then floor = tonumber(low[2]) end
-    redis.call('ZADD', base .. ':active', floor, owner)
+  elseif p > 0 then
+    rang = enqueue_ranked(base, id, owner, tostring(p))
+  elseif redis.call('RPUSH', q, id) == 1
+    and not redis.call('HGET', base .. ':prio', owner) then
+    level(base, owner)
     rang = true
   end
   if fresh then return rang end
@@ -88,26 +136,42 @@ local function enqueue(base, id, owner, now, fresh)
   return rang
 end
 
-local function new_run(base, id, name, owner, params, now, idem, start_id)
-  -- Create a queued run (the idempotency key checked first). Returns the run's id, whether
-  -- this call created it, and whether the shard's doorbell must ring (see enqueue).
+local function new_run(base, id, name, owner, params, now, idem, start_id, prio)
+  -- Create a queued run (the idempotency key checked first) of priority `prio` ('' or nil
+  -- for 0). Returns the run's id, whether this call created it, and whether the shard's
+  -- doorbell must ring (see enqueue).
   if idem ~= '' then
     local existing = redis.call('GET', base .. ':idem:' .. idem)
     if existing then return existing, false, false end
     redis.call('SET', base .. ':idem:' .. idem, id)
   end
   if start_id == '' then start_id = id end
-  redis.call('HSET', runk(base, id), 'name', name, 'owner', owner, 'params', params,
-    'status', 'queued', 'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', idem,
-    'start_id', start_id)
+  local fields = {'name', name, 'owner', owner, 'params', params, 'status', 'queued',
+    'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', idem, 'start_id', start_id}
+  if (tonumber(prio or '') or 0) > 0 then
+    fields[#fields + 1] = 'prio'; fields[#fields + 1] = prio
+  end
+  redis.call('HSET', runk(base, id), unpack(fields))
   redis.call('ZADD', base .. ':index', now, id)
-  return id, true, enqueue(base, id, owner, now, true)
+  return id, true, enqueue(base, id, owner, now, true, prio)
 end
 
-local function dequeue(base, id, owner)
+local function dequeue(base, id, owner, prio)
+  -- Take a queued run out of its owner's FIFO of its priority `prio` (the record's field;
+  -- nil or '' for 0), or the suspects'. The owner leaves :active with its last run.
+  local p = tonumber(prio or '') or 0
   local q = base .. ':q:' .. owner
+  if p > 0 then q = pqk(base, owner, tostring(p)) end
   if redis.call('LREM', q, 1, id) == 0 then redis.call('LREM', base .. ':suspects', 1, id) end
-  if redis.call('LLEN', q) == 0 then redis.call('ZREM', base .. ':active', owner) end
+  if redis.call('EXISTS', q) == 1 then return end
+  local digits = redis.call('HGET', base .. ':prio', owner)
+  if p > 0 and digits then
+    digits = with_digit(digits, tostring(p), false)
+    set_digits(base, owner, digits)
+  end
+  if (digits or '') ~= '' then return end
+  if p > 0 and redis.call('EXISTS', base .. ':q:' .. owner) == 1 then return end
+  redis.call('ZREM', base .. ':active', owner)
 end
 
 local function shard_of(id)

@@ -82,11 +82,15 @@ ops.finish = function(k, a)
   if succ ~= '' then
     redis.call('SET', chain, succ)
     local name = redis.call('HGET', run, 'name')
-    redis.call('HSET', runk(base, succ), 'name', name, 'owner', f.owner, 'params', succ_params,
+    local fields = {'name', name, 'owner', f.owner, 'params', succ_params,
       'status', 'queued', 'attempt', 0, 'created_at', now, 'updated_at', now, 'idem', '',
-      'start_id', start_id, 'predecessor', id)
+      'start_id', start_id, 'predecessor', id}
+    if f.prio and f.prio ~= '' then  -- the successor keeps the run's priority
+      fields[#fields + 1] = 'prio'; fields[#fields + 1] = f.prio
+    end
+    redis.call('HSET', runk(base, succ), unpack(fields))
     redis.call('ZADD', base .. ':index', now, succ)
-    rang = enqueue(base, succ, f.owner, now, true)
+    rang = enqueue(base, succ, f.owner, now, true, f.prio)
     redis.call('HSET', run, 'successor_id', succ)
   elseif start_id and start_id ~= id and tonumber(ttl) > 0 then
     redis.call('EXPIRE', chain, ttl)

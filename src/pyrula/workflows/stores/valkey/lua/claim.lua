@@ -45,9 +45,157 @@ local function older(a, b)
   return string.sub(a, 17, 28) < string.sub(b, 17, 28)
 end
 
+local function serve(owners, heads, served, caps, limit)
+  -- Deficit round robin over the runs read at the head of each owner's queue (least
+  -- served first, the older head breaking ties), within the flow-control caps: the run
+  -- ids in the order served, and how many each owner gave.
+  local taken, at, gave = {}, {}, {}
+  for _, owner in ipairs(owners) do at[owner], gave[owner] = 1, 0 end
+  while #taken < limit do
+    local best = nil
+    for _, owner in ipairs(owners) do
+      local head = heads[owner][at[owner]]
+      local room = caps[owner] == nil or gave[owner] < caps[owner]
+      if head and room then
+        if best == nil or served[owner] < served[best]
+          or (served[owner] == served[best] and older(head, heads[best][at[best]])) then
+          best = owner
+        end
+      end
+    end
+    if best == nil then break end
+    taken[#taken + 1] = heads[best][at[best]]
+    at[best] = at[best] + 1
+    gave[best] = gave[best] + 1
+    served[best] = served[best] + 1
+  end
+  return taken, gave
+end
+
+local function claim_alone(base, owner, want)
+  -- One owner queued here, with runs of priority 0 only (the common case): pop its next
+  -- runs in one go. Its served count need not move: an owner that appears later starts
+  -- level with it anyway. Returns the ids and how many owners left :active (0 or 1).
+  local ids = redis.call('LPOP', base .. ':q:' .. owner, want) or {}
+  if #ids < want then
+    redis.call('ZREM', base .. ':active', owner)
+    return ids, 1
+  end
+  return ids, 0
+end
+
+local function claim_fifos(base, owners, served, caps, limit)
+  -- Several owners, runs of priority 0 only: read the head of each FIFO once, serve in
+  -- DRR order, then trim each FIFO by what it gave. Returns the ids and how many owners
+  -- left :active.
+  local active, heads, gone = base .. ':active', {}, 0
+  for _, owner in ipairs(owners) do
+    heads[owner] = redis.call('LRANGE', base .. ':q:' .. owner, 0, limit - 1)
+    if #heads[owner] == 0 then  -- listed with nothing queued: forget it
+      redis.call('ZREM', active, owner)
+      gone = gone + 1
+    end
+  end
+  local taken, gave = serve(owners, heads, served, caps, limit)
+  for _, owner in ipairs(owners) do
+    local n, q = gave[owner], base .. ':q:' .. owner
+    if n > 0 and n >= #heads[owner] and #heads[owner] < limit then
+      redis.call('DEL', q)  -- it gave every run it had
+      redis.call('ZREM', active, owner)
+      gone = gone + 1
+    elseif n > 0 then
+      redis.call('LTRIM', q, n, -1)
+      redis.call('ZINCRBY', active, n, owner)
+    end
+  end
+  return taken, gone
+end
+
+local function read_ranked(base, owner, digits, limit)
+  -- Up to `limit` ids from the head of an owner's queues in claim order (its lists of
+  -- priorities `digits`, highest first, then its FIFO of priority 0), and what was read
+  -- of each: {list key, priority digit, ids read}.
+  local heads, read = {}, {}
+  local ps = {}
+  for d in string.gmatch(digits or '', '%d') do ps[#ps + 1] = d end
+  ps[#ps + 1] = '0'
+  for _, p in ipairs(ps) do
+    local q = base .. ':q:' .. owner
+    if p ~= '0' then q = pqk(base, owner, p) end
+    local got = 0
+    if #heads < limit then
+      for _, id in ipairs(redis.call('LRANGE', q, 0, limit - #heads - 1)) do
+        heads[#heads + 1] = id
+        got = got + 1
+      end
+    end
+    read[#read + 1] = {q, p, got}
+  end
+  return heads, read
+end
+
+local function trim_ranked(base, owner, read, n, digits)
+  -- Take an owner's first n ids read (read_ranked) out of its queues and keep its entry
+  -- in :prio right. Returns true when the owner still has runs queued here.
+  local left, plain = '', false
+  for _, r in ipairs(read) do
+    local q, p, got = r[1], r[2], r[3]
+    local m = math.min(n, got)
+    n = n - m
+    if m > 0 then redis.call('LTRIM', q, m, -1) end
+    if m < got or redis.call('EXISTS', q) == 1 then
+      if p == '0' then plain = true else left = left .. p end
+    end
+  end
+  if left ~= (digits or '') then set_digits(base, owner, left) end
+  return plain or left ~= ''
+end
+
+local function claim_ranked(base, owners, served, caps, limit, prio)
+  -- Some owner here has runs of a priority above 0 (`prio`: owner -> its digits): as
+  -- claim_fifos, each owner's runs read highest priority first. Returns the ids and how
+  -- many owners left :active.
+  local active, heads, reads, gone = base .. ':active', {}, {}, 0
+  for _, owner in ipairs(owners) do
+    heads[owner], reads[owner] = read_ranked(base, owner, prio[owner], limit)
+    if #heads[owner] == 0 then  -- listed with nothing queued: forget it
+      redis.call('ZREM', active, owner)
+      if prio[owner] then redis.call('HDEL', base .. ':prio', owner) end
+      gone = gone + 1
+    end
+  end
+  local taken, gave = serve(owners, heads, served, caps, limit)
+  for _, owner in ipairs(owners) do
+    local n = gave[owner]
+    if n > 0 and trim_ranked(base, owner, reads[owner], n, prio[owner]) then
+      redis.call('ZINCRBY', active, n, owner)
+    elseif n > 0 then
+      redis.call('ZREM', active, owner)
+      gone = gone + 1
+    end
+  end
+  return taken, gone
+end
+
+local function listed_owners(base, caps)
+  -- The first 64 owners queued here (least served first) that flow control lets start
+  -- one, their served counts, and how many were listed.
+  local listed = redis.call('ZRANGE', base .. ':active', 0, 63, 'WITHSCORES')
+  local owners, served = {}, {}
+  for i = 1, #listed, 2 do
+    local owner = listed[i]
+    if caps[owner] == nil or caps[owner] > 0 then
+      owners[#owners + 1] = owner
+      served[owner] = tonumber(listed[i + 1])
+    end
+  end
+  return owners, served, #listed / 2
+end
+
 -- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
--- over owners (least served first, oldest head breaking ties), FIFO within an owner. The
--- suspects put aside here are never taken (claim_suspect takes them one at a time).
+-- over owners (least served first, oldest head breaking ties), within an owner its
+-- highest priority first, FIFO within a priority. The suspects put aside here are never
+-- taken (claim_suspect takes them one at a time). Atomic (one script).
 -- KEYS: base [, the name's doorbell (one server only): a claim that empties the shard
 --       takes it out there (a later submit rings it again)]
 -- ARGV: op, worker, now, lock_expires, limit, build ('' for none), [owner, cap]...
@@ -63,77 +211,20 @@ ops.claim = function(k, a)
   local build = a[6] or ''
   local caps = {}
   for i = 7, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
-  local active = base .. ':active'
-  local listed = redis.call('ZRANGE', active, 0, 63, 'WITHSCORES')
-  local owners, served = {}, {}
-  for i = 1, #listed, 2 do
-    local owner = listed[i]
-    if caps[owner] == nil or caps[owner] > 0 then
-      owners[#owners + 1] = owner
-      served[owner] = tonumber(listed[i + 1])
-    end
-  end
-  local left = #listed / 2
-  local taken = {}   -- run ids, in the order served
-  if #owners == 1 and left == 1 then
-    -- One owner queued here (the common case): pop its next runs in one go. Its served
-    -- count need not move: an owner that appears later starts level with it anyway.
-    local owner = owners[1]
-    local want = math.min(limit, caps[owner] or limit)
-    local q = base .. ':q:' .. owner
-    local ids = redis.call('LPOP', q, want)
-    if ids then taken = ids end
-    if #taken < want then
-      redis.call('ZREM', active, owner)
-      left = 0
-    end
+  local owners, served, listed = listed_owners(base, caps)
+  local ranked = redis.call('HGETALL', base .. ':prio')
+  local taken, gone = {}, 0
+  if #ranked > 0 then
+    local prio = {}
+    for i = 1, #ranked, 2 do prio[ranked[i]] = ranked[i + 1] end
+    taken, gone = claim_ranked(base, owners, served, caps, limit, prio)
+  elseif #owners == 1 and listed == 1 then
+    taken, gone = claim_alone(base, owners[1], math.min(limit, caps[owners[1]] or limit))
   elseif #owners > 0 then
-    -- Several owners: read the head of each queue once, serve in DRR order here, then
-    -- trim each queue by what it gave.
-    local heads, at, gave = {}, {}, {}
-    for _, owner in ipairs(owners) do
-      heads[owner] = redis.call('LRANGE', base .. ':q:' .. owner, 0, limit - 1)
-      at[owner] = 1
-      gave[owner] = 0
-      if #heads[owner] == 0 then  -- listed with nothing queued: forget it
-        redis.call('ZREM', active, owner)
-        left = left - 1
-      end
-    end
-    while #taken < limit do
-      local best = nil
-      for _, owner in ipairs(owners) do
-        local head = heads[owner][at[owner]]
-        local room = caps[owner] == nil or gave[owner] < caps[owner]
-        if head and room then
-          if best == nil or served[owner] < served[best]
-            or (served[owner] == served[best] and older(head, heads[best][at[best]])) then
-            best = owner
-          end
-        end
-      end
-      if best == nil then break end
-      taken[#taken + 1] = heads[best][at[best]]
-      at[best] = at[best] + 1
-      gave[best] = gave[best] + 1
-      served[best] = served[best] + 1
-    end
-    for _, owner in ipairs(owners) do
-      local n = gave[owner]
-      if n > 0 then
-        local q = base .. ':q:' .. owner
-        if n >= #heads[owner] and #heads[owner] < limit then
-          redis.call('DEL', q)  -- it gave every run it had
-          redis.call('ZREM', active, owner)
-          left = left - 1
-        else
-          redis.call('LTRIM', q, n, -1)
-          redis.call('ZINCRBY', active, n, owner)
-        end
-      end
-    end
-    if #listed / 2 >= 64 then left = redis.call('ZCARD', active) end
+    taken, gone = claim_fifos(base, owners, served, caps, limit)
   end
+  local left = listed - gone
+  if listed >= 64 then left = redis.call('ZCARD', base .. ':active') end
   local out, locks = {}, {}
   for i, id in ipairs(taken) do
     out[i] = take(base, id, worker, now, expires, build)
@@ -177,14 +268,15 @@ end
 -- ARGV: op, run_id, worker, now, expires, build ('' for none)
 ops.claim_run = function(k, a)
   local base, id, expires = k[1], a[2], a[5]
-  local f = redis.call('HMGET', runk(base, id), 'status', 'owner')
+  local f = redis.call('HMGET', runk(base, id), 'status', 'owner', 'prio')
   if f[1] ~= 'queued' then return nil end
-  dequeue(base, id, f[2])
+  dequeue(base, id, f[2], f[3])
   redis.call('ZADD', base .. ':times', expires, id)
   return take(base, id, a[3], a[4], expires, a[6] or '')
 end
 
--- queue_stats: how many runs this shard's queues hold (its put-aside suspects too), and
+-- queue_stats: how many runs this shard's queues hold (every priority's, its put-aside
+-- suspects too), and
 -- since when the longest-waiting of their heads has been claimable (read only). Each
 -- FIFO is in the order its runs became claimable, so its head is its oldest; only the
 -- heads are read.
@@ -199,6 +291,12 @@ ops.queue_stats = function(k, a)
   local queues = {base .. ':suspects'}
   for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
     queues[#queues + 1] = base .. ':q:' .. owner
+  end
+  local ranked = redis.call('HGETALL', base .. ':prio')
+  for i = 1, #ranked, 2 do
+    for d in string.gmatch(ranked[i + 1], '%d') do
+      queues[#queues + 1] = pqk(base, ranked[i], d)
+    end
   end
   for _, q in ipairs(queues) do
     local head = redis.call('LRANGE', q, 0, 0)[1]

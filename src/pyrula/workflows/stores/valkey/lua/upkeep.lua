@@ -87,6 +87,12 @@ ops.fail_stranded = function(k, a)
   for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
     queues[#queues + 1] = {owner, base .. ':q:' .. owner}
   end
+  local ranked = redis.call('HGETALL', base .. ':prio')
+  for i = 1, #ranked, 2 do
+    for d in string.gmatch(ranked[i + 1], '%d') do
+      queues[#queues + 1] = {ranked[i], pqk(base, ranked[i], d), d}
+    end
+  end
   queues[#queues + 1] = {'', base .. ':suspects'}  -- dequeue finds a suspect by its id
   for _, queue in ipairs(queues) do
     local owner = queue[1]
@@ -95,7 +101,7 @@ ops.fail_stranded = function(k, a)
       local run = runk(base, id)
       local f = redis.call('HMGET', run, 'updated_at', 'jnl', 'idem', 'waiter', 'started_at')
       if tonumber(f[1] or '0') <= older then
-        dequeue(base, id, owner)
+        dequeue(base, id, owner, queue[3])
         journal_push(base, id, f[2], f[5], event('run:error', now, {code = err.code,
           error_type = err.error_type, message = err.message, detail = err.detail}))
         finish_run(base, id, 'failed', now, 'null', errj, a[6], false, f[3], f[4])
