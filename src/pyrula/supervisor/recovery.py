@@ -74,6 +74,10 @@ class Recovery:
                            "orphan scan will", worker_id, exc, len(held))
             outcomes = []
         quarantined = [o for o in outcomes if o.quarantined]
+        if quarantined:
+            from pyrula.workflows.family import nudge_parents_of
+
+            await nudge_parents_of(self.store, [o.run_id for o in quarantined], now=now)
         charged = sum(1 for o in outcomes if charge is None or o.run_id in charge)
         for outcome in quarantined:
             logger.error(

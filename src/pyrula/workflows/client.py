@@ -405,14 +405,16 @@ class WorkflowClient:
         """Cancel the run. Returns False if it had already ended.
 
         Its child workflows started with ``on_parent_cancel="cancel"`` are cancelled too
-        (and theirs in turn) once the cancel is recorded.
+        (and theirs in turn) once the cancel is recorded. A child run ended here (it was
+        parked or queued, so no attempt of its own ends it) nudges its parent.
         """
-        from pyrula.workflows.family import cancel_children
+        from pyrula.workflows.family import cancel_children, nudge_parents_of
 
         cancelled = await self.store.cancel(run_id, now=self._clock.now())
         if cancelled:
             journal = await self.store.read_events(run_id)
             await cancel_children(self.store, journal, now=self._clock.now())
+            await nudge_parents_of(self.store, [run_id], now=self._clock.now())
         return cancelled
 
     async def wake(self, run_id: str) -> bool:

@@ -5,6 +5,11 @@ its children is queued at once. The nudge is best effort: it comes after the chi
 is written, and a worker that dies in between loses it. A parked parent never depends on
 it alone: it re-checks its children's runs on a timer (see ``Operations._await_children``).
 
+A child can also end without an attempt of its own: cancelled by a client while parked or
+queued, quarantined by the orphan scan or a fleet after its worker died, failed as
+stranded. Whoever ends it so nudges its parent too (``nudge_parents_of``), on the same
+best-effort terms.
+
 A run cancelled cancels the children it started with ``on_parent_cancel="cancel"``, after
 its own cancel is written (by its attempt, or by the client for a run that was not
 running). Also best effort: a process that dies in between leaves those children to run
@@ -20,6 +25,7 @@ from typing import Any, Protocol
 from pyrula.workflows.children import children_to_cancel
 from pyrula.workflows.errors import RunNotActive, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows.events import CHILD_SIGNAL, Event, EventType, parent_of_key
+from pyrula.workflows.records import RunInfo
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +36,8 @@ class KinStore(Protocol):
     async def cancel(self, run_id: str, *, now: float) -> bool: ...
 
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]: ...
+
+    async def get_run(self, run_id: str) -> RunInfo | None: ...
 
 
 def parent_of(journal: Sequence[Event]) -> str | None:
@@ -42,7 +50,23 @@ def parent_of(journal: Sequence[Event]) -> str | None:
 async def nudge_parent(store: KinStore, run_id: str, journal: Sequence[Event], *,
                        now: float) -> None:
     """Tell the parent of ``run_id`` (if it has one) that the run has ended."""
-    parent = parent_of(journal)
+    await _nudge(store, run_id, parent_of(journal), now=now)
+
+
+async def nudge_parents_of(store: KinStore, run_ids: Iterable[str], *, now: float) -> None:
+    """Nudge the parents of runs ended by someone other than their own attempt (a client's
+    cancel of a parked run, a quarantine, a stranded failure). Never raises: the runs have
+    ended whatever this does."""
+    for run_id in run_ids:
+        try:
+            info = await store.get_run(run_id)
+            if info is not None and info.status.terminal:
+                await _nudge(store, run_id, info.parent_id, now=now)
+        except Exception:
+            logger.warning("run %s ended; telling its parent failed", run_id, exc_info=True)
+
+
+async def _nudge(store: KinStore, run_id: str, parent: str | None, *, now: float) -> None:
     if parent is None:
         return
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pyrula.config.worker import WorkerOptions
 from pyrula.metrics import Metrics
+from pyrula.workflows.family import nudge_parents_of
 from pyrula.workflows.records import PoisonPolicy, RunError
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.worker.runtime import Runtime
@@ -74,6 +75,7 @@ class Membership:
                 name, older_than=now - timeout, now=now, limit=1000, error=error.as_dict()
             )
             if failed:
+                await nudge_parents_of(s.store, failed, now=now)
                 logger.error("run_stranded: %d runs of %r failed (stranded)", len(failed), name,
                              extra={"event": "run_stranded", "workflow": name, **s.log})
 
@@ -135,6 +137,8 @@ class OrphanLoop:
                     outcome.run_id,
                     extra={"event": "run_reclaimed", "run_id": outcome.run_id, **s.log},
                 )
+        await nudge_parents_of(s.store, [o.run_id for o in outcomes if o.quarantined],
+                               now=now)
         if outcomes:
             self._metrics.inc("pyrula.workflows.runs.reclaimed", len(outcomes))
             requeued = sum(1 for outcome in outcomes if not outcome.quarantined)
