@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         WorkflowNotFound,
     )
     from pyrula.workflows.inline import InlineWorkflowRunner
+    from pyrula.workflows.limits import Limit, Rate
     from pyrula.workflows.projections import projection
     from pyrula.workflows.records import RunHandle, RunInfo, RunStatus
     from pyrula.workflows.stores import store_from_url
@@ -56,12 +57,14 @@ _SOURCES = {
     "ChildHandle": "pyrula.workflows.children",
     "ConfigurationError": "pyrula.workflows.errors",
     "InlineWorkflowRunner": "pyrula.workflows.inline",
+    "Limit": "pyrula.workflows.limits",
     "MemoryStore": "pyrula.workflows.stores.memory",
     "NonDeterminismError": "pyrula.workflows.errors",
     "PayloadTooLarge": "pyrula.workflows.errors",
     "PostgresArchive": "pyrula.workflows.stores.archive",
     "ProjectionNotFound": "pyrula.workflows.errors",
     "QueryFailed": "pyrula.workflows.errors",
+    "Rate": "pyrula.workflows.limits",
     "RunCancelled": "pyrula.workflows.errors",
     "RunFailed": "pyrula.workflows.errors",
     "RunHandle": "pyrula.workflows.records",
@@ -99,12 +102,14 @@ __all__ = [
     "ChildHandle",
     "ConfigurationError",
     "InlineWorkflowRunner",
+    "Limit",
     "MemoryStore",
     "NonDeterminismError",
     "PayloadTooLarge",
     "PostgresArchive",
     "ProjectionNotFound",
     "QueryFailed",
+    "Rate",
     "RunCancelled",
     "RunFailed",
     "RunHandle",

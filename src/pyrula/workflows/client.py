@@ -1,7 +1,9 @@
 """WorkflowClient (async) and SyncWorkflowClient: submit runs and follow them.
 
-``submit`` never consults the registry, so the submitting tier need not import the
-workflows; a run of a name no worker serves waits in its queue.
+``submit`` needs no registry, so the submitting tier need not import the workflows; a
+run of a name no worker serves waits in its queue. Where the submitting process has the
+workflow's definition and it has per-key limits, ``submit`` computes the run's keys
+(``pyrula.workflows.limits``); elsewhere the worker computes them at the first claim.
 """
 
 from __future__ import annotations
@@ -160,6 +162,9 @@ class WorkflowClient:
         a KeyError naming the key, not with "NoneType is not subscriptable".
         ``priority`` (0..9, default 0): among its owner's queued runs, a run of a higher
         priority is claimed first (TypeError for a non-int, ValueError out of range).
+        A workflow with a ``concurrency`` or ``rate`` limit whose definition this process
+        has gets its keys computed here: a key function that fails raises
+        LimitKeyFailed (a ValueError naming the workflow), writing nothing.
         """
         name = workflow_name(workflow)
         if params is None:
@@ -168,11 +173,22 @@ class WorkflowClient:
         _check_optional("idempotency_key", idempotency_key)
         priority = check_priority(priority)
         self._payload(params, f"params for workflow {name!r}")
+        keyed = self._limit_keys(name, params)
         handle, _ = await self.store.submit(
             name, params, now=self._clock.now(), owner=owner, idempotency_key=idempotency_key,
-            priority=priority,
+            priority=priority, **keyed,
         )
         return handle
+
+    def _limit_keys(self, name: str, params: Any) -> dict[str, Any]:
+        """``{"limit_keys": ...}`` for a run of a limited workflow registered here, on a
+        store that keeps keys; else nothing (the worker computes them, or refuses to serve
+        a limited workflow on a store without limits)."""
+        spec = REGISTRY.workflows().get(name)
+        keys = spec.limit_keys(params) if spec is not None else None
+        if keys is None or capabilities_of(self.store).limits is None:
+            return {}
+        return {"limit_keys": keys}
 
     async def fork(
         self, run_id: str, *, from_step: str | int, params: Any = None

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
     from pyrula.workflows.context import WorkflowContext
+    from pyrula.workflows.limits import Limit, LimitKeys, Rate, WorkflowLimits
     from pyrula.workflows.triggers import BatchTrigger
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,6 +95,26 @@ class WorkflowSpec:
     timeout: float | None = None
     #: Starts a run per batch of a topic's events (a ``BatchTrigger``), or None.
     trigger: BatchTrigger | None = None
+    #: At most ``max`` runs per key at once (``pyrula.workflows.limits``), or None.
+    concurrency: Limit | None = None
+    #: At most ``per_second`` starts per key, or None.
+    rate: Rate | None = None
+
+    @property
+    def limits(self) -> WorkflowLimits | None:
+        """What a store enforces for this workflow; None when it has no limit."""
+        from pyrula.workflows.limits import limits_of
+
+        return limits_of(self.concurrency, self.rate)
+
+    def limit_keys(self, params: Any) -> LimitKeys | None:
+        """The keys of a run with ``params`` (None without limits); LimitKeyFailed if a
+        key function fails."""
+        from pyrula.workflows.limits import compute_keys
+
+        if self.concurrency is None and self.rate is None:
+            return None
+        return compute_keys(self.name, self.concurrency, self.rate, params)
 
 
 class Registry:
@@ -247,22 +268,27 @@ def workflow(fn: F, /) -> F: ...
 @overload
 def workflow(
     *, name: str | None = None, timeout: float | None = None,
-    trigger: BatchTrigger | None = None,
+    trigger: BatchTrigger | None = None, concurrency: Limit | None = None,
+    rate: Rate | None = None,
 ) -> Callable[[F], F]: ...
 
 
 def workflow(
     fn: F | None = None, /, *, name: str | None = None, timeout: float | None = None,
-    trigger: BatchTrigger | None = None,
+    trigger: BatchTrigger | None = None, concurrency: Limit | None = None,
+    rate: Rate | None = None,
 ) -> F | Callable[[F], F]:
     """Declare a workflow: ``async def wf(ctx: WorkflowContext, params) -> result``.
 
     ``name`` defaults to the function's ``__name__``; ``timeout`` (seconds) bounds the
     whole run from its first start, sleeps and waits included. ``trigger`` (a
     ``BatchTrigger``) starts a run per batch of a topic's events (docs/triggers.md).
+    ``concurrency`` (a ``Limit``) and ``rate`` (a ``Rate``) bound how many runs per key
+    run at once and start per second (``pyrula.workflows.limits``).
     """
     _check_positive("timeout", timeout, allow_zero=False)
     _check_trigger(trigger)
+    _check_limits(concurrency, rate)
 
     def decorate(func: F) -> F:
         if not inspect.iscoroutinefunction(func):
@@ -275,6 +301,8 @@ def workflow(
             fn=func,
             timeout=float(timeout) if timeout is not None else None,
             trigger=trigger,
+            concurrency=concurrency,
+            rate=rate,
         )
         REGISTRY.add_workflow(spec)
         func.__pyrula_workflow__ = spec  # type: ignore[attr-defined]
@@ -283,6 +311,20 @@ def workflow(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def _check_limits(concurrency: Any, rate: Any) -> None:
+    from pyrula.workflows.limits import Limit, Rate
+
+    if concurrency is not None and not isinstance(concurrency, Limit):
+        raise TypeError(
+            f"concurrency must be a Limit(key=..., max=...) or None, got "
+            f"{type(concurrency).__name__}"
+        )
+    if rate is not None and not isinstance(rate, Rate):
+        raise TypeError(
+            f"rate must be a Rate(key=..., per_second=...) or None, got {type(rate).__name__}"
+        )
 
 
 def _check_trigger(trigger: Any) -> None:

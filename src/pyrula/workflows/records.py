@@ -10,6 +10,7 @@ from typing import Any
 from pyrula.config.defaults import DEFAULT_POISON_MAX_RETRIES, DEFAULT_POISON_RETRY_TTL_S
 from pyrula.workflows.errors import JournalCorrupt
 from pyrula.workflows.events import Event, EventType, make_event, parent_of_key
+from pyrula.workflows.limits import LimitKeys
 
 
 class RunStatus(StrEnum):
@@ -148,6 +149,10 @@ class ClaimedRun:
     crashes: tuple[float, ...] = ()
     journal_error: JournalCorrupt | None = None
     suspect: bool = False
+    #: Its concurrency and rate keys as the store keeps them; None while not computed
+    #: (a run submitted by a process without its workflow's definition, on a store that
+    #: enforces limits: its worker computes them and calls ``assign_limit_keys``).
+    limit_keys: LimitKeys | None = None
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pyrula.workflows.events import Event
+    from pyrula.workflows.limits import LimitKeys, WorkflowLimits
     from pyrula.workflows.records import RunHandle, RunInfo
 
 
@@ -238,6 +239,27 @@ class Projections(Protocol):
         ...
 
 
+@runtime_checkable
+class KeyedLimits(Protocol):
+    """A store that enforces per-key concurrency limits and start rates
+    (``pyrula.workflows.limits``) in its claim's atomic step. Its ``submit`` takes
+    ``limit_keys=`` (a ``LimitKeys``), kept with the run; its claims return each run's
+    ``ClaimedRun.limit_keys``. A worker serving a limited workflow refuses to start on a
+    store without this ability."""
+
+    def use_limits(self, limits: Mapping[str, WorkflowLimits]) -> None:
+        """Enforce these limits (workflow name -> limits) in this process's claims."""
+        ...
+
+    async def assign_limit_keys(
+        self, run_id: str, token: int, keys: LimitKeys, *, now: float
+    ) -> bool:
+        """Record the keys of a run claimed without them (attempt ``token``); True if its
+        limits let it run, else it is queued back in its key's line (``run:requeued``
+        reason ``limit``) and False. Atomic, fenced."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """The optional abilities of one store, resolved once (None: the store lacks it)."""
@@ -254,6 +276,7 @@ class Capabilities:
     shard_map: ShardMap | None = None
     triggers: Triggers | None = None
     projections: Projections | None = None
+    limits: KeyedLimits | None = None
 
 
 @runtime_checkable
@@ -280,4 +303,5 @@ def capabilities_of(store: object) -> Capabilities:
         shard_map=store if isinstance(store, ShardMap) else None,
         triggers=store if isinstance(store, Triggers) else None,
         projections=store if isinstance(store, Projections) else None,
+        limits=store if isinstance(store, KeyedLimits) else None,
     )

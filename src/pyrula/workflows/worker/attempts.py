@@ -25,9 +25,11 @@ from pyrula.workflows.engine import Attempt, AttemptSettings, Outcome, OutcomeKi
 from pyrula.workflows.events import Event, EventType
 from pyrula.workflows.forks import seed_fork
 from pyrula.workflows.frames import failing_frame
+from pyrula.workflows.limits import LimitKeyFailed
 from pyrula.workflows.operations import StepObserver
 from pyrula.workflows.records import ClaimedRun, RunError, RunStatus
 from pyrula.workflows.stores.base import Store
+from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.generations import Generation, last_build, refuse
 from pyrula.workflows.worker.held import HeldRuns
@@ -164,6 +166,8 @@ class AttemptRunner:
                 self._rt.fail(exc)
                 return
             report_attempt(p.report, claimed)
+            if await self._limit_wait(spec, claimed, run_log):
+                return
             if await self._refused(spec, claimed, journal, run_log):
                 return
             attempt = Attempt(
@@ -297,6 +301,37 @@ class AttemptRunner:
                      extra={"event": "run_journal_corrupt", **run_log})
         error = RunError("corrupt_journal", "JournalCorrupt", str(exc),
                          {"seq": exc.seq, "reason": exc.reason})
+        await self._fail_run(claimed, error, run_log)
+
+    async def _limit_wait(self, spec: WorkflowSpec, claimed: ClaimedRun,
+                          run_log: dict[str, Any]) -> bool:
+        """For a run of a limited workflow claimed without its keys (submitted where the
+        workflow was not imported): compute them and hand them to the store. True if the
+        run must not go on here: over its limit, it went back to its key's line; or its
+        key function failed, and the run fails (code ``limit_key_failed``)."""
+        limits = capabilities_of(self._p.store).limits
+        if claimed.limit_keys is not None or spec.limits is None or limits is None:
+            return False
+        try:
+            keys = spec.limit_keys(claimed.params)
+        except LimitKeyFailed as exc:
+            logger.error("run_limit_key_failed: %s; the run fails", exc,
+                         extra={"event": "run_limit_key_failed", **run_log})
+            await self._fail_run(
+                claimed, RunError("limit_key_failed", "LimitKeyFailed", str(exc), {}), run_log)
+            return True
+        assert keys is not None
+        if await limits.assign_limit_keys(claimed.run_id, claimed.token, keys,
+                                          now=self._p.clock.now()):
+            return False
+        logger.info("run %s waits: its key is at its limit", claimed.run_id,
+                    extra={"event": "run_limit_wait", **run_log})
+        self._p.metrics.inc("pyrula.workflows.runs.requeued", reason="limit")
+        return True
+
+    async def _fail_run(self, claimed: ClaimedRun, error: RunError,
+                        run_log: dict[str, Any]) -> None:
+        """End the claimed run failed with ``error`` (not a crash counted to poison)."""
         now = self._p.clock.now()
         try:
             await self._p.store.finish(claimed.run_id, claimed.token, [error.event(now)],

@@ -284,6 +284,22 @@ class WorkflowWorker:
         """Begin the graceful shutdown; safe from a signal handler, a coroutine or a thread."""
         self._rt.stop()
 
+    def _use_limits(self) -> None:
+        """Hand the served workflows' per-key limits to the store; ConfigurationError
+        naming the workflow and the store if the store cannot enforce them (a limit is
+        never silently ignored)."""
+        limits = {n: spec.limits for n, spec in self._specs.items() if spec.limits is not None}
+        if not limits:
+            return
+        if self._caps.limits is None:
+            name = next(iter(limits))
+            raise ConfigurationError(
+                f"workflow {name!r} has a concurrency or rate limit, which the store "
+                f"{self.store_shown or self.store!r} cannot enforce (per-key limits need "
+                "the memory or SQLite store)"
+            )
+        self._caps.limits.use_limits(limits)
+
     async def aclose(self) -> None:
         """Close the probe server, which otherwise answers after ``run()`` returned until
         the event loop ends (call it after ``run()``, from the loop that ran it)."""
@@ -302,6 +318,7 @@ class WorkflowWorker:
                 "no @workflow is registered: import your workflow modules before "
                 "constructing the worker, or pass workflows=[...]"
             )
+        self._use_limits()
         loop = asyncio.get_running_loop()
         # Every task started from here on (loops, attempts) logs as this worker's.
         WORKER_FIELDS.set({"worker_id": self.worker_id})

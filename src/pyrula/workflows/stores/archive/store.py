@@ -100,7 +100,9 @@ class ArchivingStore(StoreLayer):
         """The live store's abilities, with this store's own startup checks and reconcile
         loop."""
         live = capabilities_of(self.live)
-        return replace(live, prepare=self, reconcile=self,
+        # Per-key limits are not passed through (its submit does not take keys): a
+        # worker serving a limited workflow refuses to start on it.
+        return replace(live, prepare=self, reconcile=self, limits=None,
                        projections=None if live.projections is None else self)
 
     # --- archiving (archiver.py) ------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyrula.workflows.events import EventType, make_event
+from pyrula.workflows.limits import LimitKeys
 from pyrula.workflows.priority import check_priority
 from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, RunStatus, SuspectsAt
 from pyrula.workflows.stores.capabilities import QueueStat
@@ -22,6 +23,7 @@ from pyrula.workflows.stores.common import (
     submitted_event,
 )
 from pyrula.workflows.stores.memory.flow import MemoryFlowControl
+from pyrula.workflows.stores.memory.limits import MemoryLimits
 from pyrula.workflows.stores.memory.state import MemoryState, RunRecord, json_copy
 
 logger = logging.getLogger(__name__)
@@ -30,9 +32,12 @@ logger = logging.getLogger(__name__)
 class MemoryQueue:
     """Runs enter their queue here and leave it to a worker (or a timer brings them back)."""
 
-    def __init__(self, state: MemoryState, flow: MemoryFlowControl) -> None:
+    def __init__(
+        self, state: MemoryState, flow: MemoryFlowControl, limits: MemoryLimits
+    ) -> None:
         self._state = state
         self._flow = flow
+        self._limits = limits
 
     async def submit(
         self,
@@ -43,9 +48,11 @@ class MemoryQueue:
         owner: str | None = None,
         idempotency_key: str | None = None,
         priority: int = 0,
+        limit_keys: LimitKeys | None = None,
     ) -> tuple[RunHandle, bool]:
         """Atomic (under the state's lock): the idempotency check, the new run, its
-        place in its owner's queue by ``priority``."""
+        place in its owner's queue by ``priority`` (or, with ``limit_keys``, in its key's
+        waiting line)."""
         priority = check_priority(priority)
         state = self._state
         with state.lock:
@@ -55,7 +62,7 @@ class MemoryQueue:
                     return RunHandle(name, existing), False
             run = state.new_run(
                 new_run_id(now), name, params, owner or NO_OWNER, now,
-                idempotency_key=idempotency_key, priority=priority,
+                idempotency_key=idempotency_key, priority=priority, limit_keys=limit_keys,
             )
             run.append([submitted_event(now, name, params, owner, idempotency_key)], now)
             if idempotency_key is not None:
@@ -77,6 +84,7 @@ class MemoryQueue:
             # Suspects are never in the owners' queues (MemoryState.enqueue): say where
             # they wait.
             waiting = [SuspectsAt(n) for n in names if self._state.suspects.get(n)]
+            self._limits.admit(names, now)
             blocked: set[str] = set()
             progress = True
             while len(claimed) < limit and progress:
@@ -106,7 +114,7 @@ class MemoryQueue:
                 waiting = [state.runs[r] for r in state.suspects.get(place.name, ())]
                 # The most crashes first, then the longest-waiting (sorted() is stable).
                 for run in sorted(waiting, key=lambda r: -len(r.crashes)):
-                    if self._flow.allows(run.owner, now):
+                    if self._flow.allows(run.owner, now) and self._limits.room(run, now):
                         state.dequeue(run)
                         return self._take(run, worker_id, now, lock_ttl, build)
         return None
@@ -119,6 +127,8 @@ class MemoryQueue:
             run = self._state.runs.get(run_id)
             if run is None or run.status is not RunStatus.QUEUED:
                 return None
+            if (run.held or run.suspect) and not self._limits.room(run, now):
+                return None  # its key is at its limit: it waits in its line
             self._state.dequeue(run)
             return self._take(run, worker_id, now, lock_ttl, build)
 
@@ -171,6 +181,7 @@ class MemoryQueue:
             created_at=run.created_at,
             crashes=tuple(run.crashes),
             suspect=run.suspect,
+            limit_keys=run.limit_keys,
         )
 
     def _pick(self, name: str, now: float, blocked: set[str]) -> RunRecord | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pyrula.workflows.errors import StaleToken, WorkflowNotFound
 from pyrula.workflows.events import Event, dumps, loads
+from pyrula.workflows.limits import LimitKeys
 from pyrula.workflows.records import RunInfo, RunStatus
 from pyrula.workflows.stores.waiters import ResultWaiters
 
@@ -69,6 +70,10 @@ class RunRecord:
     successor_id: str | None = None
     #: 0..9: among its owner's queued runs, a higher one is claimed first.
     priority: int = 0
+    #: Its concurrency and rate keys; None while not computed (submitted without them).
+    limit_keys: LimitKeys | None = None
+    #: Queued in its key's waiting line (``MemoryState.held``), not its owner's queue.
+    held: bool = False
 
     def info(self) -> RunInfo:
         return RunInfo(
@@ -128,6 +133,9 @@ class MemoryState:
         self.served: dict[str, dict[str, float]] = {}
         self.timers: list[tuple[float, str]] = []
         self.suspects: dict[str, deque[str]] = {}
+        #: (name, line) -> the FIFO of queued runs waiting for their key's limit
+        #: (``held_line``); a claim admits them into their owners' queues.
+        self.held: dict[tuple[str, str], deque[str]] = {}
         self.waiters = ResultWaiters()
         self.ended = threading.Condition(self.lock)
 
@@ -156,6 +164,7 @@ class MemoryState:
         idempotency_key: str | None = None,
         start_id: str | None = None,
         priority: int = 0,
+        limit_keys: LimitKeys | None = None,
     ) -> RunRecord:
         """Store a new run and queue it (its journal still empty)."""
         run = RunRecord(
@@ -168,6 +177,7 @@ class MemoryState:
             start_id=start_id or run_id,
             idempotency_key=idempotency_key,
             priority=priority,
+            limit_keys=limit_keys,
         )
         self.runs[run_id] = run
         self.enqueue(run, now)
@@ -185,6 +195,16 @@ class MemoryState:
         if run.suspect:
             self.suspects.setdefault(run.name, deque()).append(run.run_id)
             return
+        line = held_line(run.limit_keys)
+        if line is not None:
+            run.held = True
+            self.held.setdefault((run.name, line), deque()).append(run.run_id)
+            return
+        self.admit(run)
+
+    def admit(self, run: RunRecord) -> None:
+        """Put queued ``run`` into its owner's queue (out of its key's waiting line)."""
+        run.held = False
         owners = self.queues.setdefault(run.name, {})
         served = self.served.setdefault(run.name, {})
         if run.owner not in owners or not owners[run.owner]:
@@ -210,6 +230,10 @@ class MemoryState:
         """Take ``run`` out of its queue (or the suspects'), if it is there."""
         if run.suspect:
             queue = self.suspects.get(run.name)
+        elif run.held:
+            run.held = False
+            line = held_line(run.limit_keys)
+            queue = self.held.get((run.name, line)) if line is not None else None
         else:
             queue = self.queues.get(run.name, {}).get(run.owner)
         if queue is not None:
@@ -221,7 +245,8 @@ class MemoryState:
     def queued(self, name: str) -> list[str]:
         """The ids of every queued run of ``name``: its owners' queues, then its suspects."""
         ids = [run_id for queue in self.queues.get(name, {}).values() for run_id in queue]
-        return ids + list(self.suspects.get(name, ()))
+        held = [r for (n, _), line in self.held.items() if n == name for r in line]
+        return ids + held + list(self.suspects.get(name, ()))
 
     def end(
         self,
@@ -246,3 +271,16 @@ class MemoryState:
         run.updated_at = now
         self.waiters.notify(run.run_id)
         self.ended.notify_all()
+
+
+def held_line(keys: LimitKeys | None) -> str | None:
+    """The waiting line of a queued run with ``keys``: its concurrency key's (a run with
+    both waits in that one, its rate checked as it leaves), else its rate key's; None
+    for a run without keys (it goes straight to its owner's queue)."""
+    if keys is None:
+        return None
+    if keys.concurrency is not None:
+        return "c:" + keys.concurrency
+    if keys.rate is not None:
+        return "r:" + keys.rate
+    return None

@@ -20,6 +20,7 @@ from pyrula.workflows.stores.admin import SyncAdmin
 from pyrula.workflows.stores.memory.attempts import MemoryAttempts
 from pyrula.workflows.stores.memory.control import MemoryControl
 from pyrula.workflows.stores.memory.flow import MemoryFlowControl
+from pyrula.workflows.stores.memory.limits import MemoryLimits
 from pyrula.workflows.stores.memory.membership import MemoryMembership
 from pyrula.workflows.stores.memory.projections import MemoryProjections
 from pyrula.workflows.stores.memory.queue import MemoryQueue
@@ -76,7 +77,8 @@ class MemoryStore(SyncAdmin):
     def __init__(self) -> None:
         self._state = MemoryState()
         self._flow = MemoryFlowControl(self._state)
-        self._queue = MemoryQueue(self._state, self._flow)
+        self._limits = MemoryLimits(self._state)
+        self._queue = MemoryQueue(self._state, self._flow, self._limits)
         self._attempts = MemoryAttempts(self._state)
         self._control = MemoryControl(self._state)
         self._reads = MemoryReads(self._state)
@@ -93,6 +95,10 @@ class MemoryStore(SyncAdmin):
     claim_run = _Via("_queue", MemoryQueue.claim_run)
     wake_due = _Via("_queue", MemoryQueue.wake_due)
     queue_stats = _Via("_queue", MemoryQueue.queue_stats)
+
+    # per-key concurrency limits and rates (KeyedLimits)
+    use_limits = _Via("_limits", MemoryLimits.use_limits)
+    assign_limit_keys = _Via("_limits", MemoryLimits.assign_limit_keys)
 
     # an attempt's writes, and requeues of attempts nobody holds
     append = _Via("_attempts", MemoryAttempts.append)
