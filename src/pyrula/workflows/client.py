@@ -184,7 +184,7 @@ class WorkflowClient:
         """``{"limit_keys": ...}`` for a run of a limited workflow registered here, on a
         store that keeps keys; else nothing (the worker computes them, or refuses to serve
         a limited workflow on a store without limits)."""
-        spec = REGISTRY.workflows().get(name)
+        spec = REGISTRY.find(name)
         keys = spec.limit_keys(params) if spec is not None else None
         if keys is None or capabilities_of(self.store).limits is None:
             return {}

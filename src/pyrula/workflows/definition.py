@@ -141,6 +141,10 @@ class Registry:
 
             raise WorkflowNotFound(f"no workflow registered under the name {name!r}") from None
 
+    def find(self, name: str) -> WorkflowSpec | None:
+        """The definition registered under ``name``, or None (one dict read: no copy)."""
+        return self._workflows.get(name)
+
     def workflows(self) -> dict[str, WorkflowSpec]:
         with self._lock:
             return dict(self._workflows)
