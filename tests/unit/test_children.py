@@ -263,7 +263,10 @@ async def test_runs_show_draws_a_parent_and_its_children_as_a_tree(tmp_path: Any
     store = f"sqlite:///{path}"
     shown = CliRunner().invoke(runs, ["show", run.run_id, "--store", store])
     assert shown.exit_code == 0, shown.output
-    for kid in kids:
-        assert f"└─ {kid.run_id} kids.double (completed)" in shown.output
+    tree = [line.strip() for line in shown.output.splitlines() if "kids.double" in line]
+    assert len(tree) == len(kids) == 2
+    assert [line[:2] for line in tree] == ["├─", "└─"]  # the last drawn as the last
+    assert {line.split()[1] for line in tree} == {kid.run_id for kid in kids}
+    assert all(line.endswith("kids.double (completed)") for line in tree)
     shown = CliRunner().invoke(runs, ["show", kids[0].run_id, "--store", store])
     assert f"parent {run.run_id}" in shown.output

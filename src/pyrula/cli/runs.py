@@ -321,10 +321,12 @@ def echo_family(info: Any, kin: list[dict[str, Any]]) -> None:
         click.echo(f"  parent {info.parent_id}")
         indent = "    "
     click.echo(f"{indent}└─ {info.run_id} {info.name} ({info.status.value})  <- this run")
-    for child in kin[:SHOWN_CHILDREN]:
-        click.echo(f"{indent}   └─ {child['run_id']} {child['name']} ({child['status'] or '?'})")
+    lines = [f"{child['run_id']} {child['name']} ({child['status'] or '?'})"
+             for child in kin[:SHOWN_CHILDREN]]
     if len(kin) > SHOWN_CHILDREN:
-        click.echo(f"{indent}   └─ ... and {len(kin) - SHOWN_CHILDREN} more children")
+        lines.append(f"... and {len(kin) - SHOWN_CHILDREN} more children")
+    for number, line in enumerate(lines, 1):
+        click.echo(f"{indent}   {'└─' if number == len(lines) else '├─'} {line}")
 
 
 @runs.command("events")
