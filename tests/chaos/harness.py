@@ -397,3 +397,30 @@ def restart_valkey(valkey: Server) -> None:
     valkey.kill()
     valkey.launch(keep_port=True)
     valkey.wait_ready()
+
+
+def submit_some(client: SyncWorkflowClient, workflow: str, submitted: dict[str, str],
+                count: int, total: int) -> None:
+    """Submit up to ``count`` more runs of ``workflow`` (params ``{"n": i}``, idempotency
+    key ``r<i>``), ``total`` at most in all, into ``submitted`` (key -> run id). A submit
+    that meets an outage is not acknowledged: the same key goes again next time, as a
+    producer would send it."""
+    for _ in range(count):
+        if len(submitted) >= total:
+            return
+        key = f"r{len(submitted)}"
+        try:
+            submitted[key] = client.submit(workflow, {"n": len(submitted)},
+                                           idempotency_key=key).run_id
+        except (StoreUnavailable, OSError):
+            return
+
+
+def stop_after_kills(fleet: Fleet, kills: int, children: int = 2) -> None:
+    """The fleet serves again with every child ready, restarted exactly ``kills`` times
+    (every kill landed, and only the kills), then drains cleanly on SIGTERM."""
+    status = fleet.wait_ready(children, timeout=60)
+    exits = [line for line in fleet.log().splitlines() if "child_exited" in line]
+    assert status["restarts"] == kills, exits
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(60) == 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,12 @@ import pytest
 
 from pyrula.invariants import check_once, holdings
 from pyrula.workflows import RunStatus, StoreUnavailable, SyncWorkflowClient, ValkeyStore
-from tests.chaos.harness import kill_a_ready_child, restart_valkey
+from tests.chaos.harness import (
+    kill_a_ready_child,
+    restart_valkey,
+    stop_after_kills,
+    submit_some,
+)
 from tests.conftest import wait_until
 from tests.fleet.fleetprocs import Fleets, write_app
 from tests.integration.cloudprocs import Collector
@@ -65,17 +69,6 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
         c.reap()
 
 
-def _submit_some(client: SyncWorkflowClient, submitted: dict[str, str], count: int) -> None:
-    for _ in range(count):
-        if len(submitted) >= RUNS:
-            return
-        key = f"r{len(submitted)}"
-        try:
-            submitted[key] = client.submit(WORKFLOW, {"n": len(submitted)},
-                                           idempotency_key=key).run_id
-        except (StoreUnavailable, OSError):
-            return  # not acknowledged: the same key again next time
-
 
 def _restart_collector(collector: Collector) -> None:
     collector.kill()
@@ -105,7 +98,7 @@ def test_every_terminal_event_reaches_the_collector_once_through_kills_and_resta
         rng.shuffle(faults)
         steps = len(faults) + 1
         while faults or len(submitted) < RUNS:
-            _submit_some(client, submitted, rng.randrange(10, 60))
+            submit_some(client, WORKFLOW, submitted, rng.randrange(10, 60), RUNS)
             due = len(submitted) >= RUNS * (steps - len(faults)) // (steps + 1)
             if faults and due:
                 if faults[0] == "restart":
@@ -130,11 +123,7 @@ def test_every_terminal_event_reaches_the_collector_once_through_kills_and_resta
                              holdings(collector.terminal_events()))
         print(verdict.line())
         assert verdict.ok, f"seed={seed}: {verdict.line()} {verdict.problems}"
-        status = fleet.wait_ready(2, timeout=60)
-        exits = [line for line in fleet.log().splitlines() if "child_exited" in line]
-        assert status["restarts"] == KILLS, exits  # every kill landed, and only the kills
-        fleet.send(signal.SIGTERM)
-        assert fleet.wait(60) == 0
+        stop_after_kills(fleet, KILLS)
     finally:
         store.close()
         valkey.kill()

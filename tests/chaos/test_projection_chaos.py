@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 from pathlib import Path
 
 import pytest
 
 from pyrula.invariants import check_once, holdings
 from pyrula.workflows import RunStatus, StoreUnavailable, SyncWorkflowClient, ValkeyStore
-from tests.chaos.harness import kill_a_ready_child, restart_valkey
+from tests.chaos.harness import (
+    kill_a_ready_child,
+    restart_valkey,
+    stop_after_kills,
+    submit_some,
+)
 from tests.conftest import wait_until
 from tests.fleet.fleetprocs import Fleets, write_app
 from tests.servers import start_server
@@ -56,17 +60,6 @@ RUNS = 600
 KILLS = 3
 
 
-def _submit_some(client: SyncWorkflowClient, submitted: dict[str, str], count: int) -> None:
-    for _ in range(count):
-        if len(submitted) >= RUNS:
-            return
-        key = f"r{len(submitted)}"
-        try:
-            submitted[key] = client.submit(WORKFLOW, {"n": len(submitted)},
-                                           idempotency_key=key).run_id
-        except (StoreUnavailable, OSError):
-            return  # not acknowledged: the same key again next time
-
 
 
 
@@ -89,7 +82,7 @@ def test_every_completed_run_is_folded_exactly_once_through_kills_and_a_restart(
         faults = ["kill"] * KILLS
         faults.insert(rng.randrange(len(faults) + 1), "restart")
         while faults or len(submitted) < RUNS:
-            _submit_some(client, submitted, rng.randrange(10, 60))
+            submit_some(client, WORKFLOW, submitted, rng.randrange(10, 60), RUNS)
             due = len(submitted) >= RUNS * (KILLS + 2 - len(faults)) // (KILLS + 2)
             if faults and due:
                 if faults[0] == "restart":
@@ -112,11 +105,7 @@ def test_every_completed_run_is_folded_exactly_once_through_kills_and_a_restart(
                                                              for run in state))
         print(verdict.line())
         assert verdict.ok, f"seed={seed}: {verdict.line()} {verdict.problems}"
-        status = fleet.wait_ready(2, timeout=60)
-        exits = [line for line in fleet.log().splitlines() if "child_exited" in line]
-        assert status["restarts"] == KILLS, exits  # every kill landed, and only the kills
-        fleet.send(signal.SIGTERM)
-        assert fleet.wait(60) == 0
+        stop_after_kills(fleet, KILLS)
     finally:
         store.close()
         valkey.kill()

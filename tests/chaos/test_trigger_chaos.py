@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,11 @@ import pytest
 
 from pyrula.invariants import check_once
 from pyrula.workflows import RunStatus, StoreUnavailable, SyncWorkflowClient, ValkeyStore
-from tests.chaos.harness import kill_a_ready_child, restart_valkey
+from tests.chaos.harness import (
+    kill_a_ready_child,
+    restart_valkey,
+    stop_after_kills,
+)
 from tests.conftest import wait_until
 from tests.fleet.fleetprocs import Fleets, write_app
 from tests.servers import start_server
@@ -133,11 +136,7 @@ def test_every_acknowledged_event_lands_in_exactly_one_run_through_kills_and_a_r
         for info in runs:  # each run returns exactly the events it was given
             assert info.result == [e["id"] for e in info.params["events"]], info.run_id
         print(f"events={len(wanted)} runs={len(runs)} resent={emitter.resent}")
-        status = fleet.wait_ready(2, timeout=60)
-        exits = [line for line in fleet.log().splitlines() if "child_exited" in line]
-        assert status["restarts"] == KILLS, exits  # every kill landed, and only the kills
-        fleet.send(signal.SIGTERM)
-        assert fleet.wait(60) == 0
+        stop_after_kills(fleet, KILLS)
     finally:
         store.close()
         valkey.kill()
