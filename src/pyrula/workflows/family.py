@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from pyrula.workflows.children import children_to_cancel
 from pyrula.workflows.errors import RunNotActive, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows.events import CHILD_SIGNAL, Event, EventType, parent_of_key
-from pyrula.workflows.records import RunInfo
+from pyrula.workflows.records import RunInfo, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,11 @@ async def _nudge(store: KinStore, run_id: str, parent: str | None, *, now: float
     if parent is None:
         return
     try:
+        found = await store.get_run(parent)
+        if found is not None and found.status is RunStatus.QUEUED:
+            # Already woken: its next attempt looks at its children after this run's
+            # end was written, so a nudge would only be one more event in its journal.
+            return
         await store.signal(parent, CHILD_SIGNAL, {"child": run_id}, now=now)
     except (RunNotActive, WorkflowNotFound):
         pass  # the parent has ended, or is gone: nobody waits
