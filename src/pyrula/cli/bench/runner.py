@@ -8,7 +8,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -182,42 +182,14 @@ class _Bench:
         background(progress.run(stop))
 
         try:
-            if config.mode == "queue":
-                t0 = time.perf_counter()
-                await load.submit_all()
-                submit_seconds = time.perf_counter() - t0
-                if load.fatal is not None:
-                    raise load.fatal
-                if isinstance(fleet, OwnFleet):
-                    fleet.start()
-                    started = begin()
-                else:
-                    begin()
-                    started = t0
-                await load.wait_all()
-            else:
-                if isinstance(fleet, OwnFleet):
-                    fleet.start()
-                    await fleet.wait_ready()
-                started = begin()
-                if config.rate is not None:
-                    await load.open_loop(config.rate)
-                else:
-                    await load.closed_loop(config.concurrency or 1)
-                submit_seconds = (load.last_submit or started) - (load.first_submit or started)
+            started, submit_seconds = await self._drive(load, fleet, begin)
             ended = load.last_end or time.perf_counter()
             stop.set()
             await asyncio.gather(*tasks)
             if load.fatal is not None:
                 raise load.fatal
             commands_after = await self._commands()
-            if isinstance(fleet, OwnFleet) and fleet.url is None:
-                await fleet.wait_url()
-            if fleet.url is not None:
-                try:
-                    final_status = await fleet.status()
-                except BenchError:
-                    final_status = None
+            final_status = await _final_status(fleet)
             try:
                 journals: Journals | None = await read_journals(load)
             except StoreUnavailable:
@@ -234,20 +206,40 @@ class _Bench:
                                 commands_before, commands_after, final_status, journals,
                                 killer, upgrader)
         if config.verify:
-            log = fleet.log_text() if isinstance(fleet, OwnFleet) else None
-            report = await invariants(load, log)
-            figures["invariants"] = report.as_dict()
-            figures["invariants_line"] = report.line()
-            figures["invariants_note"] = (
-                None if log is not None else
-                "stale_writes_refused is counted from the fleet's log: an attached fleet's "
-                "is not read, so it shows 0")
-            if not report.ok:
-                figures["verification"]["ok"] = False
-                figures["problems"] = [*figures["problems"], *report.problems[:5]]
+            await _verify(figures, load, fleet)
         if not figures["verification"]["ok"] and isinstance(fleet, OwnFleet):
             figures["fleet_log_tail"] = fleet.log_tail(40)  # its temporary directory goes
         return figures
+
+    async def _drive(self, load: Load, fleet: Fleet, begin: Callable[[], float]
+                     ) -> tuple[float, float]:
+        """Put the load through: queue it all then start the fleet (``queue`` mode), or
+        start the fleet then submit as it goes. (When the timing started, the seconds
+        the submits took.)"""
+        config = self.config
+        if config.mode == "queue":
+            t0 = time.perf_counter()
+            await load.submit_all()
+            submit_seconds = time.perf_counter() - t0
+            if load.fatal is not None:
+                raise load.fatal
+            if isinstance(fleet, OwnFleet):
+                fleet.start()
+                started = begin()
+            else:
+                begin()
+                started = t0
+            await load.wait_all()
+            return started, submit_seconds
+        if isinstance(fleet, OwnFleet):
+            fleet.start()
+            await fleet.wait_ready()
+        started = begin()
+        if config.rate is not None:
+            await load.open_loop(config.rate)
+        else:
+            await load.closed_loop(config.concurrency or 1)
+        return started, (load.last_submit or started) - (load.first_submit or started)
 
     def _figures(self, load: Load, children: int, started: float, ended: float,
                  submit_seconds: float, commands_before: int | None,
@@ -407,3 +399,31 @@ def _note(config: BenchConfig) -> str:
         how = ("fleet start-up is included; runs were all queued before it started, so "
                "latency is mostly the time they queued")
     return how
+
+
+async def _final_status(fleet: Fleet) -> dict[str, Any] | None:
+    """The fleet's ``/status`` once the load is done; None when it cannot be read."""
+    if isinstance(fleet, OwnFleet) and fleet.url is None:
+        await fleet.wait_url()
+    if fleet.url is None:
+        return None
+    try:
+        status: dict[str, Any] = await fleet.status()
+        return status
+    except BenchError:
+        return None
+
+
+async def _verify(figures: dict[str, Any], load: Load, fleet: Fleet) -> None:
+    """``--verify``: the invariant checker's report over the load, into ``figures``."""
+    log = fleet.log_text() if isinstance(fleet, OwnFleet) else None
+    report = await invariants(load, log)
+    figures["invariants"] = report.as_dict()
+    figures["invariants_line"] = report.line()
+    figures["invariants_note"] = (
+        None if log is not None else
+        "stale_writes_refused is counted from the fleet's log: an attached fleet's "
+        "is not read, so it shows 0")
+    if not report.ok:
+        figures["verification"]["ok"] = False
+        figures["problems"] = [*figures["problems"], *report.problems[:5]]
