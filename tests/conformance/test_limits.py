@@ -212,3 +212,23 @@ async def test_a_cancelled_waiting_run_leaves_its_line(store: Any) -> None:
     await complete(store, first, running.token, now=T0 + 5)
     [nxt] = await store.claim(WORKER, [WF], limit=5, now=T0 + 6, lock_ttl=TTL)
     assert nxt.run_id == third
+
+
+async def test_a_claim_by_id_never_takes_a_run_over_its_limit(store: Any) -> None:
+    """claim_run of a run waiting in its key's line returns nothing while the key is full,
+    and the run once a slot frees; the line keeps its other runs in order."""
+    limits = _limited(store)
+    limits.use_limits({WF: WorkflowLimits(max=1)})
+    first = await _submit(store, WF, "k", T0)
+    second = await _submit(store, WF, "k", T0 + 1)
+    third = await _submit(store, WF, "k", T0 + 2)
+    [running] = await store.claim(WORKER, [WF], limit=5, now=T0 + 3, lock_ttl=TTL)
+    assert running.run_id == first
+    assert await store.claim_run(third, WORKER, now=T0 + 4, lock_ttl=TTL) is None
+    await complete(store, first, running.token, now=T0 + 5)
+    taken = await store.claim_run(third, WORKER, now=T0 + 6, lock_ttl=TTL)
+    assert taken is not None and taken.limit_keys == LimitKeys(concurrency="k")
+    assert await store.claim(WORKER, [WF], limit=5, now=T0 + 7, lock_ttl=TTL) == []
+    await complete(store, third, taken.token, now=T0 + 8)
+    [nxt] = await store.claim(WORKER, [WF], limit=5, now=T0 + 9, lock_ttl=TTL)
+    assert nxt.run_id == second

@@ -2,7 +2,8 @@
 with ``max=1``; each run's step records when it began and ended in a file, and no two of
 those intervals overlap. The runs are submitted by a client without the workflow's
 definition, so each worker computes the keys at the first claim (the hand-back path).
-A store that cannot enforce limits makes the worker refuse to start."""
+On the SQLite store the two workers share one file. A store that cannot enforce limits
+(Valkey, for now) makes the worker refuse to start."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pyrula.workflows import (
     MemoryStore,
     RunStatus,
     SQLiteStore,
+    ValkeyStore,
     WorkflowClient,
     WorkflowWorker,
 )
@@ -57,9 +59,9 @@ def _registry(log: Path) -> Registry:
     return registry
 
 
-@pytest.fixture(params=["memory"])
+@pytest.fixture(params=["memory", "sqlite"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    s: Any = MemoryStore()
+    s: Any = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "s.db")
     try:
         yield s
     finally:
@@ -72,16 +74,22 @@ async def test_two_workers_never_overlap_runs_of_one_key(store: Any, tmp_path: P
     runs = [(await client.submit(NAME, {"account": "acme", "i": i})).run_id
             for i in range(20)]
     registry = _registry(log)
-    workers = [WorkflowWorker(store=store, workflows=[NAME], registry=registry,
+    # On SQLite the second worker opens the file itself, as another process would.
+    stores = [store, SQLiteStore(store.path) if isinstance(store, SQLiteStore) else store]
+    workers = [WorkflowWorker(store=s, workflows=[NAME], registry=registry,
                               options=fast_options(max_concurrent_runs=4), cloud=False)
-               for _ in range(2)]
+               for s in stores]
 
     async def all_done() -> bool:
         infos = [await client.get(r) for r in runs]
         return all(i.status is RunStatus.COMPLETED for i in infos)
 
-    async with serving(workers[0]), serving(workers[1]):
-        await await_until(all_done, timeout=60, interval=0.05, what="every run completed")
+    try:
+        async with serving(workers[0]), serving(workers[1]):
+            await await_until(all_done, timeout=60, interval=0.05, what="every run completed")
+    finally:
+        if stores[1] is not store:
+            stores[1].close()
 
     spans = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
     assert len(spans) >= 20
@@ -89,13 +97,15 @@ async def test_two_workers_never_overlap_runs_of_one_key(store: Any, tmp_path: P
         assert end <= start, f"two runs of one key overlapped: ended {end}, began {start}"
 
 
-def test_a_store_without_limits_refuses_a_limited_workflow(tmp_path: Path) -> None:
-    store = SQLiteStore(str(tmp_path / "store.db"))
+def test_a_store_without_limits_refuses_a_limited_workflow(
+    tmp_path: Path, valkey_url: str, valkey_namespace: str
+) -> None:
+    store = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=1)
     try:
         worker = WorkflowWorker(store=store, workflows=[NAME],
                                 registry=_registry(tmp_path / "log"),
                                 options=fast_options(), cloud=False)
-        with pytest.raises(ConfigurationError, match=f"{NAME}.*SQLiteStore|SQLiteStore.*{NAME}"):
+        with pytest.raises(ConfigurationError, match=f"{NAME}.*ValkeyStore|ValkeyStore.*{NAME}"):
             asyncio.run(worker.run())
     finally:
         store.close()

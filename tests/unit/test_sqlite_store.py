@@ -45,7 +45,7 @@ def test_a_version_1_file_gains_the_schedules_table(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 7
+        assert _version(path) == SCHEMA_VERSION == 8
         store.schedule_create(Schedule.create("wf", "0 * * * *", schedule_id="s"))
         assert [s.schedule_id for s in store.schedule_list()] == ["s"]
     finally:
@@ -169,7 +169,7 @@ async def test_a_version_5_file_gains_the_projection_tables(tmp_path: Path) -> N
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 7
+        assert _version(path) == SCHEMA_VERSION == 8
         head = ProjectionHead("p", 0, "fp", False, None, 0, 200.0)
         assert await store.save_projection(head, {"": [1]}, expected=0, reset=False)
         assert await store.projection_states("p", None) == {"": [1]}
@@ -298,7 +298,7 @@ async def test_a_version_6_file_gains_run_priorities(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 7
+        assert _version(path) == SCHEMA_VERSION == 8
         high = (await store.submit("wf", {}, now=200.0, owner="o", priority=4))[0].run_id
         claimed = await store.claim("w", ["wf"], limit=3, now=300.0, lock_ttl=30.0)
         assert [c.run_id for c in claimed] == [high, *old]
@@ -306,3 +306,65 @@ async def test_a_version_6_file_gains_run_priorities(tmp_path: Path) -> None:
         assert info is not None and info.priority == 0
     finally:
         store.close()
+
+
+async def test_a_version_7_file_gains_per_key_limits(tmp_path: Path) -> None:
+    """A schema-7 file (no runs.limit_* columns, their indexes nor limit_buckets): its
+    queued runs have no keys and are still claimed; a limited run waits in its key's line."""
+    from pyrula.workflows.limits import LimitKeys, WorkflowLimits
+
+    path = tmp_path / "v7.db"
+    store = SQLiteStore(path)
+    try:
+        old = (await store.submit("wf", {}, now=100.0, owner="o"))[0].run_id
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)  # what pyrula with schema 7 left behind
+    try:
+        conn.execute("DROP INDEX runs_held")
+        conn.execute("DROP INDEX runs_slots")
+        conn.execute("DROP TABLE limit_buckets")
+        for column in ("limit_conc", "limit_rate", "limit_line", "limit_seq"):
+            conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+        conn.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
+        conn.commit()
+    finally:
+        conn.close()
+
+    store = SQLiteStore(path)
+    try:
+        assert _version(path) == SCHEMA_VERSION == 8
+        store.use_limits({"wf": WorkflowLimits(max=1, per_second=10.0)})
+        keys = LimitKeys(concurrency="k", rate="k")
+        first = (await store.submit("wf", {}, now=200.0, owner="o", limit_keys=keys))[0].run_id
+        second = (await store.submit("wf", {}, now=201.0, owner="o", limit_keys=keys))[0].run_id
+        claimed = await store.claim("w", ["wf"], limit=3, now=300.0, lock_ttl=30.0)
+        assert [c.run_id for c in claimed] == [old, first]
+        assert claimed[1].limit_keys == keys and claimed[0].limit_keys is None
+        assert await store.claim("w", ["wf"], limit=3, now=301.0, lock_ttl=30.0) == []
+        from tests.conformance.support import complete
+
+        await complete(store, first, claimed[1].token, now=302.0)
+        [nxt] = await store.claim("w", ["wf"], limit=3, now=303.0, lock_ttl=30.0)
+        assert nxt.run_id == second
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT run_id FROM runs WHERE name='wf' AND status='queued' AND limit_line='c:k' "
+    "ORDER BY limit_seq LIMIT 1",
+    "SELECT COUNT(*) FROM runs WHERE name='wf' AND limit_conc='k' AND (status='running' "
+    "OR (status='queued' AND queue_seq IS NOT NULL))",
+    "SELECT MIN(limit_line) FROM runs WHERE name='wf' AND status='queued' "
+    "AND limit_line IS NOT NULL AND limit_line>'a'",
+])
+def test_the_limit_queries_read_an_index(tmp_path: Path, sql: str) -> None:
+    """The reads a claim adds for a limited workflow seek an index, never scan runs."""
+    SQLiteStore(tmp_path / "s.db").close()
+    conn = sqlite3.connect(tmp_path / "s.db")
+    try:
+        plan = " ".join(str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+    finally:
+        conn.close()
+    assert "SEARCH runs USING" in plan and "SCAN runs" not in plan, plan

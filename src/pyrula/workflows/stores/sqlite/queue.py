@@ -15,6 +15,7 @@ from typing import Any
 
 from pyrula.workflows.errors import JournalCorrupt, WorkflowNotFound
 from pyrula.workflows.events import Event, EventType, make_event
+from pyrula.workflows.limits import LimitKeys
 from pyrula.workflows.priority import MAX_PRIORITY, check_priority
 from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, RunStatus, SuspectsAt
 from pyrula.workflows.stores.capabilities import QueueStat
@@ -22,6 +23,7 @@ from pyrula.workflows.stores.common import NO_OWNER, pick_owner, record_params, 
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
 from pyrula.workflows.stores.sqlite.flow import flow_allows
+from pyrula.workflows.stores.sqlite.limits import SQLiteLimits
 from pyrula.workflows.stores.sqlite.rows import (
     append_events,
     enqueue,
@@ -40,9 +42,10 @@ _INLINE_CLAIM = 64
 class WorkQueue:
     """submit, claim, claim_run and wake_due of the store protocol, and queue_stats."""
 
-    def __init__(self, db: Database, calls: Calls) -> None:
+    def __init__(self, db: Database, calls: Calls, limits: SQLiteLimits) -> None:
         self._db = db
         self._calls = calls
+        self._limits = limits
 
     async def submit(
         self,
@@ -53,9 +56,11 @@ class WorkQueue:
         owner: str | None = None,
         idempotency_key: str | None = None,
         priority: int = 0,
+        limit_keys: LimitKeys | None = None,
     ) -> tuple[RunHandle, bool]:
         """One transaction: the idempotency check and the new run, queued by
-        ``priority`` among its owner's runs."""
+        ``priority`` among its owner's runs (or, with ``limit_keys``, in its key's
+        waiting line)."""
         priority = check_priority(priority)
 
         def op() -> tuple[RunHandle, bool]:
@@ -69,7 +74,7 @@ class WorkQueue:
                         return RunHandle(name, row[0]), False
                 run_id = new_run(
                     conn, name, params, owner or NO_OWNER, now, idempotency_key, None,
-                    priority=priority,
+                    priority=priority, limit_keys=limit_keys,
                 )
                 return RunHandle(name, run_id), True
 
@@ -89,6 +94,8 @@ class WorkQueue:
             claimed: list[ClaimedRun] = []
             with self._db.tx() as conn:
                 flow = conn.execute("SELECT 1 FROM flow_control LIMIT 1").fetchone() is not None
+                if self._limits.limits:
+                    self._limits.admit(conn, names, now)
                 queues = [_NameQueue(conn, name, limit) for name in names]
                 blocked: set[str] = set()
                 progress = True
@@ -128,13 +135,15 @@ class WorkQueue:
                 flow = conn.execute("SELECT 1 FROM flow_control LIMIT 1").fetchone() is not None
                 for place in at:
                     rows = conn.execute(
-                        "SELECT run_id, owner, crashes FROM runs WHERE name=? "
-                        "AND status='queued' AND suspect_seq IS NOT NULL ORDER BY suspect_seq",
-                        (place.name,)).fetchall()
+                        "SELECT run_id, owner, crashes, limit_conc, limit_rate FROM runs "
+                        "WHERE name=? AND status='queued' AND suspect_seq IS NOT NULL "
+                        "ORDER BY suspect_seq", (place.name,)).fetchall()
                     # The most crashes first, then the longest-waiting (sorted() is stable).
                     rows.sort(key=lambda row: -len(from_json(row[2]) or ()))
-                    for run_id, owner, _ in rows:
-                        if not flow or flow_allows(conn, owner, now):
+                    for run_id, owner, _, conc, rate in rows:
+                        if (not flow or flow_allows(conn, owner, now)) and self._limits.room(
+                            conn, place.name, conc, rate, now
+                        ):
                             return _take(conn, run_id, worker_id, now, lock_ttl, build)
             return None
 
@@ -146,9 +155,16 @@ class WorkQueue:
     ) -> ClaimedRun | None:
         def op() -> ClaimedRun | None:
             with self._db.tx() as conn:
-                row = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+                row = conn.execute(
+                    "SELECT status, name, limit_line, suspect_seq, limit_conc, limit_rate "
+                    "FROM runs WHERE run_id=?", (run_id,)).fetchone()
                 if row is None or row[0] != RunStatus.QUEUED:
                     return None
+                status, name, line, suspect, conc, rate = row
+                if (line is not None or suspect is not None) and not self._limits.room(
+                    conn, name, conc, rate, now
+                ):
+                    return None  # its key is at its limit: it waits in its line
                 return _take(conn, run_id, worker_id, now, lock_ttl, build)
 
         return await self._calls.call(op, inline=True)
@@ -216,14 +232,16 @@ def _take(
     """Start the next attempt of this queued run: one UPDATE and its ``run:started``."""
     row = conn.execute(
         "UPDATE runs SET status='running', attempt=attempt+1, lock_owner=?, lock_expires=?, "
-        "started_at=COALESCE(started_at, ?), queue_seq=NULL, journal_len=journal_len+1, "
-        "updated_at=? WHERE run_id=? RETURNING name, params, owner, attempt, journal_len, "
-        "parked_seq, start_id, created_at, crashes, suspect_seq",
+        "started_at=COALESCE(started_at, ?), queue_seq=NULL, limit_line=NULL, limit_seq=NULL, "
+        "journal_len=journal_len+1, updated_at=? WHERE run_id=? RETURNING name, params, owner, "
+        "attempt, journal_len, parked_seq, start_id, created_at, crashes, suspect_seq, "
+        "limit_conc, limit_rate",
         (worker_id, now + lock_ttl, now, now, run_id),
     ).fetchone()
     if row is None:
         raise WorkflowNotFound(f"no run with id {run_id!r}")
-    name, params, owner, attempt, length, base, start_id, created_at, crashes, suspect = row
+    (name, params, owner, attempt, length, base, start_id, created_at, crashes, suspect,
+     conc, rate) = row
     insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id, build)])
     values: Any = None
     journal: list[Event] = []
@@ -248,6 +266,7 @@ def _take(
         crashes=tuple(from_json(crashes) or ()),
         journal_error=corrupt,
         suspect=suspect is not None,
+        limit_keys=None if conc is None and rate is None else LimitKeys(conc, rate),
     )
 
 

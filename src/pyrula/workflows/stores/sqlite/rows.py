@@ -13,6 +13,7 @@ import orjson
 
 from pyrula.workflows.errors import StaleToken, WorkflowNotFound
 from pyrula.workflows.events import Event
+from pyrula.workflows.limits import LimitKeys
 from pyrula.workflows.records import TERMINAL_STATUSES, RunInfo, RunStatus
 from pyrula.workflows.stores.common import journal_entry, new_run_id, submitted_event
 
@@ -148,8 +149,35 @@ def _next_queue_seq(conn: sqlite3.Connection) -> int:
 
 def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str, now: float) -> None:
     """Queue the run last in its name's queue (its owner's served count kept fair),
-    claimable from ``now``."""
-    # The run itself is left out: a new one is inserted as 'queued' before this call.
+    claimable from ``now``; or, a run with limit keys, last in its key's waiting line
+    (``limit_line``, the memory store's ``held_line``), which a claim admits from."""
+    # One UPDATE either way: a run without keys costs what it did before limits.
+    seq = _next_queue_seq(conn)
+    held = conn.execute(
+        "UPDATE runs SET status='queued', limit_line=CASE WHEN limit_conc IS NOT NULL "
+        "THEN 'c:'||limit_conc WHEN limit_rate IS NOT NULL THEN 'r:'||limit_rate END, "
+        "queue_seq=CASE WHEN limit_conc IS NULL AND limit_rate IS NULL THEN :seq END, "
+        "limit_seq=CASE WHEN limit_conc IS NULL AND limit_rate IS NULL THEN NULL "
+        "ELSE :seq END, queued_at=:now, lock_owner=NULL, wake_at=NULL, waiting_for=NULL, "
+        "interrupt=NULL WHERE run_id=:run_id RETURNING limit_line",
+        {"seq": seq, "now": now, "run_id": run_id},
+    ).fetchone()
+    if held is None or held[0] is None:
+        _level_owner(conn, run_id, name, owner)
+
+
+def admit(conn: sqlite3.Connection, run_id: str, name: str, owner: str) -> None:
+    """Move a run waiting in its key's line into its owner's queue, last."""
+    conn.execute(
+        "UPDATE runs SET queue_seq=?, limit_line=NULL, limit_seq=NULL WHERE run_id=?",
+        (_next_queue_seq(conn), run_id),
+    )
+    _level_owner(conn, run_id, name, owner)
+
+
+def _level_owner(conn: sqlite3.Connection, run_id: str, name: str, owner: str) -> None:
+    """Level the served count of ``owner``, whose run ``run_id`` just joined its queue."""
+    # The run itself is left out of the check.
     active = conn.execute(
         "SELECT 1 FROM runs WHERE name=? AND owner=? AND status='queued' AND run_id!=? "
         "AND queue_seq IS NOT NULL LIMIT 1",
@@ -169,11 +197,6 @@ def enqueue(conn: sqlite3.Connection, run_id: str, name: str, owner: str, now: f
             " DO UPDATE SET served=excluded.served",
             (name, owner, floor or 0.0),
         )
-    conn.execute(
-        "UPDATE runs SET status='queued', queue_seq=?, queued_at=?, lock_owner=NULL, "
-        "wake_at=NULL, waiting_for=NULL, interrupt=NULL WHERE run_id=?",
-        (_next_queue_seq(conn), now, run_id),
-    )
 
 
 def enqueue_suspect(conn: sqlite3.Connection, run_id: str, now: float) -> None:
@@ -190,17 +213,19 @@ def enqueue_suspect(conn: sqlite3.Connection, run_id: str, now: float) -> None:
 def new_run(
     conn: sqlite3.Connection, name: str, params: Any, owner: str, now: float,
     idempotency_key: str | None, start_id: str | None, predecessor: str | None = None,
-    run_id: str | None = None, priority: int = 0,
+    run_id: str | None = None, priority: int = 0, limit_keys: LimitKeys | None = None,
 ) -> str:
     """Insert a run (``run_id``, else a new id), journal its ``run:submitted`` and queue
     it (by ``priority`` among its owner's runs: the runs_queue_p index); its id."""
     run_id = run_id or new_run_id(now)
     conn.execute(
         "INSERT INTO runs(run_id, name, owner, params, status, attempt, created_at, "
-        "updated_at, idempotency_key, start_id, journal_len, crashes, signal_seq, priority) "
-        "VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?, 0, '[]', '{}', ?)",
+        "updated_at, idempotency_key, start_id, journal_len, crashes, signal_seq, priority, "
+        "limit_conc, limit_rate) VALUES (?, ?, ?, ?, 'queued', 0, ?, ?, ?, ?, 0, '[]', '{}', "
+        "?, ?, ?)",
         (run_id, name, owner, to_json(params), now, now, idempotency_key, start_id or run_id,
-         priority),
+         priority, None if limit_keys is None else limit_keys.concurrency,
+         None if limit_keys is None else limit_keys.rate),
     )
     event = submitted_event(now, name, params, owner or None, idempotency_key)
     if predecessor is not None:

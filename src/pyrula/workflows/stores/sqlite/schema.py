@@ -14,12 +14,13 @@ from pyrula.workflows.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: Versions this schema upgrades in place (2 added the schedules table, 3 runs.queued_at,
 #: 4 runs.suspect_seq, 5 the trigger_* tables of events and batch triggers, 6 the
 #: projection_* tables and the runs_ended index, 7 runs.priority and the runs_queue_p
-#: index in place of runs_queue).
-ADDITIVE_FROM = frozenset({1, 2, 3, 4, 5, 6})
+#: index in place of runs_queue, 8 the runs.limit_* columns of per-key limits, their
+#: runs_held and runs_slots indexes and the limit_buckets table).
+ADDITIVE_FROM = frozenset({1, 2, 3, 4, 5, 6, 7})
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -55,7 +56,11 @@ SCHEMA = (
         queue_seq INTEGER,
         queued_at REAL,
         suspect_seq INTEGER,
-        priority INTEGER NOT NULL DEFAULT 0
+        priority INTEGER NOT NULL DEFAULT 0,
+        limit_conc TEXT,
+        limit_rate TEXT,
+        limit_line TEXT,
+        limit_seq INTEGER
     )""",
     """CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency
         ON runs(name, idempotency_key) WHERE idempotency_key IS NOT NULL""",
@@ -150,6 +155,14 @@ SCHEMA = (
         tokens REAL,
         stamp REAL
     )""",
+    # Per-key start rates (@workflow(rate=...)): each (workflow, rate key)'s token bucket.
+    """CREATE TABLE IF NOT EXISTS limit_buckets (
+        name TEXT NOT NULL,
+        key TEXT NOT NULL,
+        tokens REAL NOT NULL,
+        stamp REAL NOT NULL,
+        PRIMARY KEY (name, key)
+    ) WITHOUT ROWID""",
 )
 
 
@@ -169,6 +182,13 @@ ADDED_COLUMNS = (
     # 0..9: among its owner's queued runs, a higher one is claimed first. An older pyrula
     # had no priorities: every run is 0.
     ("runs", "priority", "INTEGER NOT NULL DEFAULT 0", "SELECT 1"),
+    # Per-key limits (sqlite/limits.py): the run's concurrency and rate keys; while it
+    # waits in its key's line (queued, queue_seq NULL), the line and its place in it. An
+    # older pyrula kept no keys: no run has any.
+    ("runs", "limit_conc", "TEXT", "SELECT 1"),
+    ("runs", "limit_rate", "TEXT", "SELECT 1"),
+    ("runs", "limit_line", "TEXT", "SELECT 1"),
+    ("runs", "limit_seq", "INTEGER", "SELECT 1"),
 )
 
 #: What is built on the added columns: made once they exist.
@@ -180,6 +200,12 @@ LATE_SCHEMA = (
     "DROP INDEX IF EXISTS runs_queue",
     """CREATE INDEX IF NOT EXISTS runs_suspects
         ON runs(name, suspect_seq) WHERE status = 'queued' AND suspect_seq IS NOT NULL""",
+    # Each key's waiting line of a name, FIFO.
+    """CREATE INDEX IF NOT EXISTS runs_held
+        ON runs(name, limit_line, limit_seq) WHERE status = 'queued' AND limit_line IS NOT NULL""",
+    # The runs of a concurrency key, to count those holding a slot.
+    """CREATE INDEX IF NOT EXISTS runs_slots
+        ON runs(name, limit_conc, status, queue_seq) WHERE limit_conc IS NOT NULL""",
 )
 
 

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pyrula.workflows.errors import ConfigurationError
 from pyrula.workflows.events import Event
+from pyrula.workflows.limits import LimitKeys, WorkflowLimits
 from pyrula.workflows.records import (
     AppendResult,
     Claimed,
@@ -43,6 +44,7 @@ from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
 from pyrula.workflows.stores.sqlite.control import RunControl
 from pyrula.workflows.stores.sqlite.flow import FlowLimits
+from pyrula.workflows.stores.sqlite.limits import SQLiteLimits
 from pyrula.workflows.stores.sqlite.membership import Membership
 from pyrula.workflows.stores.sqlite.projections import SQLiteProjections
 from pyrula.workflows.stores.sqlite.queue import WorkQueue
@@ -83,7 +85,8 @@ class SQLiteStore(SyncAdmin):
         self.path = db.path
         self._calls = calls = Calls(db)
         wakeups = Wakeups()
-        self._queue = WorkQueue(db, calls)
+        self._limits = SQLiteLimits(db, calls)
+        self._queue = WorkQueue(db, calls, self._limits)
         self._attempts = Attempts(db, calls, wakeups)
         self._reads = Reads(db, calls, wakeups)
         self._control = RunControl(db, calls, wakeups)
@@ -117,11 +120,22 @@ class SQLiteStore(SyncAdmin):
     async def submit(
         self, name: str, params: Any, *, now: float, owner: str | None = None,
         idempotency_key: str | None = None, priority: int = 0,
+        limit_keys: LimitKeys | None = None,
     ) -> tuple[RunHandle, bool]:
         return await self._queue.submit(
             name, params, now=now, owner=owner, idempotency_key=idempotency_key,
-            priority=priority,
+            priority=priority, limit_keys=limit_keys,
         )
+
+    # --- per-key concurrency limits and rates (KeyedLimits) ---------------------------
+
+    def use_limits(self, limits: Mapping[str, WorkflowLimits]) -> None:
+        self._limits.use_limits(limits)
+
+    async def assign_limit_keys(
+        self, run_id: str, token: int, keys: LimitKeys, *, now: float
+    ) -> bool:
+        return await self._limits.assign_limit_keys(run_id, token, keys, now=now)
 
     async def claim(
         self, worker_id: str, names: Sequence[str], *, limit: int, now: float, lock_ttl: float,
