@@ -218,13 +218,15 @@ def _take(
         "UPDATE runs SET status='running', attempt=attempt+1, lock_owner=?, lock_expires=?, "
         "started_at=COALESCE(started_at, ?), queue_seq=NULL, journal_len=journal_len+1, "
         "updated_at=? WHERE run_id=? RETURNING name, params, owner, attempt, journal_len, "
-        "parked_seq, start_id, created_at, crashes, suspect_seq",
+        "parked_seq, start_id, created_at, crashes, suspect_seq, idempotency_key",
         (worker_id, now + lock_ttl, now, now, run_id),
     ).fetchone()
     if row is None:
         raise WorkflowNotFound(f"no run with id {run_id!r}")
-    name, params, owner, attempt, length, base, start_id, created_at, crashes, suspect = row
-    insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id, build)])
+    (name, params, owner, attempt, length, base, start_id, created_at, crashes, suspect,
+     idem) = row
+    insert_events(conn, run_id, length - 1,
+                  [started_event(now, attempt, worker_id, build, idem)])
     values: Any = None
     journal: list[Event] = []
     corrupt: JournalCorrupt | None = None
