@@ -3,7 +3,8 @@
 Store and client calls only (the fleet's supervisor serves these, and must not load the
 engine or the worker): the runs list by keyset pages as ``RunRouter`` pages it, a run
 with its journal worded by ``pyrula.cli.timeline`` (the reader ``pyrula runs show``
-uses), the stuck runs ``pyrula runs stuck`` lists, the queues, the shard map.
+uses) and its family as ``pyrula.workflows.family.children_of`` lists it (``runs show``
+too), the stuck runs ``pyrula runs stuck`` lists, the queues, the shard map.
 """
 
 from __future__ import annotations
