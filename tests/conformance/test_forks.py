@@ -132,3 +132,49 @@ async def test_what_cannot_be_forked_is_named(runner: InlineWorkflowRunner) -> N
         await runner.client.fork("nope", from_step=1)
     assert [info.run_id async for info in runner.client.list_runs(limit=10)] == [done], \
         "no fork was submitted"
+
+
+def _started(events: list[Any]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "run:started"]
+
+
+async def test_a_forks_first_run_started_names_the_run_and_call_it_was_forked_from(
+    runner: InlineWorkflowRunner,
+) -> None:
+    from pyrula.cli.timeline import describe, timeline
+
+    done = await _ran_to_end(runner, {"sku": "d4", "amount": 2})
+    assert all("forked_from" not in e for e in _started(await runner.client.events(done)))
+
+    # Forked before reserve: its first attempt parks on the signal, a second one ends it.
+    fork = await runner.client.fork(done, from_step=1)
+    await runner.run(fork.name, fork.run_id)
+    await runner.client.signal(fork.run_id, "approved", "bob")
+    await runner.run(fork.name, fork.run_id)
+    assert (await runner.client.get(fork.run_id)).status is RunStatus.COMPLETED
+    events = await runner.client.events(fork.run_id)
+    first, second = _started(events)
+    assert (first["attempt"], first["forked_from"], first["from_call"]) == (1, done, 2)
+    assert second["attempt"] == 2 and "forked_from" not in second and "from_call" not in second
+    lines = [describe(entry) for entry in timeline(events) if entry["kind"] == "attempt"]
+    assert lines[0].endswith(f"attempt 1 on {first['worker']}, forked from {done} at call 2")
+    assert "forked from" not in lines[1]
+
+    # A fork signalled before its first claim: that claim writes its run:started after
+    # the signal (on Valkey, the claim script's own event, not the one the record implies).
+    early = await runner.client.fork(done, from_step="forks.charge")
+    await runner.client.signal(early.run_id, "unrelated", 1)
+    await runner.run(early.name, early.run_id)
+    journal = await runner.client.events(early.run_id)
+    assert [e["type"] for e in journal[:3]] == ["run:submitted", "signal:received",
+                                                "run:started"]
+    (started,) = _started(journal)
+    assert (started["forked_from"], started["from_call"]) == (done, 4)
+
+    # A client's own key that only looks like a fork's is no fork, and no claim fails on it.
+    for key in ("fork:nope", "fork:r:x:n"):
+        other = await runner.client.submit("forks.order", {"sku": "e5", "amount": 1},
+                                           idempotency_key=key)
+        await runner.run(other.name, other.run_id)
+        (started,) = _started(await runner.client.events(other.run_id))
+        assert "forked_from" not in started

@@ -1,7 +1,8 @@
 """The dashboard in a real browser, against a real fleet on a real SQLite store.
 
 The page loads and shows the fleet's children; a submitted run appears in the runs table
-and its page's timeline shows its steps; the read-only badge is shown and an action
+and its page's timeline shows its steps; a parent's page lists its children, each
+linked to its own page, which links back to the parent; the read-only badge is shown and an action
 answers 403 naming the flag; with ``--dashboard-actions`` the retry button retries a
 failed run as ``pyrula runs retry`` does (idempotency key ``retry:<RUN_ID>``). Every page
 is photographed under the test's tmp dir, and none logs a console error.
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.slow
 
 FLAKY_APP = textwrap.dedent(
     '''
-    """A workflow that fails until the test writes ``fixed`` beside it."""
+    """A workflow that fails until the test writes ``fixed`` beside it, and a parent of
+    three children."""
 
     from pathlib import Path
 
@@ -48,6 +50,16 @@ FLAKY_APP = textwrap.dedent(
     @workflow(name="dash_flaky")
     async def flaky(ctx, params):
         return await check(params["tag"])
+
+
+    @workflow(name="dash_kid")
+    async def kid(ctx, params):
+        return params * 2
+
+
+    @workflow(name="dash_parent")
+    async def parent(ctx, params):
+        return await ctx.gather_children([(kid, i) for i in range(params)])
     '''
 )
 
@@ -174,6 +186,12 @@ def test_with_dashboard_actions_the_retry_button_retries_a_failed_run(
     wait_until(lambda: client.get(failed.run_id).status.value == "failed", 20,
                what="the flaky run to fail")
     (tmp_path / "fixed").touch()
+    family = client.submit("dash_parent", 3)
+    assert client.result(family.run_id, timeout=20) == [0, 2, 4]
+    journal = client.events(family.run_id)
+    kids = [str(item[1]) for e in journal if e["type"] == "child:started"
+            for item in e.get("children") or ()]
+    assert len(kids) == 3
     with browser_page() as watched:
         page = watched.page
         page.goto(f"{fleet.url}/#/run/{failed.run_id}")
@@ -195,6 +213,25 @@ def test_with_dashboard_actions_the_retry_button_retries_a_failed_run(
         page.wait_for_selector("#run-status:text('completed')")
         page.wait_for_selector(f"#run-facts a:has-text('{failed.run_id}')")  # "retries" row
         watched.shot(tmp_path / "screenshots" / "retried.png")
+
+        # A parent's page lists its children; a child's page links back to its parent.
+        page.goto(f"{fleet.url}/#/run/{family.run_id}")
+        page.wait_for_selector("#run-children tbody tr[data-child] >> nth=2")
+        rows = page.locator("#run-children tbody tr[data-child]")
+        assert [r.split("\t") for r in rows.all_inner_texts()] == [
+            [kid, "dash_kid", "completed"] for kid in kids]
+        assert page.locator("#run-more-children").is_hidden()
+        assert page.locator("#run-facts tr[data-parent]").count() == 0
+        watched.shot(tmp_path / "screenshots" / "parent.png")
+        page.click(f"#run-children tr[data-child='{kids[1]}'] a")
+        page.wait_for_selector(f"#run-id:text('{kids[1]}')")
+        parent_link = page.locator(f"#run-facts tr[data-parent='{family.run_id}'] a")
+        parent_link.wait_for()
+        assert parent_link.inner_text() == family.run_id
+        assert page.locator("#run-family").is_hidden()  # a child with no children
+        watched.shot(tmp_path / "screenshots" / "child.png")
+        parent_link.click()
+        page.wait_for_selector(f"#run-id:text('{family.run_id}')")
         assert watched.errors == []
     retried = client.get(retry_id)
     assert retried.idempotency_key == f"retry:{failed.run_id}"

@@ -3,15 +3,18 @@ in process over ASGI (no fleet: no children, no charts, the store's runs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from pyrula.workflows import InlineWorkflowRunner, MemoryStore, WorkflowClient
 from pyrula.workflows.http import RunRouter
+from pyrula.workflows.stores.base import Store
 
 
-def _http(store: MemoryStore, actions: bool = False) -> httpx.AsyncClient:
+def _http(store: Store, actions: bool = False) -> httpx.AsyncClient:
     router = RunRouter(store, dashboard_actions=actions)
     app = Starlette(routes=[Mount("/runs", router)])
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
@@ -113,3 +116,45 @@ async def test_the_projections_page_lists_projections_and_shows_a_state() -> Non
         assert one.json()["state"] == 1
         missing = await http.get("/runs/dashboard/api/projections/nope")
         assert missing.status_code == 404
+
+
+async def test_a_run_page_names_its_parent_and_its_first_children_and_counts_the_rest(
+    tmp_path: Path,
+) -> None:
+    """On SQLite: a parent that started 53 children answers the first 50 (id, workflow,
+    status, in the order started) and counts the other 3; a child names its parent; a
+    run with no family answers none."""
+    from pyrula.workflows import SQLiteStore, WorkflowContext, workflow
+
+    @workflow(name="dash_api_kid")
+    async def kid(ctx: WorkflowContext, params: int) -> int:
+        return params
+
+    @workflow(name="dash_api_parent")
+    async def parent(ctx: WorkflowContext, params: int) -> list[int]:
+        return await ctx.gather_children([(kid, i) for i in range(params)],
+                                         max_concurrency=params)
+
+    store = SQLiteStore(str(tmp_path / "store.db"))
+    runner = InlineWorkflowRunner(store=store, cloud=False)
+    try:
+        run = await runner.client.submit("dash_api_parent", 53)
+        await runner.run(run.name, run.run_id)  # starts its 53 children, then parks
+        journal = await runner.client.events(run.run_id)
+        started = [str(item[1]) for e in journal if e["type"] == "child:started"
+                   for item in e.get("children") or ()]
+        assert len(started) == 53
+        await runner.run("dash_api_kid", started[1])  # one child ended, the rest queued
+        async with _http(store) as http:
+            shown = (await http.get(f"/runs/dashboard/api/runs/{run.run_id}")).json()
+            assert shown["parent_id"] is None
+            assert [c["run_id"] for c in shown["children"]] == started[:50]
+            assert {c["name"] for c in shown["children"]} == {"dash_api_kid"}
+            assert [c["status"] for c in shown["children"][:3]] == [
+                "queued", "completed", "queued"]
+            assert shown["more_children"] == 3
+            child = (await http.get(f"/runs/dashboard/api/runs/{started[1]}")).json()
+            assert child["parent_id"] == run.run_id
+            assert child["children"] == [] and child["more_children"] == 0
+    finally:
+        await runner.aclose()

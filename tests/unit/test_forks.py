@@ -4,6 +4,7 @@ attempts."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -68,3 +69,52 @@ def test_a_forks_key_names_the_run_and_call() -> None:
     assert forked_from(key) == ("run:with:colons", 3)
     assert key != point.key(), "each fork is a run of its own"
     assert forked_from("retry:abc") is None and forked_from(None) is None
+
+
+def test_a_key_that_only_starts_like_a_forks_is_no_fork() -> None:
+    for key in ("fork:", "fork:nope", "fork:r:x:n", "fork:r:3", "fork:r:3:n:m", "fork:r:٣:n"):
+        assert forked_from(key) is None, key
+    assert forked_from("fork:r:3:") == ("r", 3)
+
+
+async def test_runs_show_says_which_run_and_call_a_forks_first_attempt_was_forked_from(
+    tmp_path: Any,
+) -> None:
+    from click.testing import CliRunner
+
+    from pyrula.cli.runs import runs
+    from pyrula.workflows import InlineWorkflowRunner, SQLiteStore, step, workflow
+
+    @step(name="forks_cli.one")
+    def one() -> int:
+        return 1
+
+    @step(name="forks_cli.two")
+    def two() -> int:
+        return 2
+
+    @workflow(name="forks_cli.flow")
+    async def flow(ctx: Any, params: Any) -> Any:
+        return await one() + await two()
+
+    path = tmp_path / "store.db"
+    runner = InlineWorkflowRunner(store=SQLiteStore(str(path)), cloud=False)
+    try:
+        run = await runner.client.submit("forks_cli.flow", None)
+        await runner.run(run.name, run.run_id)
+        fork = await runner.client.fork(run.run_id, from_step="forks_cli.two")
+        await runner.run(fork.name, fork.run_id)
+        call = next(e["call"] for e in await runner.client.events(run.run_id)
+                    if e.get("step") == "forks_cli.two")
+    finally:
+        await runner.aclose()
+    store = f"sqlite:///{path}"
+    shown = CliRunner().invoke(runs, ["show", fork.run_id, "--store", store])
+    assert shown.exit_code == 0, shown.output
+    (line,) = [line for line in shown.output.splitlines() if "attempt 1" in line]
+    assert line.endswith(f", forked from {run.run_id} at call {call}")
+    shown = CliRunner().invoke(runs, ["show", run.run_id, "--store", store])
+    assert "forked from" not in shown.output
+    as_json = CliRunner().invoke(runs, ["show", fork.run_id, "--store", store, "--json"])
+    (attempt,) = [e for e in json.loads(as_json.output)["timeline"] if e["kind"] == "attempt"]
+    assert (attempt["forked_from"], attempt["from_call"]) == (run.run_id, call)

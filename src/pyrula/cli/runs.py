@@ -254,7 +254,7 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
     events = runs_client.events(run_id)
     steps = timeline(events)
     retries = retries_of(info)
-    kin = family_of(runs_client, info, events)
+    kin = family_of(runs_client, events)
     if as_json:
         print_json({**info_dict(info), "retries": retries, "timeline": steps,
                     "parent_id": info.parent_id, "children": kin})
@@ -289,26 +289,14 @@ def show_command(run_id: str, as_json: bool, store: str | None, namespace: str |
             click.echo(f"  {line}")
 
 
-#: The most children ``runs show`` looks up one by one (the rest are counted).
-SHOWN_CHILDREN = 50
+def family_of(runs_client: Any, events: list[Any]) -> list[dict[str, Any]]:
+    """The children the run's journal records starting (``children_of``, which the
+    dashboard's run page reads too)."""
+    from pyrula.workflows.family import children_of
 
-
-def family_of(runs_client: Any, info: Any, events: list[Any]) -> list[dict[str, Any]]:
-    """The children the run's journal records starting: id, workflow, status (looked up
-    for the first ``SHOWN_CHILDREN``)."""
-    from pyrula.workflows.children import started_children
-    from pyrula.workflows.errors import WorkflowNotFound
-
-    found = []
-    for n, (child_id, name, _) in enumerate(started_children(events)):
-        status = None
-        if n < SHOWN_CHILDREN:
-            try:
-                status = runs_client.get(child_id).status.value
-            except WorkflowNotFound:
-                status = "missing"
-        found.append({"run_id": child_id, "name": name, "status": status})
-    return found
+    kin: list[dict[str, Any]] = store_call(runs_client.store,
+                                           children_of(runs_client.store, events))
+    return kin
 
 
 def echo_family(info: Any, kin: list[dict[str, Any]]) -> None:
@@ -321,6 +309,8 @@ def echo_family(info: Any, kin: list[dict[str, Any]]) -> None:
         click.echo(f"  parent {info.parent_id}")
         indent = "    "
     click.echo(f"{indent}└─ {info.run_id} {info.name} ({info.status.value})  <- this run")
+    from pyrula.workflows.family import SHOWN_CHILDREN
+
     lines = [f"{child['run_id']} {child['name']} ({child['status'] or '?'})"
              for child in kin[:SHOWN_CHILDREN]]
     if len(kin) > SHOWN_CHILDREN:

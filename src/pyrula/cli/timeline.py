@@ -74,7 +74,9 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
 
     * ``attempt``: ``attempt``, ``at``, ``worker``, ``after`` (None for the first, else
       ``requeued: <reason>``, with how the process died where the fleet recorded it),
-      ``evidence`` (that record: pid, exit signal, RSS...; None without one);
+      ``evidence`` (that record: pid, exit signal, RSS...; None without one),
+      ``forked_from`` and ``from_call`` (a fork's first attempt: the run and call it was
+      forked from; else None);
     * ``step``: ``name``, ``call``, ``attempts`` (tries), ``started``, ``finished``,
       ``outcome`` (``completed``, ``failed``, ``retrying`` or ``running``);
     * ``parked``: ``why``, ``from``, ``until`` (None while still parked), ``seconds``;
@@ -95,7 +97,8 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
         placed.append((attempt.index, {
             "kind": EntryKind.ATTEMPT, "attempt": attempt.number,
             "at": iso(attempt.start, precise=True), "worker": attempt.worker, "after": after,
-            "evidence": evidence,
+            "evidence": evidence, "forked_from": attempt.forked_from,
+            "from_call": attempt.from_call,
         }))
         previous = attempt
     steps: dict[int, dict[str, Any]] = {}
@@ -136,7 +139,10 @@ def describe(entry: dict[str, Any]) -> str:
     """One line of the timeline for people."""
     if entry["kind"] == EntryKind.ATTEMPT:
         after = f" ({entry['after']})" if entry["after"] else ""
-        return f"{entry['at']}  attempt {entry['attempt']}{after} on {entry['worker']}"
+        line = f"{entry['at']}  attempt {entry['attempt']}{after} on {entry['worker']}"
+        if entry.get("forked_from") is not None:
+            line += f", forked from {entry['forked_from']} at call {entry['from_call']}"
+        return line
     if entry["kind"] == EntryKind.STEP:
         tries = "try" if entry["attempts"] == 1 else "tries"
         ended = f" -> {entry['finished']}" if entry["finished"] else ""

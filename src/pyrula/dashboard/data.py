@@ -3,7 +3,8 @@
 Store and client calls only (the fleet's supervisor serves these, and must not load the
 engine or the worker): the runs list by keyset pages as ``RunRouter`` pages it, a run
 with its journal worded by ``pyrula.cli.timeline`` (the reader ``pyrula runs show``
-uses), the stuck runs ``pyrula runs stuck`` lists, the queues, the shard map.
+uses) and its family as ``pyrula.workflows.family.children_of`` lists it (``runs show``
+too), the stuck runs ``pyrula runs stuck`` lists, the queues, the shard map.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from pyrula.cli.timeline import EntryKind, timeline
 from pyrula.timestamps import epoch_of, iso_utc, iso_utc_or_none
 from pyrula.workflows.client import WorkflowClient
+from pyrula.workflows.family import SHOWN_CHILDREN, children_of
 from pyrula.workflows.projections import head_document
 from pyrula.workflows.records import RunInfo, RunStatus
 from pyrula.workflows.stores.capabilities import capabilities_of
@@ -96,7 +98,9 @@ class DashboardData:
         return page
 
     async def run(self, run_id: str) -> dict[str, Any]:
-        """A run, its journal as a timeline and the runs it retries or that retry it."""
+        """A run, its journal as a timeline, the run it retries, and its family: its
+        parent's id and the first ``SHOWN_CHILDREN`` children it started (id, workflow,
+        status), with ``more_children`` counting the rest."""
         info = await self._bounded(self.client.get(run_id))
         events = await self._bounded(self.client.events(run_id))
         row = run_row(info)
@@ -104,6 +108,9 @@ class DashboardData:
                    interrupt=info.interrupt, wake_at=iso_utc_or_none(info.wake_at),
                    idempotency_key=info.idempotency_key,
                    events=len(events), timeline=timeline_entries(events))
+        kin = await self._bounded(children_of(self.store, events))
+        row.update(parent_id=info.parent_id, children=kin[:SHOWN_CHILDREN],
+                   more_children=max(0, len(kin) - SHOWN_CHILDREN))
         return row
 
     async def stuck(self) -> list[dict[str, Any]]:

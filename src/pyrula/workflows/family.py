@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from pyrula.workflows.children import children_to_cancel
+from pyrula.workflows.children import children_to_cancel, started_children
 from pyrula.workflows.errors import RunNotActive, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows.events import CHILD_SIGNAL, Event, EventType, parent_of_key
 from pyrula.workflows.records import RunInfo, RunStatus
@@ -38,6 +38,30 @@ class KinStore(Protocol):
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]: ...
 
     async def get_run(self, run_id: str) -> RunInfo | None: ...
+
+
+#: The most children a run's family looks up one by one (``pyrula runs show``, the
+#: dashboard's run page); the rest are listed without their status, or counted.
+SHOWN_CHILDREN = 50
+
+
+class RunReader(Protocol):
+    async def get_run(self, run_id: str) -> RunInfo | None: ...
+
+
+async def children_of(store: RunReader, journal: Iterable[Event],
+                      shown: int = SHOWN_CHILDREN) -> list[dict[str, Any]]:
+    """The children ``journal`` records starting, in the order they were started: each
+    one's ``run_id``, workflow ``name`` and ``status`` (looked up for the first ``shown``,
+    None past them; ``"missing"`` for one the store no longer holds)."""
+    found: list[dict[str, Any]] = []
+    for n, (child_id, name, _) in enumerate(started_children(journal)):
+        status = None
+        if n < shown:
+            info = await store.get_run(child_id)
+            status = "missing" if info is None else info.status.value
+        found.append({"run_id": child_id, "name": name, "status": status})
+    return found
 
 
 def parent_of(journal: Sequence[Event]) -> str | None:

@@ -16,6 +16,7 @@ journal and appends to the fork's through the store it is given.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,12 +77,17 @@ def fork_point(run_id: str, events: Sequence[Event], from_step: str | int) -> Fo
                      f"(its steps: {names})")
 
 
+#: A fork's key, ``fork:<run id>:<call>:<nonce>`` (claim.lua matches the same pattern on
+#: Valkey, for a fork's first ``run:started``).
+_FORK_KEY = re.compile(r"fork:(.+):(\d+):[^:]*", re.ASCII | re.DOTALL)
+
+
 def forked_from(key: Any) -> tuple[str, int] | None:
-    """The run and call a fork's idempotency key names; None for another key."""
-    if not isinstance(key, str) or not key.startswith(FORK_KEY_PREFIX):
-        return None
-    run_id, call, _nonce = key[len(FORK_KEY_PREFIX):].rsplit(":", 2)
-    return run_id, int(call)
+    """The run and call a fork's idempotency key names; None for another key, one that
+    only starts like a fork's included (a client's own key: no claim or attempt fails
+    on it)."""
+    found = _FORK_KEY.fullmatch(key) if isinstance(key, str) else None
+    return None if found is None else (found[1], int(found[2]))
 
 
 def fork_copy(events: Sequence[Event], call: int) -> list[Event]:

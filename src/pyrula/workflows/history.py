@@ -84,6 +84,10 @@ class Attempt:
     #: a quarantine's ``run:error``), in journal order.
     notes: list[Event] = field(default_factory=list)
     closed: bool = False
+    #: A fork's first attempt: the run it was forked from and the call (from its
+    #: ``run:started``), else None.
+    forked_from: str | None = None
+    from_call: int | None = None
 
 
 @dataclass(slots=True)
@@ -139,8 +143,11 @@ def read_history(events: Sequence[Event]) -> History:
             h.workflow = event.get("name")
             h.submitted = ts
         elif kind == EventType.RUN_STARTED:
-            h.attempts.append(Attempt(event.get("attempt"), event.get("worker"), index, ts, ts,
-                                      after=requeued))
+            origin = event.get("forked_from")
+            h.attempts.append(Attempt(
+                event.get("attempt"), event.get("worker"), index, ts, ts, after=requeued,
+                forked_from=None if origin is None else str(origin),
+                from_call=None if origin is None else int(event.get("from_call") or 0)))
             requeued = None
         elif kind == EventType.RUN_REQUEUED:
             requeued = str(event.get("reason", "unknown"))

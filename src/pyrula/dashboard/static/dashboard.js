@@ -361,6 +361,11 @@
     if (run.retries) {
       tbody.appendChild(el("tr", null, el("td", { text: "retries" }), el("td", null, runLink(run.retries))));
     }
+    if (run.parent_id) {
+      tbody.appendChild(el("tr", { "data-parent": run.parent_id }, el("td", { text: "parent" }),
+        el("td", null, runLink(run.parent_id))));
+    }
+    drawChildren(run);
     $("run-params").textContent = JSON.stringify(run.params, null, 2);
     var failed = run.error !== null && run.error !== undefined;
     $("run-outcome-title").textContent = failed ? "Error" : "Result";
@@ -369,7 +374,21 @@
     drawTimeline(run);
   }
 
-  // A run's error as a reader wants it: the one-line cause, its traceback as lines of
+  // The children the run started (the first 50; the rest counted), each linked to its page.
+  function drawChildren(run) {
+    var children = run.children || [];
+    var more = run.more_children || 0;
+    $("run-family").hidden = !children.length && !more;
+    fill($("run-children").tBodies[0], children.map(function (c) {
+      return el("tr", { "data-child": c.run_id }, el("td", null, runLink(c.run_id)),
+        el("td", { text: c.name }), el("td", null, c.status ? pill(c.status) : "-"));
+    }), "no children", 3);
+    var rest = $("run-more-children");
+    rest.hidden = !more;
+    rest.textContent = more ? "… and " + more + " more " + (more === 1 ? "child" : "children") : "";
+  }
+
+    // A run's error as a reader wants it: the one-line cause, its traceback as lines of
   // text (not one escaped JSON string), then whatever else its detail holds.
   function errorText(error) {
     var detail = Object.assign({}, error.detail || {});

@@ -168,7 +168,8 @@ class MemoryQueue:
         run.lock_expires = now + lock_ttl
         if run.started_at is None:
             run.started_at = now
-        run.append([started_event(now, run.attempt, worker_id, build)], now)
+        run.append([started_event(now, run.attempt, worker_id, build, run.idempotency_key)],
+                   now)
         return ClaimedRun(
             run_id=run.run_id,
             name=run.name,

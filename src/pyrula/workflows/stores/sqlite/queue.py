@@ -235,14 +235,15 @@ def _take(
         "started_at=COALESCE(started_at, ?), queue_seq=NULL, limit_line=NULL, limit_seq=NULL, "
         "journal_len=journal_len+1, updated_at=? WHERE run_id=? RETURNING name, params, owner, "
         "attempt, journal_len, parked_seq, start_id, created_at, crashes, suspect_seq, "
-        "limit_conc, limit_rate",
+        "limit_conc, limit_rate, idempotency_key",
         (worker_id, now + lock_ttl, now, now, run_id),
     ).fetchone()
     if row is None:
         raise WorkflowNotFound(f"no run with id {run_id!r}")
     (name, params, owner, attempt, length, base, start_id, created_at, crashes, suspect,
-     conc, rate) = row
-    insert_events(conn, run_id, length - 1, [started_event(now, attempt, worker_id, build)])
+     conc, rate, idem) = row
+    insert_events(conn, run_id, length - 1,
+                  [started_event(now, attempt, worker_id, build, idem)])
     values: Any = None
     journal: list[Event] = []
     corrupt: JournalCorrupt | None = None

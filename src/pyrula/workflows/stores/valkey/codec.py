@@ -75,7 +75,7 @@ def implied_of(fields: Mapping[str, str]) -> Callable[[int], Event]:
                                   fields.get("owner", ""), fields["created_at"],
                                   fields.get("idem", ""), fields.get("predecessor", ""))
         return started_event(float(fields["started_at"]), 1, fields["w1"],
-                             fields.get("b1") or None)
+                             fields.get("b1") or None, fields.get("idem") or None)
 
     return build
 

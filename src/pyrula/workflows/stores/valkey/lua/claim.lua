@@ -22,9 +22,14 @@ local function take(base, id, worker, now, expires, build)
   redis.call('HSET', run, unpack(fields))
   local from = tonumber(f[6] or '0')
   if not journal then
-    redis.call('RPUSH', jnlk(base, id),
-      event('run:started', now, {attempt = attempt, worker = worker,
-        build = build ~= '' and build or nil}))
+    local started = {attempt = attempt, worker = worker, build = build ~= '' and build or nil}
+    if attempt == 1 and f[9] then
+      -- A fork's first run:started names its origin, from its key fork:<run>:<call>:<nonce>
+      -- (as common.started_event does, and codec.implied_of for an implied one).
+      local origin, call = string.match(f[9], '^fork:(.+):(%d+):[^:]*$')
+      if origin then started.forked_from = origin; started.from_call = tonumber(call) end
+    end
+    redis.call('RPUSH', jnlk(base, id), event('run:started', now, started))
     journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   end
   return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or '',
