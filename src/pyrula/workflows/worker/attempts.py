@@ -309,8 +309,10 @@ class AttemptRunner:
         workflow was not imported): compute them and hand them to the store. True if the
         run must not go on here: over its limit, it went back to its key's line; or its
         key function failed, and the run fails (code ``limit_key_failed``)."""
+        if claimed.limit_keys is not None or spec.limits is None:
+            return False  # every run of a workflow without limits: nothing more to read
         limits = capabilities_of(self._p.store).limits
-        if claimed.limit_keys is not None or spec.limits is None or limits is None:
+        if limits is None:
             return False
         try:
             keys = spec.limit_keys(claimed.params)
