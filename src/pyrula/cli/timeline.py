@@ -20,7 +20,7 @@ from typing import Any
 
 from pyrula.timestamps import iso_utc
 from pyrula.workflows.events import Event
-from pyrula.workflows.history import read_history
+from pyrula.workflows.history import History, read_history
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,45 @@ def death(evidence: dict[str, Any]) -> str:
     return f"{worker + ' ' if worker else 'its worker '}died: {', '.join(facts)}"
 
 
+def _attempt_entries(history: History) -> list[tuple[int, dict[str, Any]]]:
+    """An ``attempt`` entry per attempt, at its ``run:started``."""
+    placed: list[tuple[int, dict[str, Any]]] = []
+    previous = None
+    for attempt in history.attempts:
+        after = None if attempt.after is None else f"requeued: {attempt.after}"
+        found: Any = previous.requeue.get("detail") if previous and previous.requeue else None
+        evidence: dict[str, Any] | None = dict(found) if isinstance(found, dict) else None
+        if after is not None and evidence:
+            after += f"; {death(evidence)}" if death(evidence) else ""
+        placed.append((attempt.index, {
+            "kind": EntryKind.ATTEMPT, "attempt": attempt.number,
+            "at": iso(attempt.start, precise=True), "worker": attempt.worker, "after": after,
+            "evidence": evidence, "forked_from": attempt.forked_from,
+            "from_call": attempt.from_call,
+        }))
+        previous = attempt
+    return placed
+
+
+def _step_entries(history: History) -> list[tuple[int, dict[str, Any]]]:
+    """A ``step`` entry per step call (its tries counted), at its first try."""
+    placed: list[tuple[int, dict[str, Any]]] = []
+    steps: dict[int, dict[str, Any]] = {}
+    for tried in history.tries:
+        step = steps.get(tried.call)
+        if step is None:
+            step = steps[tried.call] = {
+                "kind": EntryKind.STEP, "name": tried.name, "call": tried.call, "attempts": 0,
+                "started": iso(tried.start, precise=True), "finished": None,
+            }
+            placed.append((tried.index, step))
+        step["attempts"] += 1
+        step["outcome"] = StepOutcome(tried.outcome)
+        if tried.end is not None:
+            step["finished"] = iso(tried.end, precise=True)
+    return placed
+
+
 def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
     """The entries of the run's timeline in journal order, each a dict with ``kind``:
 
@@ -86,34 +125,7 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
       ``at``: the run is a fork, seeded with what that run recorded before that step.
     """
     history = read_history(events)
-    placed: list[tuple[int, dict[str, Any]]] = []
-    previous = None
-    for attempt in history.attempts:
-        after = None if attempt.after is None else f"requeued: {attempt.after}"
-        found: Any = previous.requeue.get("detail") if previous and previous.requeue else None
-        evidence: dict[str, Any] | None = dict(found) if isinstance(found, dict) else None
-        if after is not None and evidence:
-            after += f"; {death(evidence)}" if death(evidence) else ""
-        placed.append((attempt.index, {
-            "kind": EntryKind.ATTEMPT, "attempt": attempt.number,
-            "at": iso(attempt.start, precise=True), "worker": attempt.worker, "after": after,
-            "evidence": evidence, "forked_from": attempt.forked_from,
-            "from_call": attempt.from_call,
-        }))
-        previous = attempt
-    steps: dict[int, dict[str, Any]] = {}
-    for tried in history.tries:
-        step = steps.get(tried.call)
-        if step is None:
-            step = steps[tried.call] = {
-                "kind": EntryKind.STEP, "name": tried.name, "call": tried.call, "attempts": 0,
-                "started": iso(tried.start, precise=True), "finished": None,
-            }
-            placed.append((tried.index, step))
-        step["attempts"] += 1
-        step["outcome"] = StepOutcome(tried.outcome)
-        if tried.end is not None:
-            step["finished"] = iso(tried.end, precise=True)
+    placed = _attempt_entries(history) + _step_entries(history)
     for park in history.parks:
         placed.append((park.index, {
             "kind": EntryKind.PARKED, "why": park.why, "from": iso(park.start, precise=True),

@@ -120,6 +120,26 @@ class History:
         return "queued"
 
 
+def _attempt(event: Event, index: int, ts: float, requeued: str | None) -> Attempt:
+    """The attempt a ``run:started`` begins (``requeued``: why the last one ended)."""
+    origin = event.get("forked_from")
+    return Attempt(event.get("attempt"), event.get("worker"), index, ts, ts, after=requeued,
+                   forked_from=None if origin is None else str(origin),
+                   from_call=None if origin is None else int(event.get("from_call") or 0))
+
+
+def _end_try(step: StepTry | None, event: Event, ts: float) -> None:
+    """Close the open try ``step`` (None: none was open) with its outcome ``event``."""
+    if step is None:
+        return
+    step.end = ts
+    if event.get("type") == EventType.STEP_COMPLETED:
+        step.outcome = "completed"
+    else:
+        step.outcome = "retrying" if event.get("will_retry") else "failed"
+        step.error = {"type": event.get("error_type"), "message": event.get("message")}
+
+
 def read_history(events: Sequence[Event]) -> History:
     """The history of the run whose journal is ``events`` (a prefix of it reads as the run
     so far: what has not ended yet has ``end`` None, or for an attempt its last event)."""
@@ -143,11 +163,7 @@ def read_history(events: Sequence[Event]) -> History:
             h.workflow = event.get("name")
             h.submitted = ts
         elif kind == EventType.RUN_STARTED:
-            origin = event.get("forked_from")
-            h.attempts.append(Attempt(
-                event.get("attempt"), event.get("worker"), index, ts, ts, after=requeued,
-                forked_from=None if origin is None else str(origin),
-                from_call=None if origin is None else int(event.get("from_call") or 0)))
+            h.attempts.append(_attempt(event, index, ts, requeued))
             requeued = None
         elif kind == EventType.RUN_REQUEUED:
             requeued = str(event.get("reason", "unknown"))
@@ -161,15 +177,7 @@ def read_history(events: Sequence[Event]) -> History:
             h.tries.append(started)
             open_tries[call] = started
         elif kind in (EventType.STEP_COMPLETED, EventType.STEP_FAILED):
-            step = open_tries.pop(int(event.get("call", 0)), None)
-            if step is None:
-                continue
-            step.end = ts
-            if kind == EventType.STEP_COMPLETED:
-                step.outcome = "completed"
-            else:
-                step.outcome = "retrying" if event.get("will_retry") else "failed"
-                step.error = {"type": event.get("error_type"), "message": event.get("message")}
+            _end_try(open_tries.pop(int(event.get("call", 0)), None), event, ts)
         elif kind in (EventType.RUN_SLEEPING, EventType.RUN_WAITING):
             park = Park("waiting" if kind == EventType.RUN_WAITING else "sleeping",
                         why_parked(event), index, ts, event)

@@ -151,17 +151,9 @@ class _Bench:
         tasks: list[asyncio.Task[None]] = []
         killer: Killer | None = None
         upgrader: Upgrader | None = None
-        final_status: dict[str, Any] | None = None
-        started = time.perf_counter()
 
         def background(coro: Coroutine[Any, Any, None]) -> None:
-            async def guarded() -> None:
-                try:
-                    await coro
-                except BenchError as exc:
-                    load.abandon(str(exc).splitlines()[0], exc)
-
-            tasks.append(asyncio.create_task(guarded()))
+            tasks.append(asyncio.create_task(_guarded(load, coro)))
 
         def begin() -> float:
             nonlocal killer, upgrader
@@ -190,10 +182,7 @@ class _Bench:
                 raise load.fatal
             commands_after = await self._commands()
             final_status = await _final_status(fleet)
-            try:
-                journals: Journals | None = await read_journals(load)
-            except StoreUnavailable:
-                journals = None  # the report goes on without the shares
+            journals = await _journals(load)
         finally:
             stop.set()
             for task in tasks:
@@ -399,6 +388,23 @@ def _note(config: BenchConfig) -> str:
         how = ("fleet start-up is included; runs were all queued before it started, so "
                "latency is mostly the time they queued")
     return how
+
+
+async def _guarded(load: Load, coro: Coroutine[Any, Any, None]) -> None:
+    """Run a background part of the load; a BenchError it raises abandons the load."""
+    try:
+        await coro
+    except BenchError as exc:
+        load.abandon(str(exc).splitlines()[0], exc)
+
+
+async def _journals(load: Load) -> Journals | None:
+    """The load's journals, for the shares; None when the store does not answer (the
+    report goes on without them)."""
+    try:
+        return await read_journals(load)
+    except StoreUnavailable:
+        return None
 
 
 async def _final_status(fleet: Fleet) -> dict[str, Any] | None:
