@@ -154,10 +154,13 @@ async def test_a_forks_first_run_started_names_the_run_and_call_it_was_forked_fr
     assert (await runner.client.get(fork.run_id)).status is RunStatus.COMPLETED
     events = await runner.client.events(fork.run_id)
     first, second = _started(events)
-    assert (first["attempt"], first["forked_from"], first["from_call"]) == (1, done, 2)
+    assert (first["attempt"], first["forked_from"], first["from_call"], first["from_step"]) \
+        == (1, done, 2, "forks.reserve")
     assert second["attempt"] == 2 and "forked_from" not in second and "from_call" not in second
+    assert "from_step" not in second
     lines = [describe(entry) for entry in timeline(events) if entry["kind"] == "attempt"]
-    assert lines[0].endswith(f"attempt 1 on {first['worker']}, forked from {done} at call 2")
+    assert lines[0].endswith(f"attempt 1 on {first['worker']}, forked from {done} at step "
+                             "forks.reserve (call 2)")
     assert "forked from" not in lines[1]
 
     # A fork signalled before its first claim: that claim writes its run:started after
@@ -169,7 +172,8 @@ async def test_a_forks_first_run_started_names_the_run_and_call_it_was_forked_fr
     assert [e["type"] for e in journal[:3]] == ["run:submitted", "signal:received",
                                                 "run:started"]
     (started,) = _started(journal)
-    assert (started["forked_from"], started["from_call"]) == (done, 4)
+    assert (started["forked_from"], started["from_call"], started["from_step"]) == (
+        done, 4, "forks.charge")
 
     # A client's own key that only looks like a fork's is no fork, and no claim fails on it.
     for key in ("fork:nope", "fork:r:x:n"):
@@ -178,3 +182,30 @@ async def test_a_forks_first_run_started_names_the_run_and_call_it_was_forked_fr
         await runner.run(other.name, other.run_id)
         (started,) = _started(await runner.client.events(other.run_id))
         assert "forked_from" not in started
+
+
+# Step names a fork's key carries in hex, and keys whose tail only looks like one (bad hex,
+# upper case, odd length, bytes that are no UTF-8: an overlong form, a surrogate, past
+# U+10FFFF): every store's claim reads them as forks.fork_origin does.
+_LOOKALIKES = (
+    *(f"fork:r:3:n.{name.encode().hex()}" for name in ("a", "café ☕", "𝄞 \"q\"", "x:y.z")),
+    "fork:r:3:n", "fork:r:3:n.", "fork:r:3:n.abc", "fork:r:3:n.AB", "fork:r:3:n.6g",
+    "fork:r:3:n.ff", "fork:r:3:n.c0af", "fork:r:3:n.eda080", "fork:r:3:n.f4908080",
+    "fork:r:3:n.e080af", "fork:r:3:a.b.6161", "fork:r:3:.6161",
+)
+
+
+async def test_every_store_reads_the_step_of_a_forks_key_as_the_code_does(
+    runner: InlineWorkflowRunner,
+) -> None:
+    from pyrula.workflows.forks import fork_origin
+
+    store = runner.store
+    for n, key in enumerate(_LOOKALIKES):
+        handle, _ = await store.submit("forks.order", {"sku": "f6"}, now=1000.0 + n,
+                                       owner=None, idempotency_key=key)
+        assert await store.claim_run(handle.run_id, "w", now=1000.0 + n, lock_ttl=30.0)
+        (started,) = _started(await store.read_events(handle.run_id))
+        written = {k: started[k] for k in ("forked_from", "from_call", "from_step")
+                   if k in started}
+        assert written == fork_origin(key), key

@@ -117,6 +117,9 @@ class Query:
 
 @dataclass(frozen=True)
 class Scenario:
+    """``fork``: the recorded run is a fork (``client.fork``) of a run of the workflow
+    with ``params``, taken to its end by ``fork.actions``; None: the run is submitted."""
+
     name: str
     doc: str
     workflow: str
@@ -127,6 +130,17 @@ class Scenario:
     failures: Mapping[str, int] = field(default_factory=dict)
     #: Other workflows the run needs served (its child workflows).
     also: tuple[str, ...] = ()
+    fork: Fork | None = None
+
+
+@dataclass(frozen=True)
+class Fork:
+    """Record a fork from step ``from_step`` (with ``params`` instead of the run's if
+    given) of a run that ``actions`` took to its end."""
+
+    actions: tuple[Action, ...]
+    from_step: str | int
+    params: Any = None
 
 
 # --- loading a recorded run in flight into a store ------------------------------------
@@ -192,7 +206,7 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
 
     for event in rest:
         type_, now = event["type"], event["ts"]
-        if "call" in event or type_ == "update:applied":  # written by the engine
+        if "call" in event or type_ in ("update:applied", "run:forked"):  # by the engine
             pending.append(event)
             continue
         await write_pending()

@@ -65,6 +65,11 @@ async def record(scenario: Scenario) -> dict[str, Any]:
     runner.worker_id = "golden-recorder"  # stable files: the host and pid are not news
     try:
         run = await runner.client.submit(scenario.workflow, scenario.params)
+        if scenario.fork is not None:
+            for action in scenario.fork.actions:
+                await action(runner, clock, run.run_id)
+            run = await runner.client.fork(run.run_id, from_step=scenario.fork.from_step,
+                                           params=scenario.fork.params)
         for action in scenario.to_frontier:
             await action(runner, clock, run.run_id)
         frontier = await runner.client.get(run.run_id)
@@ -168,7 +173,8 @@ def test_every_golden_journal_belongs_to_a_scenario(golden_files: None) -> None:
 
 
 def test_the_journals_pin_runs_in_flight(golden_files: None) -> None:
-    """The set covers a sleep, a signal wait, a retry backoff, an interrupt and a due timer."""
+    """The set covers a sleep, a signal wait, a retry backoff, an interrupt, a due timer
+    and a fork."""
     frontiers = {}
     for name in SCENARIOS:
         for path in _files(name):
@@ -182,6 +188,18 @@ def test_the_journals_pin_runs_in_flight(golden_files: None) -> None:
     assert frontiers["fanout_interrupted"] == ("waiting", "run:waiting", None)
     assert frontiers["counter_sleeping"] == ("sleeping", "run:sleeping", None)
     assert frontiers["tally_updated"] == ("waiting", "update:applied", None)
+    assert frontiers["fork_sleeping"] == ("sleeping", "run:sleeping", None)
+
+
+def test_the_fork_journal_pins_a_forks_origin(golden_files: None) -> None:
+    """A fork's first run:started and its run:forked name the run, call and step."""
+    golden = json.loads((JOURNALS / "fork_sleeping.json").read_text(encoding="utf-8"))
+    started, forked = golden["frontier"]["journal"][1:3]
+    assert (started["type"], forked["type"]) == ("run:started", "run:forked")
+    assert started["forked_from"] == forked["from_run"]
+    assert (started["from_call"], started["from_step"]) == (2, "golden.charge")
+    assert (forked["from_call"], forked["from_step"], forked["reused"]) == (
+        2, "golden.charge", 1)
 
 
 def test_the_patch_journals_pin_both_sides_of_a_patch(golden_files: None) -> None:

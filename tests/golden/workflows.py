@@ -17,6 +17,7 @@ from typing import Any
 from pyrula.workflows import WorkflowContext, step, workflow
 from tests.golden.harness import (
     Drain,
+    Fork,
     Query,
     Resume,
     Run,
@@ -238,6 +239,16 @@ SCENARIOS = {
             workflow="golden.patch_deprecated", params=TICKS,
             to_frontier=(Run(),),
             to_end=(Timers(60), Run()),
+        ),
+        Scenario(
+            name="fork_sleeping",
+            doc="a fork from the second step, with new params, of a run that ended; it "
+                "reused the first step, ran the second and parked in the sleep",
+            workflow="golden.order", params=ORDER,
+            fork=Fork(actions=(Run(), Timers(3600), Run()), from_step="golden.charge",
+                      params={**ORDER, "amount": 25.0}),
+            to_frontier=(Run(),),
+            to_end=(Timers(3600), Run()),
         ),
         Scenario(
             name="tally_updated",

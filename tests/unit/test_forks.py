@@ -8,8 +8,17 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from pyrula.workflows.forks import fork_copy, fork_point, forked_from, step_calls
+from pyrula.workflows.forks import (
+    ForkPoint,
+    fork_copy,
+    fork_origin,
+    fork_point,
+    forked_from,
+    step_calls,
+)
 
 Event = dict[str, Any]
 
@@ -63,10 +72,12 @@ def test_a_fork_past_a_wait_copies_the_signal_it_took() -> None:
     assert "run:started" not in [e["type"] for e in copy]
 
 
-def test_a_forks_key_names_the_run_and_call() -> None:
+def test_a_forks_key_names_the_run_call_and_step() -> None:
     point = fork_point("run:with:colons", GATHERED, "sms")
     key = point.key()
     assert forked_from(key) == ("run:with:colons", 3)
+    assert fork_origin(key) == {"forked_from": "run:with:colons", "from_call": 3,
+                                "from_step": "sms"}
     assert key != point.key(), "each fork is a run of its own"
     assert forked_from("retry:abc") is None and forked_from(None) is None
 
@@ -77,7 +88,19 @@ def test_a_key_that_only_starts_like_a_forks_is_no_fork() -> None:
     assert forked_from("fork:r:3:") == ("r", 3)
 
 
-async def test_runs_show_says_which_run_and_call_a_forks_first_attempt_was_forked_from(
+@given(st.text(min_size=1))
+def test_any_step_name_comes_back_from_a_forks_key(name: str) -> None:
+    key = ForkPoint("r:1", 7, name).key()
+    assert fork_origin(key) == {"forked_from": "r:1", "from_call": 7, "from_step": name}
+
+
+def test_a_key_made_before_steps_were_named_or_a_clients_look_alike_names_no_step() -> None:
+    for key in ("fork:r:3:0123456789ab", "fork:r:3:n.", "fork:r:3:n.abc", "fork:r:3:n.AB",
+                "fork:r:3:n.ff", "fork:r:3:n.eda080", "fork:r:3:a.b.6161", "fork:r:3:n.6g"):
+        assert fork_origin(key) == {"forked_from": "r", "from_call": 3}, key
+
+
+async def test_runs_show_says_which_run_and_step_a_forks_first_attempt_was_forked_from(
     tmp_path: Any,
 ) -> None:
     from click.testing import CliRunner
@@ -112,7 +135,7 @@ async def test_runs_show_says_which_run_and_call_a_forks_first_attempt_was_forke
     shown = CliRunner().invoke(runs, ["show", fork.run_id, "--store", store])
     assert shown.exit_code == 0, shown.output
     (line,) = [line for line in shown.output.splitlines() if "attempt 1" in line]
-    assert line.endswith(f", forked from {run.run_id} at call {call}")
+    assert line.endswith(f", forked from {run.run_id} at step forks_cli.two (call {call})")
     shown = CliRunner().invoke(runs, ["show", run.run_id, "--store", store])
     assert "forked from" not in shown.output
     as_json = CliRunner().invoke(runs, ["show", fork.run_id, "--store", store, "--json"])

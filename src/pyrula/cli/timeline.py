@@ -83,7 +83,7 @@ def _attempt_entries(history: History) -> list[tuple[int, dict[str, Any]]]:
             "kind": EntryKind.ATTEMPT, "attempt": attempt.number,
             "at": iso(attempt.start, precise=True), "worker": attempt.worker, "after": after,
             "evidence": evidence, "forked_from": attempt.forked_from,
-            "from_call": attempt.from_call,
+            "from_call": attempt.from_call, "from_step": attempt.from_step,
         }))
         previous = attempt
     return placed
@@ -114,8 +114,8 @@ def timeline(events: Sequence[Event]) -> list[dict[str, Any]]:
     * ``attempt``: ``attempt``, ``at``, ``worker``, ``after`` (None for the first, else
       ``requeued: <reason>``, with how the process died where the fleet recorded it),
       ``evidence`` (that record: pid, exit signal, RSS...; None without one),
-      ``forked_from`` and ``from_call`` (a fork's first attempt: the run and call it was
-      forked from; else None);
+      ``forked_from``, ``from_call`` and ``from_step`` (a fork's first attempt: the run,
+      call and step it was forked from; else None);
     * ``step``: ``name``, ``call``, ``attempts`` (tries), ``started``, ``finished``,
       ``outcome`` (``completed``, ``failed``, ``retrying`` or ``running``);
     * ``parked``: ``why``, ``from``, ``until`` (None while still parked), ``seconds``;
@@ -153,7 +153,10 @@ def describe(entry: dict[str, Any]) -> str:
         after = f" ({entry['after']})" if entry["after"] else ""
         line = f"{entry['at']}  attempt {entry['attempt']}{after} on {entry['worker']}"
         if entry.get("forked_from") is not None:
-            line += f", forked from {entry['forked_from']} at call {entry['from_call']}"
+            step = entry.get("from_step")
+            at = f"step {step} (call {entry['from_call']})" if step else \
+                f"call {entry['from_call']}"
+            line += f", forked from {entry['forked_from']} at {at}"
         return line
     if entry["kind"] == EntryKind.STEP:
         tries = "try" if entry["attempts"] == 1 else "tries"

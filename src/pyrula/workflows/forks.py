@@ -2,8 +2,10 @@
 
 ``client.fork(run_id, from_step=K)`` picks the fork point in the run's journal (the first
 call of the step named ``K``, or its ``K``-th step call) and submits a new run of the same
-workflow under the idempotency key ``fork:<run id>:<call>:<nonce>``: the key, in the new
-run's ``run:submitted``, names the run and call it forks. The first attempt of the fork
+workflow under the idempotency key ``fork:<run id>:<call>:<nonce>.<step>`` (``<step>``:
+the step's name in UTF-8, hex-encoded): the key, in the new run's ``run:submitted``, names
+the run, call and step it forks, and so does the fork's first ``run:started``, which every
+store writes from the key. The first attempt of the fork
 *seeds* it (:func:`seed_fork`): it writes a ``run:forked`` naming the run and step, then
 a copy of what the run recorded before the fork point (its steps' outcomes, sleeps, waits
 and the signals they took), which the fork's code replays like its own journal before it
@@ -26,7 +28,7 @@ from pyrula.workflows.errors import JournalCorrupt, WorkflowNotFound
 from pyrula.workflows.events import Event, EventType, make_event
 from pyrula.workflows.records import AppendResult, ClaimedRun
 
-#: The idempotency key of a fork starts with this: ``fork:<run id>:<call>:<nonce>``.
+#: The idempotency key of a fork starts with this: ``fork:<run id>:<call>:<nonce>.<step>``.
 FORK_KEY_PREFIX = "fork:"
 #: Events without a call that a fork's copy keeps: what decided its waits and sleeps.
 _DECIDING = frozenset({EventType.SIGNAL_RECEIVED, EventType.INTERRUPT_RESUMED,
@@ -42,8 +44,10 @@ class ForkPoint:
     step: str
 
     def key(self) -> str:
-        """A new fork's idempotency key (a nonce in it: each fork is a run of its own)."""
-        return f"{FORK_KEY_PREFIX}{self.run_id}:{self.call}:{uuid.uuid4().hex[:12]}"
+        """A new fork's idempotency key (a nonce in it: each fork is a run of its own; the
+        step's name hex-encoded after it, so the key holds no colon past the call)."""
+        nonce = uuid.uuid4().hex[:12]
+        return f"{FORK_KEY_PREFIX}{self.run_id}:{self.call}:{nonce}.{self.step.encode().hex()}"
 
 
 def step_calls(events: Sequence[Event]) -> list[tuple[int, str]]:
@@ -77,9 +81,11 @@ def fork_point(run_id: str, events: Sequence[Event], from_step: str | int) -> Fo
                      f"(its steps: {names})")
 
 
-#: A fork's key, ``fork:<run id>:<call>:<nonce>`` (claim.lua matches the same pattern on
-#: Valkey, for a fork's first ``run:started``).
+#: A fork's key, ``fork:<run id>:<call>:<nonce>[.<step in hex>]`` (claim.lua matches the
+#: same pattern on Valkey, for a fork's first ``run:started``). Forks made before the step
+#: was in the key have none.
 _FORK_KEY = re.compile(r"fork:(.+):(\d+):[^:]*", re.ASCII | re.DOTALL)
+_STEP_HEX = re.compile(r"(?:[0-9a-f]{2})+", re.ASCII)
 
 
 def forked_from(key: Any) -> tuple[str, int] | None:
@@ -88,6 +94,23 @@ def forked_from(key: Any) -> tuple[str, int] | None:
     on it)."""
     found = _FORK_KEY.fullmatch(key) if isinstance(key, str) else None
     return None if found is None else (found[1], int(found[2]))
+
+
+def fork_origin(key: Any) -> dict[str, Any] | None:
+    """What a fork's first ``run:started`` says of its origin, from its idempotency key:
+    ``forked_from`` (the run), ``from_call``, and ``from_step`` (the step's name) when the
+    key holds one; None for a key that is no fork's."""
+    origin = forked_from(key)
+    if origin is None:
+        return None
+    fields: dict[str, Any] = {"forked_from": origin[0], "from_call": origin[1]}
+    _, dot, hexed = str(key).rsplit(":", 1)[1].partition(".")
+    if dot and _STEP_HEX.fullmatch(hexed):
+        try:
+            fields["from_step"] = bytes.fromhex(hexed).decode()
+        except UnicodeDecodeError:
+            pass  # a client's own key that only looks like a fork's: no step to name
+    return fields
 
 
 def fork_copy(events: Sequence[Event], call: int) -> list[Event]:

@@ -84,10 +84,12 @@ class Attempt:
     #: a quarantine's ``run:error``), in journal order.
     notes: list[Event] = field(default_factory=list)
     closed: bool = False
-    #: A fork's first attempt: the run it was forked from and the call (from its
-    #: ``run:started``), else None.
+    #: A fork's first attempt: the run it was forked from, the call and the step's name
+    #: (from its ``run:started``; a fork made before the step was recorded there has
+    #: none), else None.
     forked_from: str | None = None
     from_call: int | None = None
+    from_step: str | None = None
 
 
 @dataclass(slots=True)
@@ -122,10 +124,11 @@ class History:
 
 def _attempt(event: Event, index: int, ts: float, requeued: str | None) -> Attempt:
     """The attempt a ``run:started`` begins (``requeued``: why the last one ended)."""
-    origin = event.get("forked_from")
+    origin, step = event.get("forked_from"), event.get("from_step")
     return Attempt(event.get("attempt"), event.get("worker"), index, ts, ts, after=requeued,
                    forked_from=None if origin is None else str(origin),
-                   from_call=None if origin is None else int(event.get("from_call") or 0))
+                   from_call=None if origin is None else int(event.get("from_call") or 0),
+                   from_step=None if origin is None or step is None else str(step))
 
 
 def _end_try(step: StepTry | None, event: Event, ts: float) -> None:

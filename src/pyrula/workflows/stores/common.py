@@ -11,7 +11,7 @@ from typing import Any
 
 from pyrula.workflows.errors import JournalCorrupt
 from pyrula.workflows.events import Event, EventType, dumps, loads, make_event
-from pyrula.workflows.forks import forked_from
+from pyrula.workflows.forks import fork_origin
 from pyrula.workflows.records import RunError
 from pyrula.workflows.schedules.schedule import Schedule
 
@@ -77,14 +77,14 @@ def started_event(now: float, attempt: int, worker_id: str, build: str | None = 
                   idempotency_key: str | None = None) -> Event:
     """``run:started`` of attempt ``attempt``; ``build``: the code the claimer serves (a
     claim without one, by a tool or an older build, records none). A fork's first one
-    also names the run it was forked from and the call (``forked_from``, ``from_call``),
-    read from its idempotency key ``fork:<run id>:<call>:<nonce>``."""
+    also names the run, call and step it was forked from (``forked_from``, ``from_call``,
+    ``from_step``), read from its idempotency key (``forks.fork_origin``)."""
     event = make_event(EventType.RUN_STARTED, now, attempt=attempt, worker=worker_id)
     if build is not None:
         event["build"] = build
-    origin = forked_from(idempotency_key) if attempt == 1 else None
+    origin = fork_origin(idempotency_key) if attempt == 1 else None
     if origin is not None:
-        event["forked_from"], event["from_call"] = origin
+        event.update(origin)
     return event
 
 

@@ -1,5 +1,46 @@
 -- Taking queued runs: the lock, the fencing token (attempt), run:started, the journal.
 
+-- Is `s` well-formed UTF-8 (as Python's decode wants it: no overlong forms, surrogates
+-- or code points past U+10FFFF)?
+local function utf8_ok(s)
+  local i, n = 1, #s
+  while i <= n do
+    local c = s:byte(i)
+    local len, lo, hi = 0, 0x80, 0xBF
+    if c < 0x80 then len = 1
+    elseif c >= 0xC2 and c <= 0xDF then len = 2
+    elseif c >= 0xE0 and c <= 0xEF then
+      len = 3
+      if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+    elseif c >= 0xF0 and c <= 0xF4 then
+      len = 4
+      if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+    else return false end
+    if i + len - 1 > n then return false end
+    for j = i + 1, i + len - 1 do
+      local b = s:byte(j)
+      if b < lo or b > hi then return false end
+      lo, hi = 0x80, 0xBF
+    end
+    i = i + len
+  end
+  return true
+end
+
+local function fork_origin(key, started)
+  -- A fork's first run:started names its origin, from its key
+  -- fork:<run>:<call>:<nonce>[.<step, UTF-8 in lower-case hex>] (as forks.fork_origin
+  -- does, for the other stores and an implied run:started).
+  local origin, call, tail = string.match(key, '^fork:(.+):(%d+):([^:]*)$')
+  if not origin then return end
+  started.forked_from = origin; started.from_call = tonumber(call)
+  local hex = string.match(tail, '^[^.]*%.([0-9a-f]+)$')
+  if hex and #hex % 2 == 0 then
+    local step = string.gsub(hex, '..', function(h) return string.char(tonumber(h, 16)) end)
+    if utf8_ok(step) then started.from_step = step end
+  end
+end
+
 local function take(base, id, worker, now, expires, build)
   -- Lock one dequeued run for `worker`, which serves `build` ('' for none: run:started
   -- then records no build). Its entry in :times is the caller's to add.
@@ -23,12 +64,7 @@ local function take(base, id, worker, now, expires, build)
   local from = tonumber(f[6] or '0')
   if not journal then
     local started = {attempt = attempt, worker = worker, build = build ~= '' and build or nil}
-    if attempt == 1 and f[9] then
-      -- A fork's first run:started names its origin, from its key fork:<run>:<call>:<nonce>
-      -- (as common.started_event does, and codec.implied_of for an implied one).
-      local origin, call = string.match(f[9], '^fork:(.+):(%d+):[^:]*$')
-      if origin then started.forked_from = origin; started.from_call = tonumber(call) end
-    end
+    if attempt == 1 and f[9] then fork_origin(f[9], started) end
     redis.call('RPUSH', jnlk(base, id), event('run:started', now, started))
     journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   end
