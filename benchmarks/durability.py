@@ -49,7 +49,7 @@ def _calls(primary: Server) -> dict[str, int]:
     with primary.client(decode_responses=True) as admin:
         stats = admin.info("commandstats")
     return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-            for name in ("wait", "evalsha")}
+            for name in ("wait", "fcall", "evalsha")}
 
 
 async def throughput(primary: Server, url: str, runs: int) -> dict[str, Any]:
@@ -69,7 +69,8 @@ async def throughput(primary: Server, url: str, runs: int) -> dict[str, Any]:
     return {"runs": runs, "seconds": round(elapsed, 3), "runs_per_s": round(runs / elapsed, 1),
             # How many scripts one WAIT covered: the requests of one send share it.
             "wait_per_run": round((after["wait"] - before["wait"]) / runs, 2),
-            "evalsha_per_run": round((after["evalsha"] - before["evalsha"]) / runs, 2)}
+            "scripts_per_run": round(sum(after[n] - before[n] for n in ("fcall", "evalsha"))
+                                     / runs, 2)}
 
 
 async def submit_latency(url: str, samples: int) -> dict[str, Any]:

@@ -1,7 +1,10 @@
-"""The store's Lua: one script per build, loaded with SCRIPT LOAD and called by EVALSHA.
+"""The store's Lua: one function library per build, called by FCALL (or the same code as
+a script, by EVALSHA, where the server refuses functions).
 
 ``upgrade_scripts(url)`` loads it ahead of a deploy (on every primary of a cluster); a
-``SCRIPT FLUSH`` at any moment costs one reload, never a lost or repeated run.
+``FUNCTION FLUSH`` (``SCRIPT FLUSH`` on the script path) at any moment costs one reload,
+never a lost or repeated run. The first load of a process prunes other builds' libraries
+past ``KEEP``.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from pyrula.workflows import (
     step,
     workflow,
 )
+from pyrula.workflows.stores.valkey.code import KEEP
 from pyrula.workflows.stores.valkey.functions import SHA, upgrade_scripts
 from pyrula.workflows.stores.valkey.router import Router
+from pyrula.workflows.stores.valkey.script import FUNCTION
 from tests.integration.valkey_support import (
     LEDGER,
     all_ended,
@@ -44,52 +49,79 @@ def _command_calls(client: redis.Redis, command: str) -> dict[str, int]:
     return {k: int(stats.get(k, 0)) for k in ("calls", "failed_calls", "rejected_calls")}
 
 
-def test_upgrade_scripts_loads_this_builds_script(fresh_valkey_server: Server) -> None:
+def _libraries(client: redis.Redis) -> list[str]:
+    """The names of the function libraries the server holds."""
+    names = []
+    for entry in client.function_list():
+        fields = entry if isinstance(entry, dict) else dict(
+            zip(entry[::2], entry[1::2], strict=False))
+        name = fields.get(b"library_name", fields.get("library_name"))
+        names.append(name.decode() if isinstance(name, bytes) else str(name))
+    return sorted(names)
+
+
+def test_upgrade_scripts_loads_this_builds_library(fresh_valkey_server: Server) -> None:
     with fresh_valkey_server.client() as admin:
-        assert admin.script_exists(SHA) == [False]
+        assert _libraries(admin) == []
         assert upgrade_scripts(fresh_valkey_server.url) == SHA
-        assert admin.script_exists(SHA) == [True]
+        assert _libraries(admin) == [FUNCTION]
 
 
-def test_upgrade_scripts_loads_the_script_on_every_primary_of_a_cluster(
+def test_upgrade_scripts_loads_the_library_on_every_primary_of_a_cluster(
     valkey_cluster: Cluster,
 ) -> None:
     primaries = valkey_cluster.primaries()
     assert len(primaries) == 3
     for node in primaries:
         with node.client() as client:
-            client.script_flush()
-            assert client.script_exists(SHA) == [False]
+            client.function_flush()
     assert upgrade_scripts(valkey_cluster.url) == SHA
     for node in primaries:
         with node.client() as client:
-            assert client.script_exists(SHA) == [True], node
+            assert _libraries(client) == [FUNCTION], node
 
 
-async def test_noscript_costs_one_reload(fresh_valkey_server: Server) -> None:
-    store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns", shard_count=2)
+#: How each way of calling the Lua is flushed, what loads it, and what calls it.
+MODES = {
+    "functions": ("function_flush", "function|load", "fcall"),
+    "scripts": ("script_flush", "script|load", "evalsha"),
+}
+
+
+def _store(server: Server, mode: str) -> ValkeyStore:
+    store = ValkeyStore(url=server.url, namespace="ns", shard_count=2)
+    store.connection.code.functions = mode == "functions"
+    return store
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_lua_the_server_lost_costs_one_reload(fresh_valkey_server: Server,
+                                                     mode: str) -> None:
+    flush, load, call = MODES[mode]
+    store = _store(fresh_valkey_server, mode)
     async with opened(store):
-        await store.submit(NAME, {}, now=time.time())  # connected, script loaded
+        await store.submit(NAME, {}, now=time.time())  # connected, code loaded
         with fresh_valkey_server.client(decode_responses=True) as admin:
-            admin.script_flush()
+            getattr(admin, flush)()
             admin.config_resetstat()
             handle, created = await store.submit(NAME, {}, now=time.time())
             assert created
-            assert _command_calls(admin, "script|load")["calls"] == 1
-            # The first EVALSHA met NOSCRIPT, the reload came, the second one ran.
-            assert _command_calls(admin, "evalsha") == {
+            assert _command_calls(admin, load)["calls"] == 1
+            # The first call met the missing code, the reload came, the second one ran.
+            assert _command_calls(admin, call) == {
                 "calls": 2, "failed_calls": 1, "rejected_calls": 0}
         info = await store.get_run(handle.run_id)
         assert info is not None and info.status is RunStatus.QUEUED
 
 
-async def test_noscript_again_after_the_reload_raises_store_unavailable(
-    fresh_valkey_server: Server, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_lua_lost_again_after_the_reload_raises_store_unavailable(
+    fresh_valkey_server: Server, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     """Only one reload: a flush that lands between it and the retry is reported as the
     store being unavailable (the worker's loops retry that), not looped on, and not a raw
     redis error (which would stop the worker)."""
-    store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns", shard_count=2)
+    store = _store(fresh_valkey_server, mode)
     admin = redis.asyncio.Redis.from_url(fresh_valkey_server.url)
     reload = store.connection.load_script
     reloads = 0
@@ -98,20 +130,52 @@ async def test_noscript_again_after_the_reload_raises_store_unavailable(
         nonlocal reloads
         reloads += 1
         await reload()
-        await admin.script_flush()
+        await getattr(admin, MODES[mode][0])()
 
     monkeypatch.setattr(store.connection, "load_script", reload_then_flush)
     try:
         async with opened(store):
-            with pytest.raises(StoreUnavailable, match="(?i)noscript|no matching script"):
+            with pytest.raises(StoreUnavailable, match="Lua is missing after loading"):
                 await store.submit(NAME, {}, now=time.time())
             assert reloads == 1
             # The batched path (one pipeline over many shards) gives up the same way.
-            with pytest.raises(StoreUnavailable, match="(?i)noscript|no matching script"):
+            with pytest.raises(StoreUnavailable, match="Lua is missing after loading"):
                 await _renew_two(store)
             assert reloads == 2
     finally:
         await admin.aclose()
+
+
+def _fake_library(n: int) -> str:
+    return (f"#!lua name=pyrula_old{n}\n"
+            f"redis.register_function('pyrula_old{n}', function(keys, args) return {n} end)")
+
+
+@pytest.mark.parametrize("others", [KEEP - 1, KEEP + 3])
+async def test_a_first_load_prunes_other_builds_libraries_past_keep(
+    fresh_valkey_server: Server, others: int
+) -> None:
+    with fresh_valkey_server.client() as admin:
+        admin.function_load("#!lua name=theirs\n"
+                            "redis.register_function('theirs', function() return 1 end)")
+        for n in range(others):
+            admin.function_load(_fake_library(n))
+        store = _store(fresh_valkey_server, "functions")
+        async with opened(store):
+            await store.submit(NAME, {}, now=time.time())
+            kept = _libraries(admin)
+            # A reload (another build pruned ours, say) never prunes.
+            for n in range(KEEP + 1):
+                admin.function_load(_fake_library(100 + n))
+            admin.function_delete(FUNCTION)
+            await store.submit(NAME, {}, now=time.time())
+            after = _libraries(admin)
+    pyrula = sorted([FUNCTION, *(f"pyrula_old{n}" for n in range(others))])
+    if others + 1 <= KEEP:
+        assert kept == sorted([*pyrula, "theirs"])
+    else:  # only ours is left of pyrula's, and nothing else is touched
+        assert kept == sorted([FUNCTION, "theirs"])
+    assert set(kept) | {f"pyrula_old{100 + n}" for n in range(KEEP + 1)} == set(after)
 
 
 async def _renew_two(store: ValkeyStore) -> None:
@@ -120,8 +184,8 @@ async def _renew_two(store: ValkeyStore) -> None:
 
 
 def _flush_after_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The next batch of script calls carries a SCRIPT FLUSH right after its first EVALSHA,
-    so the server runs the first call and refuses the rest with NOSCRIPT (as a flush from
+    """The next batch of calls of the store's Lua carries a FUNCTION FLUSH right after its
+    first FCALL, so the server runs the first call and refuses the rest (as a flush from
     another client that lands between the commands of one pipeline does)."""
     plain = Router.execute
     armed = True
@@ -129,9 +193,9 @@ def _flush_after_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
     async def execute(self: Router, commands: Sequence[Any], keys: Sequence[str | None],
                       *, idempotent: bool = False) -> list[Any]:
         nonlocal armed
-        if armed and len(commands) > 1 and commands[0][0] == "EVALSHA":
+        if armed and len(commands) > 1 and commands[0][0] == "FCALL":
             armed = False
-            replies = await plain(self, [commands[0], ("SCRIPT", "FLUSH"), *commands[1:]],
+            replies = await plain(self, [commands[0], ("FUNCTION", "FLUSH"), *commands[1:]],
                                   [keys[0], None, *keys[1:]], idempotent=idempotent)
             del replies[1]  # the flush's own answer
             return replies
@@ -144,7 +208,7 @@ async def test_a_flush_inside_one_pipeline_re_sends_only_the_refused_calls(
     fresh_valkey_server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Regression: the batched path used to re-send every call of a pipeline when any of
-    them met NOSCRIPT, so the calls that had already run ran twice: a claim took a second
+    them found the code missing, so the calls that had already run ran twice: a claim took a second
     run and the first one was left locked and unreturned, until the orphan scan."""
     store = ValkeyStore(url=fresh_valkey_server.url, namespace="ns", shard_count=2)
     async with opened(store):
@@ -163,10 +227,10 @@ async def test_a_flush_inside_one_pipeline_re_sends_only_the_refused_calls(
 
 @step(name="vk.flush_scripts")
 def flush_scripts(url: str, tag: str) -> bool:
-    """SCRIPT FLUSH from inside a run, while the worker's other runs are in flight."""
+    """FUNCTION FLUSH from inside a run, while the worker's other runs are in flight."""
     LEDGER.record("vk.flush_scripts", tag)
     with redis.Redis.from_url(url) as client:
-        return bool(client.script_flush())
+        return bool(client.function_flush())
 
 
 @workflow(name="vk.flushing")
@@ -177,7 +241,7 @@ async def flushing(ctx: WorkflowContext, params: dict[str, Any]) -> list[str]:
     return [first, await touch_again(params["tag"])]
 
 
-async def test_script_flush_during_a_load_of_300_runs_loses_and_repeats_nothing(
+async def test_function_flush_during_a_load_of_300_runs_loses_and_repeats_nothing(
     fresh_valkey_server: Server,
 ) -> None:
     LEDGER.clear()
@@ -187,10 +251,10 @@ async def test_script_flush_during_a_load_of_300_runs_loses_and_repeats_nothing(
     async with opened(store):
         worker = make_worker(store, [flushing], max_concurrent_runs=20)
         async with serving(worker):
-            # Run 150 flushes the script cache in the middle of the load, with up to 19
+            # Run 150 flushes the functions in the middle of the load, with up to 19
             # other runs in flight. (One flush: two that land on one call back to back,
             # between its reload and its retry, make it fail as the store being
-            # unavailable, by design: "one reload on NOSCRIPT".)
+            # unavailable, by design: one reload when the code is missing.)
             runs = [
                 (await worker.client.submit(flushing, {"tag": t, "url": url,
                                                        "flush": i == 150})).run_id
@@ -203,8 +267,8 @@ async def test_script_flush_during_a_load_of_300_runs_loses_and_repeats_nothing(
             assert "run:requeued" not in kinds
             assert kinds[-1] == "run:completed"
     with fresh_valkey_server.client(decode_responses=True) as admin:
-        assert _command_calls(admin, "script|load")["calls"] >= 2  # the flush was met
-        assert admin.script_exists(SHA) == [True]
+        assert _command_calls(admin, "function|load")["calls"] >= 2  # the flush was met
+        assert FUNCTION in _libraries(admin)
     flushed = [t for step_name, t in LEDGER.order if step_name == "vk.flush_scripts"]
     assert flushed == ["flush-150"]
     for tag in tags:

@@ -44,6 +44,7 @@ async def _refused_before_any_loop(store: ValkeyStore, error: type[Exception], m
         with server.client() as admin:
             assert admin.dbsize() == 0
             assert admin.script_exists(SHA) == [False]
+            assert admin.function_list() == []
 
 
 # --- eviction policy --------------------------------------------------------------------

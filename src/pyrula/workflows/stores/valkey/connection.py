@@ -1,7 +1,8 @@
 """The Valkey store's connection: its options, one client per event loop (and per thread
 for synchronous callers, per process after a fork), cluster detection, and the calls every
-part of the store makes (plain commands, pipelines, blocking reads, the script call with
-its NOSCRIPT reload), with the server's error replies turned into the store's errors."""
+part of the store makes (plain commands, pipelines, blocking reads, the calls of the
+store's Lua, loaded where the server lacks it), with the server's error replies turned into
+the store's errors."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pyrula.config.parse import parse_namespace, redact_url
 from pyrula.errors import ConfigurationError, StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.workflows._sync import SYNC_DRIVE
 from pyrula.workflows.stores import VALKEY_SCHEMES
+from pyrula.workflows.stores.valkey.code import Code, missing
 from pyrula.workflows.stores.valkey.codec import parse_info
 from pyrula.workflows.stores.valkey.keys import KeySpace
 from pyrula.workflows.stores.valkey.resp import (
@@ -35,7 +37,6 @@ from pyrula.workflows.stores.valkey.resp import (
     parse_url,
 )
 from pyrula.workflows.stores.valkey.router import ClusterMode, Router
-from pyrula.workflows.stores.valkey.script import SCRIPT, SHA
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class Connection:
         self._pid = os.getpid()
         #: Network round trips and script calls made through this object (benchmarks).
         self.stats: dict[str, int] = {"round_trips": 0}
+        self.code = Code()
 
     # --- connections ----------------------------------------------------------------
 
@@ -228,10 +230,9 @@ class Connection:
     # --- calls ----------------------------------------------------------------------
 
     async def load_script(self) -> None:
-        """Load this build's script (on every primary of a cluster)."""
-        for where, reply in await self.router().each_primary(("SCRIPT", "LOAD", SCRIPT)):
-            if isinstance(reply, ReplyError):
-                raise StoreUnavailable(f"Valkey at {where} refused SCRIPT LOAD: {reply}")
+        """Load this build's Lua (on every primary of a cluster): its function library,
+        or its script where the server refuses functions (``code.py``)."""
+        await self.code.load(self.router())
 
     async def call(self, key: str | None, *command: Any, idempotent: bool = False) -> Any:
         """One plain command; an error reply is raised as the store's error."""
@@ -274,7 +275,7 @@ class Connection:
         return [self._plain_error(r) if isinstance(r, ReplyError) else r for r in replies]
 
     async def op(self, base: str | tuple[str, ...], *args: Any) -> Any:
-        """EVALSHA one operation on one shard; reload the script once on NOSCRIPT."""
+        """Call one operation on one shard; load the Lua once if the server lacks it."""
         result = (await self._eval([(base, args)]))[0]
         if isinstance(result, BaseException):
             raise result
@@ -289,24 +290,27 @@ class Connection:
         return await self._eval(calls, idempotent)
 
     async def _eval(self, calls: Sequence[Call], idempotent: bool = False) -> list[Any]:
-        """EVALSHA each call in one round trip; the script is reloaded once if the server
-        lost it. Results in order, errors in place."""
+        """Each call (FCALL, or EVALSHA: ``code.py``) in one round trip; the Lua is loaded
+        once if the server lacks it. Results in order, errors in place."""
         commands: list[Command] = []
         keys: list[str | None] = []
+        names_of = []
         for base, args in calls:
             names = (base,) if isinstance(base, str) else base
-            commands.append(("EVALSHA", SHA, len(names), *names, *args))
+            names_of.append(names)
+            commands.append(self.code.command(names, args))
             keys.append(names[0])
         router = self.router()
         self.stats["round_trips"] += 1
         results = await router.execute(commands, keys, idempotent=idempotent)
         # A flush can land between the calls of one batch: re-send only the calls refused
-        # with NOSCRIPT (they did not run); the others must not run twice.
-        refused = [i for i in range(len(calls)) if _noscript(results[i])]
+        # for want of the code (they did not run); the others must not run twice.
+        refused = [i for i in range(len(calls)) if self.code.refused(results[i])]
         if refused:
             await self.load_script()
             self.stats["round_trips"] += 1
-            again = await router.execute([commands[i] for i in refused],
+            again = await router.execute([self.code.command(names_of[i], calls[i][1])
+                                          for i in refused],
                                          [keys[i] for i in refused], idempotent=idempotent)
             for i, result in zip(refused, again, strict=True):
                 results[i] = result
@@ -345,9 +349,10 @@ class Connection:
             return WorkflowNotFound(f"no run with id {run_id!r}")
         if reply.code in ("MOVED", "ASK", "CROSSSLOT") or "CROSSSLOT" in message:
             return self._hidden_cluster(reply)
-        if reply.code == "NOSCRIPT":
+        if missing(reply):
             return StoreUnavailable(
-                f"Valkey at {self.where()}: NOSCRIPT after reloading ({message})"
+                f"Valkey at {self.where()}: the store's Lua is missing after loading it "
+                f"({message})"
             )
         if reply.code in _BUSY:
             return StoreUnavailable(f"Valkey at {self.where()}: {message}")
@@ -359,10 +364,6 @@ async def _closer(router: Router) -> AsyncIterator[None]:
         yield
     finally:
         router.close()
-
-
-def _noscript(result: Any) -> bool:
-    return isinstance(result, ReplyError) and result.code == "NOSCRIPT"
 
 
 def _namespace(given: str | None) -> str:

@@ -1,5 +1,6 @@
-"""Script loading for deploys: load this build's script (``script.py``) before its workers
-start; workers call it by EVALSHA and reload it on NOSCRIPT."""
+"""Loading for deploys: load this build's Lua (``script.py``: a function library, or a
+script where the server refuses functions) before its workers start; workers load it
+themselves where the server lacks it (``code.py``)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ __all__ = ["SCRIPT", "SHA", "upgrade_scripts"]
 
 
 def upgrade_scripts(url: str, *, cluster: bool | None = None) -> str:
-    """Load this build's script into the server (every primary of a cluster) before its
-    workers start; returns the script's SHA-1. Old builds' scripts are not pruned."""
+    """Load this build's Lua into the server (every primary of a cluster) before its
+    workers start; returns the code's SHA-1 (the library is ``pyrula_<SHA[:16]>``). Old
+    builds' libraries are pruned past eight (``code.py``); old scripts are not."""
     connection = Connection(url=url, cluster=cluster, eviction_policy_check="off")
 
     async def load() -> str:

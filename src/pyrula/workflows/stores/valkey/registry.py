@@ -33,7 +33,7 @@ class Registry:
         count of each name. The server's checks side by side, then every name in one round
         trip: a worker's start is on the way to its first run, and a refused worker has
         written nothing. (The script is not loaded here: every call sends it by its hash
-        and loads it only where the server answers NOSCRIPT.)"""
+        and loads it only where the server lacks it.)"""
         await asyncio.gather(self._check_eviction(), self._check_replicas())
         await self.register_all(names)
 

@@ -1,6 +1,6 @@
 """ValkeyStore: the store fleets share. Sharded, scripted, cluster-ready.
 
-Each state change is one EVALSHA of this build's script on one shard (one slot): submit,
+Each state change is one call (FCALL) of this build's Lua on one shard (one slot): submit,
 claim, append, park, finish, requeue. Lock renewal, timer wakes and orphan reclaims are
 one call per shard, batched across shards. See keys.py for the data model.
 
