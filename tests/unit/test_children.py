@@ -216,6 +216,58 @@ async def test_a_lost_nudge_is_found_by_the_re_check_timer(
     assert (await runner.client.result(run.run_id, timeout=5))["result"] == 8
 
 
+async def test_a_child_ending_between_the_parents_look_and_its_park_is_not_missed(
+    timed_runner: InlineWorkflowRunner, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child ends after the parent looked at it and before the parent parks: its
+    nudge marks the running parent, whose park is refused; the parent looks again and
+    completes in the same attempt, with nothing of the nudge in its journal."""
+    runner = timed_runner
+    store = runner.store
+    park = store.park
+    parks: list[bool] = []
+
+    async def child_ends_first(run_id: str, token: int, events: Any, **kw: Any) -> Any:
+        if not parks and CHILD_SIGNAL in kw["signals"]:
+            (child,) = await children_of(runner, run_id)
+            await runner.run(child.name, child.run_id)  # its end nudges the parent
+        result = await park(run_id, token, events, **kw)
+        parks.append(result.parked)
+        return result
+
+    monkeypatch.setattr(store, "park", child_ends_first)
+    run = await runner.client.submit("kids.one", 4)
+    await runner.run(run.name, run.run_id)
+
+    info = await runner.client.get(run.run_id)
+    assert info.status is RunStatus.COMPLETED and info.attempt == 1
+    assert info.result["result"] == 8
+    assert parks == [False]
+    assert not of_type(await store.read_events(run.run_id), "signal:received")
+
+
+async def test_nudges_written_as_signals_still_wake_the_parent_and_replay(
+    timed_runner: InlineWorkflowRunner, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Children of an older pyrula nudged their parent with a ``pyrula.child`` signal in
+    its journal (a fleet mid-upgrade still may): the parent wakes on it and every later
+    attempt replays a journal holding them."""
+    runner = timed_runner
+
+    async def as_a_signal(store: Any, run_id: str, parent: str | None, *, now: float) -> None:
+        if parent is not None and not (await store.get_run(parent)).status.terminal:
+            await store.signal(parent, CHILD_SIGNAL, {"child": run_id}, now=now)
+
+    monkeypatch.setattr(family_module, "_nudge", as_a_signal)
+    run = await runner.client.submit("kids.fan", {"n": 6, "limit": 2, "fail": []})
+    await drain(runner)
+
+    assert await runner.client.result(run.run_id, timeout=5) == [2 * i for i in range(6)]
+    journal = await runner.store.read_events(run.run_id)
+    assert [e for e in of_type(journal, "signal:received") if e["name"] == CHILD_SIGNAL]
+    assert len(of_type(journal, "run:started")) > 2
+
+
 async def test_cancelling_a_parent_cancels_its_children_unless_abandoned(
     timed_runner: InlineWorkflowRunner,
 ) -> None:

@@ -1,6 +1,7 @@
 """A child that ends without an attempt of its own (cancelled by a client while parked,
 failed as stranded) nudges its parent, which wakes at once rather than at its re-check
-timer; on every store, with a real WorkflowWorker."""
+timer; on every store, with a real WorkflowWorker. The nudge writes nothing in the
+parent's journal: a parent woken by its timer would show a ``run:woken``."""
 
 from __future__ import annotations
 
@@ -62,8 +63,13 @@ async def _parked_child(client: WorkflowClient, parent_id: str) -> str:
 
 
 async def _nudges(client: WorkflowClient, run_id: str) -> list[Any]:
+    """Nudges written as signals (as an older pyrula did): none now."""
     return [e["payload"]["child"] for e in await client.events(run_id)
             if e["type"] == "signal:received" and e.get("name") == CHILD_SIGNAL]
+
+
+async def _timer_wakes(client: WorkflowClient, run_id: str) -> list[Any]:
+    return [e for e in await client.events(run_id) if e["type"] == "run:woken"]
 
 
 async def test_a_child_cancelled_while_parked_wakes_its_parent_at_once(store: Any) -> None:
@@ -73,7 +79,8 @@ async def test_a_child_cancelled_while_parked_wakes_its_parent_at_once(store: An
         assert await client.cancel(child)
         result = await client.result(run.run_id, timeout=10)
         assert result == {"status": "cancelled", "type": "RunCancelled"}
-        assert await _nudges(client, run.run_id) == [child]  # woken by it, not a timer
+        assert await _timer_wakes(client, run.run_id) == []  # woken by the nudge
+        assert await _nudges(client, run.run_id) == []  # which wrote nothing
 
 
 async def test_a_child_failed_as_stranded_wakes_its_parent(store: Any) -> None:
@@ -82,7 +89,9 @@ async def test_a_child_failed_as_stranded_wakes_its_parent(store: Any) -> None:
         result = await client.result(run.run_id, timeout=10)
         assert result["status"] == "failed"
         kids = [i.run_id async for i in client.list_runs() if i.parent_id == run.run_id]
-        assert await _nudges(client, run.run_id) == kids
+        assert len(kids) == 1
+        assert await _timer_wakes(client, run.run_id) == []
+        assert await _nudges(client, run.run_id) == []
 
 
 async def test_nudge_parents_of_passes_over_live_runs_and_runs_with_no_parent(
@@ -93,9 +102,9 @@ async def test_nudge_parents_of_passes_over_live_runs_and_runs_with_no_parent(
     assert (await client.get(alone.run_id)).status is RunStatus.QUEUED
 
 
-async def test_a_parent_already_queued_is_not_nudged_again(store: Any) -> None:
+async def test_a_parent_already_queued_is_left_queued(store: Any) -> None:
     """A queued parent's next attempt looks at its children after their ends were
-    written: a nudge would only be one more event in its journal."""
+    written: the nudge leaves it as it is."""
     client = WorkflowClient(store)
     queued = await client.submit(parent, "nudge.hold")  # no worker: it stays queued
     child = await client.submit(hold, None,

@@ -45,7 +45,7 @@ def test_a_version_1_file_gains_the_schedules_table(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 8
+        assert _version(path) == SCHEMA_VERSION == 9
         store.schedule_create(Schedule.create("wf", "0 * * * *", schedule_id="s"))
         assert [s.schedule_id for s in store.schedule_list()] == ["s"]
     finally:
@@ -169,7 +169,7 @@ async def test_a_version_5_file_gains_the_projection_tables(tmp_path: Path) -> N
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 8
+        assert _version(path) == SCHEMA_VERSION == 9
         head = ProjectionHead("p", 0, "fp", False, None, 0, 200.0)
         assert await store.save_projection(head, {"": [1]}, expected=0, reset=False)
         assert await store.projection_states("p", None) == {"": [1]}
@@ -298,7 +298,7 @@ async def test_a_version_6_file_gains_run_priorities(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 8
+        assert _version(path) == SCHEMA_VERSION == 9
         high = (await store.submit("wf", {}, now=200.0, owner="o", priority=4))[0].run_id
         claimed = await store.claim("w", ["wf"], limit=3, now=300.0, lock_ttl=30.0)
         assert [c.run_id for c in claimed] == [high, *old]
@@ -333,7 +333,7 @@ async def test_a_version_7_file_gains_per_key_limits(tmp_path: Path) -> None:
 
     store = SQLiteStore(path)
     try:
-        assert _version(path) == SCHEMA_VERSION == 8
+        assert _version(path) == SCHEMA_VERSION == 9
         store.use_limits({"wf": WorkflowLimits(max=1, per_second=10.0)})
         keys = LimitKeys(concurrency="k", rate="k")
         first = (await store.submit("wf", {}, now=200.0, owner="o", limit_keys=keys))[0].run_id
@@ -347,6 +347,41 @@ async def test_a_version_7_file_gains_per_key_limits(tmp_path: Path) -> None:
         await complete(store, first, claimed[1].token, now=302.0)
         [nxt] = await store.claim("w", ["wf"], limit=3, now=303.0, lock_ttl=30.0)
         assert nxt.run_id == second
+    finally:
+        store.close()
+
+
+async def test_a_version_8_file_gains_the_nudge_mark(tmp_path: Path) -> None:
+    """A schema-8 file (no runs.nudged): a run running when it is opened is not marked,
+    and a nudge marks it from then on."""
+    from pyrula.workflows.events import CHILD_SIGNAL
+
+    path = tmp_path / "v8.db"
+    store = SQLiteStore(path)
+    try:
+        run_id = (await store.submit("wf", {}, now=100.0))[0].run_id
+        [claimed] = await store.claim("w", ["wf"], limit=1, now=101.0, lock_ttl=30.0)
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)  # what pyrula with schema 8 left behind
+    try:
+        conn.execute("ALTER TABLE runs DROP COLUMN nudged")
+        conn.execute("UPDATE meta SET value='8' WHERE key='schema_version'")
+        conn.commit()
+    finally:
+        conn.close()
+
+    store = SQLiteStore(path)
+    try:
+        assert _version(path) == SCHEMA_VERSION == 9
+        known = int(claimed.journal[-1]["seq"])
+        await store.nudge(run_id, now=102.0)
+        refused = await store.park(run_id, claimed.token, [], now=103.0, wake_at=None,
+                                   signals=[CHILD_SIGNAL], known_seq=known)
+        assert refused.parked is False
+        parked = await store.park(run_id, claimed.token, [], now=104.0, wake_at=None,
+                                  signals=[CHILD_SIGNAL], known_seq=known)
+        assert parked.parked is True
     finally:
         store.close()
 

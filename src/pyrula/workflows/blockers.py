@@ -26,7 +26,8 @@ class BlockerKind(Enum):
     SLEEP = "sleep"
     WAIT = "wait"
     RETRY = "retry"
-    #: Waiting for children to end: woken by their nudge (a signal) or a re-check timer.
+    #: Waiting for children to end: woken by their nudge (the store's ``nudge``; a
+    #: ``pyrula.child`` signal in older journals) or a re-check timer.
     CHILD = "child"
 
 
@@ -40,7 +41,8 @@ class Blocker:
     signal: str | None = None
     interrupt: Any = None
     kind: BlockerKind = BlockerKind.SLEEP
-    #: A child wait: the seq of the last child nudge when it last looked at its children.
+    #: A child wait: the seq of the last ``pyrula.child`` signal in the journal when it
+    #: last looked at its children (older journals; the store's nudge writes none).
     since_seq: int = 0
 
 
@@ -129,8 +131,10 @@ class Blockers:
                 blocker.future.set_result(None)
 
     def children_nudged(self, child_signal_seq: int) -> bool:
-        """A child wait looked at its children before the last nudge the journal holds
-        (it came in with other events): it must look again rather than park."""
+        """A child wait looked at its children before the last ``pyrula.child`` signal
+        the journal holds (it came in with other events): it must look again rather than
+        park. A nudge through the store writes no event: a park it refuses makes the
+        waits look again instead (see ``rewake_waits``)."""
         return any(
             b.kind is BlockerKind.CHILD and b.since_seq < child_signal_seq
             for b in self._by_call.values()

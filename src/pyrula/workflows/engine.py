@@ -322,7 +322,9 @@ class Attempt:
             self._blockers.wake_due(due)
             return None
         if self._blockers.children_nudged(self._replay.child_signal_seq):
-            # A child's nudge came in with other events after a child wait last looked.
+            # A child's nudge came in with other events after a child wait last looked (a
+            # ``pyrula.child`` signal: a parent nudged through its journal, as before the
+            # store's ``nudge``).
             self._blockers.rewake_waits()
             return None
         plan = self._blockers.plan(deadline)
@@ -332,7 +334,10 @@ class Attempt:
         ):
             await self._stop_task()
             return Outcome(OutcomeKind.PARKED, self.journal, wake_at=plan.wake_at)
-        # Not parked: a signal we wait for had already arrived, or a cancel came.
+        # Not parked: a signal we wait for had already arrived, a child ended since the
+        # child waits last looked (the store's nudge mark: no new event then), or a cancel
+        # came. Every wait looks again (a child wait at its children's runs); the refused
+        # park cleared the mark, so the next one parks unless another child has ended.
         self._blockers.rewake_waits()
         return None
 

@@ -1,9 +1,17 @@
 """What a run's end does to its parent and children, through the store's own calls.
 
-A child that ends nudges its parent (a ``pyrula.child`` signal), so a parent parked on
-its children is queued at once. The nudge is best effort: it comes after the child's end
-is written, and a worker that dies in between loses it. A parked parent never depends on
-it alone: it re-checks its children's runs on a timer (see ``Operations._await_children``).
+A child that ends nudges its parent through the store's ``nudge``, which writes nothing
+in the parent's journal (a parent of 10,000 children keeps a journal of a few dozen
+events): a parent parked on its children is queued at once; a parent running is marked,
+so that its attempt's next park on its children is refused and it looks at them again
+(a child that ends between the parent's look and its park is not missed); a parent
+queued or parked on something else is left alone, as its next attempt looks anyway.
+Journals written before kept one ``pyrula.child`` signal per nudge; they replay as they
+did (``Replay.child_signal_seq``).
+
+The nudge is best effort: it comes after the child's end is written, and a worker that
+dies in between loses it. A parked parent never depends on it alone: it re-checks its
+children's runs on a timer (see ``Operations._await_children``).
 
 A child can also end without an attempt of its own: cancelled by a client while parked or
 queued, quarantined by the orphan scan or a fleet after its worker died, failed as
@@ -23,15 +31,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from pyrula.workflows.children import children_to_cancel, started_children
-from pyrula.workflows.errors import RunNotActive, StoreUnavailable, WorkflowNotFound
-from pyrula.workflows.events import CHILD_SIGNAL, Event, EventType, parent_of_key
-from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.errors import StoreUnavailable, WorkflowNotFound
+from pyrula.workflows.events import Event, EventType, parent_of_key
+from pyrula.workflows.records import RunInfo
 
 logger = logging.getLogger(__name__)
 
 
 class KinStore(Protocol):
-    async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None: ...
+    async def nudge(self, run_id: str, *, now: float) -> None: ...
 
     async def cancel(self, run_id: str, *, now: float) -> bool: ...
 
@@ -94,14 +102,9 @@ async def _nudge(store: KinStore, run_id: str, parent: str | None, *, now: float
     if parent is None:
         return
     try:
-        found = await store.get_run(parent)
-        if found is not None and found.status is RunStatus.QUEUED:
-            # Already woken: its next attempt looks at its children after this run's
-            # end was written, so a nudge would only be one more event in its journal.
-            return
-        await store.signal(parent, CHILD_SIGNAL, {"child": run_id}, now=now)
-    except (RunNotActive, WorkflowNotFound):
-        pass  # the parent has ended, or is gone: nobody waits
+        # One atomic call whatever the parent's state (see ``RunControl.nudge``): nothing
+        # in its journal, so 10,000 children cost it no event.
+        await store.nudge(parent, now=now)
     except (StoreUnavailable, OSError) as exc:
         logger.warning("run %s ended but its parent %s was not told (%s); the parent "
                        "finds out at its next re-check", run_id, parent, exc)

@@ -555,8 +555,11 @@ class Operations:
             await self._await_children(started_at, seen)
 
     async def _await_children(self, since: float, seen: int) -> None:
-        """Block until a child's nudge comes in (``seen``: the last one looked at) or the
-        re-check timer is due. The timer, whose period grows with the wait up to
+        """Block until a child's nudge comes in or the re-check timer is due. A nudge
+        queues the parked run (its next attempt looks again) or, while this attempt runs,
+        has the store refuse its park, which makes every child wait look again (a
+        ``pyrula.child`` signal after ``seen``, the last one looked at, in a journal
+        written before). The timer, whose period grows with the wait up to
         ``child_recheck``, finds a child whose nudge was lost (its worker died between
         the child's end and the nudge; the child was cancelled while parked)."""
         now = self._clock.now()

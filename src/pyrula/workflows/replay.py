@@ -100,7 +100,8 @@ class Replay:
         self._consumed: set[int] = set()
         #: Patch id -> the answer ``patch`` gave it: one answer per id for the whole run.
         self._patches: dict[str, bool] = {}
-        #: The seq of the last child-end nudge (``pyrula.child`` signal) in the journal.
+        #: The seq of the last child-end nudge written as a ``pyrula.child`` signal (by an
+        #: older pyrula; the store's ``nudge`` writes no event) in the journal.
         self.child_signal_seq = 0
         #: Updates: the requests in journal order, the applied ones by the call at which
         #: they were applied (until replayed), and the ids applied or being applied.

@@ -34,7 +34,7 @@ T = TypeVar("T")
 
 class EngineStore(AttemptStore, Protocol):
     """What an attempt asks of the store: its own writes, its journal, and for child
-    workflows the submit, read, signal and cancel of other runs."""
+    workflows the submit, read, signal, nudge and cancel of other runs."""
 
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]: ...
 
@@ -46,6 +46,8 @@ class EngineStore(AttemptStore, Protocol):
     async def get_run(self, run_id: str) -> RunInfo | None: ...
 
     async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None: ...
+
+    async def nudge(self, run_id: str, *, now: float) -> None: ...
 
     async def cancel(self, run_id: str, *, now: float) -> bool: ...
 
@@ -209,8 +211,9 @@ class Writes:
         self, *, now: float, wake_at: float | None, signals: Sequence[str], interrupt: Any
     ) -> bool:
         """Park the run with the buffer's events. False if it keeps its lock instead (a
-        signal it waits for had already arrived, or a cancel came): the journal then holds
-        what came, and the cancel is passed on."""
+        signal it waits for had already arrived, a child ended while it ran, or a cancel
+        came): the journal then holds what came (nothing, for a child), and the cancel is
+        passed on."""
         async with self._writing:
             batch = self._take()
             known = self._replay.last_seq

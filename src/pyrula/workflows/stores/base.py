@@ -92,9 +92,12 @@ class AttemptStore(Protocol):
 
         The run becomes ``waiting`` if ``signals`` is not empty, else ``sleeping``; it is
         woken at ``wake_at`` (if given) or by one of ``signals``. If one of ``signals``
-        arrived after ``known_seq``, or a cancel was requested, the run is not parked and
-        keeps its lock; the result then carries the journal after ``known_seq``.
-        ``interrupt`` is the payload of a pending ``ctx.interrupt`` (shown in RunInfo).
+        arrived after ``known_seq``, or ``signals`` holds ``CHILD_SIGNAL`` and the run was
+        nudged while it ran (see ``nudge``), or a cancel was requested, the run is not
+        parked and keeps its lock; the result then carries the journal after
+        ``known_seq`` (nothing new, for a nudge alone). Parked or not, the nudge mark is
+        cleared in the same atomic step. ``interrupt`` is the payload of a pending
+        ``ctx.interrupt`` (shown in RunInfo).
         """
         ...
 
@@ -253,6 +256,21 @@ class RunControl(Protocol):
 
         Raises WorkflowNotFound for an unknown run, RunNotActive when the run (the chain's
         last) has ended.
+        """
+        ...
+
+    async def nudge(self, run_id: str, *, now: float) -> None:
+        """Tell a parent that one of its children has ended, writing nothing in its
+        journal. Atomic, idempotent:
+
+        - a run ``waiting`` for ``CHILD_SIGNAL`` is queued (as that signal would queue it);
+        - a ``running`` run is marked nudged, so that its attempt's next ``park`` waiting
+          for ``CHILD_SIGNAL`` does not park (as if that signal had arrived since
+          ``known_seq``): the wake-up a child ending between the parent's look at its
+          children and its park would otherwise be lost;
+        - any other run (queued, parked on something else, ended, unknown) is left as it
+          is: its next attempt looks at its children anyway. Never raises for the run's
+          state.
         """
         ...
 

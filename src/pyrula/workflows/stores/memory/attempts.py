@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyrula.workflows.events import (
+    CHILD_SIGNAL,
     INTERRUPT_SIGNAL,
     Event,
     EventType,
@@ -73,6 +74,8 @@ class MemoryAttempts:
             run = self._state.fenced(run_id, token)
             last = run.append(events, now)
             arrived = any(run.signal_seq.get(s, 0) > known_seq for s in signals)
+            arrived = arrived or (run.nudged and CHILD_SIGNAL in signals)
+            run.nudged = False
             if arrived or run.cancel_requested:
                 return ParkResult(False, last, run.tail(known_seq), run.cancel_requested)
             run.lock_owner = None

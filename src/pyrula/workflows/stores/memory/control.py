@@ -1,4 +1,5 @@
-"""Run control in the memory store: signal a run, cancel it, wake a sleeping one now."""
+"""Run control in the memory store: signal a run, nudge it, cancel it, wake a sleeping one
+now."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 from typing import Any
 
 from pyrula.workflows.errors import RunNotActive
-from pyrula.workflows.events import INTERRUPT_SIGNAL, EventType, make_event
+from pyrula.workflows.events import CHILD_SIGNAL, INTERRUPT_SIGNAL, EventType, make_event
 from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.memory.state import MemoryState
 
@@ -33,6 +34,16 @@ class MemoryControl:
             run.append([event], now)
             run.signal_seq[name] = len(run.journal)
             if run.status is RunStatus.WAITING and name in run.waiting_for:
+                self._state.enqueue(run, now)
+
+    async def nudge(self, run_id: str, *, now: float) -> None:
+        with self._state.lock:
+            run = self._state.runs.get(run_id)
+            if run is None:
+                return
+            if run.status is RunStatus.RUNNING:
+                run.nudged = True
+            elif run.status is RunStatus.WAITING and CHILD_SIGNAL in run.waiting_for:
                 self._state.enqueue(run, now)
 
     async def cancel(self, run_id: str, *, now: float) -> bool:

@@ -58,6 +58,8 @@ class RunRecord:
     interrupt: Any = None
     signal_seq: dict[str, int] = field(default_factory=dict)
     cancel_requested: bool = False
+    #: A child ended while the run ran (``nudge``): its next park on CHILD_SIGNAL does not.
+    nudged: bool = False
     parked_seq: int = 0
     crashes: list[float] = field(default_factory=list)
     #: A crash was counted and no attempt has parked or ended the run since: queued, it

@@ -113,6 +113,7 @@ class MemoryStore(SyncAdmin):
 
     # run control
     signal = _Via("_control", MemoryControl.signal)
+    nudge = _Via("_control", MemoryControl.nudge)
     cancel = _Via("_control", MemoryControl.cancel)
     wake_run = _Via("_control", MemoryControl.wake_run)
 

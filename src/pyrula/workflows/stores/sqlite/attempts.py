@@ -10,7 +10,14 @@ import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from pyrula.workflows.events import INTERRUPT_SIGNAL, Event, EventType, make_event, stamp_successor
+from pyrula.workflows.events import (
+    CHILD_SIGNAL,
+    INTERRUPT_SIGNAL,
+    Event,
+    EventType,
+    make_event,
+    stamp_successor,
+)
 from pyrula.workflows.records import (
     AppendResult,
     FinishResult,
@@ -88,6 +95,9 @@ class Attempts:
                 last = append_events(conn, run_id, row["journal_len"], events, now)
                 seen = from_json(row["signal_seq"]) or {}
                 arrived = any(int(seen.get(s, 0)) > known_seq for s in signals)
+                if row["nudged"]:
+                    arrived = arrived or CHILD_SIGNAL in signals
+                    conn.execute("UPDATE runs SET nudged=0 WHERE run_id=?", (run_id,))
                 if arrived or row["cancel_requested"]:
                     tail = read_journal(conn, run_id, known_seq)
                     return ParkResult(False, last, tail, bool(row["cancel_requested"]))

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from pyrula.workflows.errors import RunNotActive
-from pyrula.workflows.events import INTERRUPT_SIGNAL, EventType, make_event
+from pyrula.workflows.events import CHILD_SIGNAL, INTERRUPT_SIGNAL, EventType, make_event
 from pyrula.workflows.records import RunStatus
 from pyrula.workflows.stores.sqlite.calls import Calls
 from pyrula.workflows.stores.sqlite.connection import Database
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 class RunControl:
-    """signal, cancel and wake_run of the store protocol."""
+    """signal, nudge, cancel and wake_run of the store protocol."""
 
     def __init__(self, db: Database, calls: Calls, wakeups: Wakeups) -> None:
         self._db = db
@@ -54,6 +54,24 @@ class RunControl:
                 waiting = from_json(row["waiting_for"]) or []
                 if status is RunStatus.WAITING and name in waiting:
                     enqueue(conn, live, row["name"], row["owner"], now)
+
+        await self._calls.call(op, inline=True)
+
+    async def nudge(self, run_id: str, *, now: float) -> None:
+        def op() -> None:
+            with self._db.tx() as conn:
+                # Marked only while it runs: the fence of its attempt's park reads the mark.
+                marked = conn.execute(
+                    "UPDATE runs SET nudged=1 WHERE run_id=? AND status='running'", (run_id,)
+                ).rowcount
+                if marked:
+                    return
+                row = conn.execute(
+                    "SELECT name, owner, waiting_for FROM runs WHERE run_id=? "
+                    "AND status='waiting'", (run_id,),
+                ).fetchone()
+                if row is not None and CHILD_SIGNAL in (from_json(row["waiting_for"]) or []):
+                    enqueue(conn, run_id, row["name"], row["owner"], now)
 
         await self._calls.call(op, inline=True)
 

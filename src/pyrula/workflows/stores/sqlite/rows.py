@@ -23,7 +23,7 @@ RUN_COLUMNS = (
     "run_id, name, owner, params, status, attempt, created_at, updated_at, started_at, "
     "finished_at, result, error, wake_at, waiting_for, interrupt, idempotency_key, start_id, "
     "successor_id, cancel_requested, crashes, lock_owner, lock_expires, journal_len, signal_seq, "
-    "parked_seq, suspect_seq, priority"
+    "parked_seq, suspect_seq, priority, nudged"
 )
 
 #: The terminal statuses, as an SQL list (``status IN (...)``).

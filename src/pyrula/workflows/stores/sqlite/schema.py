@@ -14,13 +14,13 @@ from pyrula.workflows.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: Versions this schema upgrades in place (2 added the schedules table, 3 runs.queued_at,
 #: 4 runs.suspect_seq, 5 the trigger_* tables of events and batch triggers, 6 the
 #: projection_* tables and the runs_ended index, 7 runs.priority and the runs_queue_p
 #: index in place of runs_queue, 8 the runs.limit_* columns of per-key limits, their
-#: runs_held and runs_slots indexes and the limit_buckets table).
-ADDITIVE_FROM = frozenset({1, 2, 3, 4, 5, 6, 7})
+#: runs_held and runs_slots indexes and the limit_buckets table, 9 runs.nudged).
+ADDITIVE_FROM = frozenset({1, 2, 3, 4, 5, 6, 7, 8})
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -60,7 +60,8 @@ SCHEMA = (
         limit_conc TEXT,
         limit_rate TEXT,
         limit_line TEXT,
-        limit_seq INTEGER
+        limit_seq INTEGER,
+        nudged INTEGER NOT NULL DEFAULT 0
     )""",
     """CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency
         ON runs(name, idempotency_key) WHERE idempotency_key IS NOT NULL""",
@@ -189,6 +190,9 @@ ADDED_COLUMNS = (
     ("runs", "limit_rate", "TEXT", "SELECT 1"),
     ("runs", "limit_line", "TEXT", "SELECT 1"),
     ("runs", "limit_seq", "INTEGER", "SELECT 1"),
+    # A child ended while the run ran (the store's ``nudge``): its next park waiting for
+    # its children does not park. An older pyrula nudged through the journal: none is.
+    ("runs", "nudged", "INTEGER NOT NULL DEFAULT 0", "SELECT 1"),
 )
 
 #: What is built on the added columns: made once they exist.

@@ -228,6 +228,9 @@ class SQLiteStore(SyncAdmin):
     async def signal(self, run_id: str, name: str, payload: Any, *, now: float) -> None:
         await self._control.signal(run_id, name, payload, now=now)
 
+    async def nudge(self, run_id: str, *, now: float) -> None:
+        await self._control.nudge(run_id, now=now)
+
     async def cancel(self, run_id: str, *, now: float) -> bool:
         return await self._control.cancel(run_id, now=now)
 

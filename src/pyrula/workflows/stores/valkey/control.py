@@ -1,4 +1,5 @@
-"""Run control from outside the run: deliver a signal, cancel, wake a parked run now."""
+"""Run control from outside the run: deliver a signal, nudge a parent, cancel, wake a
+parked run now."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 from typing import Any
 
 from pyrula.errors import RunNotActive, WorkflowNotFound
-from pyrula.workflows.events import INTERRUPT_SIGNAL, EventType, make_event
+from pyrula.workflows.events import CHILD_SIGNAL, INTERRUPT_SIGNAL, EventType, make_event
 from pyrula.workflows.stores.valkey.codec import dumps
 from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.doorbell import Doorbell
@@ -15,7 +16,7 @@ logger = logging.getLogger(__name__)
 
 
 class Control:
-    """Signals, cancels and wakes of runs; a run queued by one rings its shard."""
+    """Signals, nudges, cancels and wakes of runs; a run queued by one rings its shard."""
 
     def __init__(self, connection: Connection, doorbell: Doorbell) -> None:
         self.connection = connection
@@ -38,6 +39,14 @@ class Control:
         answer = await self._op(run_id, "signal", run_id, now, name, dumps(event))
         if answer.startswith("ENDED"):
             raise RunNotActive(f"run {run_id} has already ended ({answer.split(' ', 1)[1]})")
+        if answer == "QUEUED":
+            await self.doorbell.ring_run(run_id, now)
+
+    async def nudge(self, run_id: str, *, now: float) -> None:
+        base = self.connection.keys.base_of_run(run_id)
+        if base is None:
+            return  # no run of this store: nobody to tell
+        answer = await self.connection.op(base, "nudge", run_id, now, CHILD_SIGNAL)
         if answer == "QUEUED":
             await self.doorbell.ring_run(run_id, now)
 

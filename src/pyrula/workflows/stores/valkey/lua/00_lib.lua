@@ -32,14 +32,20 @@ local function jnlk(base, id) return base .. ':jnl:' .. id end
 local RUN_FIELDS = {'status', 'attempt', 'cancel', 'start_id', 'idem', 'waiter',
   'lock_expires', 'owner', 'jnl', 'prio'}
 
-local function stale(run, token)
+-- What park reads besides: the signal name a nudge marked the running run with (nudge).
+local PARK_FIELDS = {unpack(RUN_FIELDS)}
+PARK_FIELDS[#PARK_FIELDS + 1] = 'nudged'
+
+local function stale(run, token, fields)
   -- Fencing: the write is accepted only from the run's current attempt while it runs.
-  -- Returns nil and the run's fields (RUN_FIELDS by name), or the error text.
-  local st = redis.call('HMGET', run, unpack(RUN_FIELDS))
+  -- Returns nil and the run's fields (`fields`, RUN_FIELDS unless given, by name), or the
+  -- error text.
+  fields = fields or RUN_FIELDS
+  local st = redis.call('HMGET', run, unpack(fields))
   if not st[1] then return 'NOTFOUND' end
   if st[1] ~= 'running' or st[2] ~= token then return 'STALE ' .. tostring(st[2]) end
   local f = {}
-  for i, name in ipairs(RUN_FIELDS) do f[name] = st[i] end
+  for i, name in ipairs(fields) do f[name] = st[i] end
   return nil, f
 end
 

@@ -25,11 +25,13 @@ end
 -- ARGV op, run_id, token, now, wake_at|'', known_seq, interrupt_json|'', n_signals,
 --       signal..., event...
 -- returns {parked (1|0), last_seq, cancel, {tail after known_seq when not parked}}
+-- Not parked either when the run was nudged for one of the signals while it ran (the
+-- `nudged` field, set by nudge); parked or not, the mark is cleared.
 ops.park = function(k, a)
   local base, id, token, now, wake_at, known = k[1], a[2], a[3], a[4], a[5], tonumber(a[6])
   local interrupt, n = a[7], tonumber(a[8])
   local run = runk(base, id)
-  local err, f = stale(run, token)
+  local err, f = stale(run, token, PARK_FIELDS)
   if err then return redis.error_reply(err) end
   local cancel = f.cancel == '1'
   local len = push_events(base, id, a, 9 + n, f)
@@ -40,11 +42,13 @@ ops.park = function(k, a)
     for i = 9, 8 + n do
       waiting[#waiting + 1] = a[i]
       marks[#marks + 1] = 'sig:' .. a[i]
+      if a[i] == f.nudged then arrived = true end
     end
     for _, seen in ipairs(redis.call('HMGET', run, unpack(marks))) do
       if tonumber(seen or '0') > known then arrived = true end
     end
   end
+  if f.nudged then redis.call('HDEL', run, 'nudged') end
   if arrived or cancel then
     if not f.jnl then redis.call('HSET', run, 'jnl', 1) end
     return {0, len, cancel and 1 or 0, redis.call('LRANGE', jnlk(base, id), known, -1)}

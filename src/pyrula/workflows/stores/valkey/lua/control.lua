@@ -43,6 +43,30 @@ ops.signal = function(k, a)
   return 'OK'
 end
 
+-- nudge: ARGV op, run_id, now, name -> 'NOTFOUND' | 'MARKED' | 'QUEUED' | 'OK'
+-- A child of run_id has ended; nothing is written in run_id's journal. A running run is
+-- marked (its next park waiting for `name` does not park, see park); one waiting for
+-- `name` is queued; any other is left as it is (its next attempt looks anyway).
+ops.nudge = function(k, a)
+  local base, id, now, name = k[1], a[2], a[3], a[4]
+  local run = runk(base, id)
+  local f = redis.call('HMGET', run, 'status', 'waiting_for', 'owner')
+  if not f[1] then return 'NOTFOUND' end
+  if f[1] == 'running' then
+    redis.call('HSET', run, 'nudged', name)
+    return 'MARKED'
+  end
+  if f[1] == 'waiting' and f[2] and f[2] ~= '' then
+    for _, w in ipairs(cjson.decode(f[2])) do
+      if w == name then
+        enqueue(base, id, f[3], now)
+        return 'QUEUED'
+      end
+    end
+  end
+  return 'OK'
+end
+
 -- cancel: ARGV op, run_id, now, completed_ttl -> 'NOTFOUND' | 'ENDED' | 'CANCELLED' | 'REQUESTED'
 ops.cancel = function(k, a)
   local base, id, now = k[1], a[2], a[3]
