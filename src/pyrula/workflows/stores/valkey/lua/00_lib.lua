@@ -33,7 +33,10 @@ local RUN_FIELDS = {'status', 'attempt', 'cancel', 'start_id', 'idem', 'waiter',
   'lock_expires', 'owner', 'jnl', 'prio'}
 
 -- What park reads besides: the signal name a nudge marked the running run with (nudge).
-local PARK_FIELDS = {unpack(RUN_FIELDS)}
+-- (Copied by hand: a function library's top level runs at load, where the Lua library
+-- functions, `unpack` and `ipairs` included, are not reachable.)
+local PARK_FIELDS = {}
+for i = 1, #RUN_FIELDS do PARK_FIELDS[i] = RUN_FIELDS[i] end
 PARK_FIELDS[#PARK_FIELDS + 1] = 'nudged'
 
 local function stale(run, token, fields)
