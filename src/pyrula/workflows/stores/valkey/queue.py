@@ -11,6 +11,7 @@ from typing import Any
 
 from pyrula.errors import JournalCorrupt
 from pyrula.workflows.events import Event
+from pyrula.workflows.limits import LimitKeys
 from pyrula.workflows.priority import check_priority
 from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, SuspectsAt
 from pyrula.workflows.stores.common import NO_OWNER, record_params
@@ -27,6 +28,7 @@ from pyrula.workflows.stores.valkey.doorbell import Doorbell, Empty
 from pyrula.workflows.stores.valkey.flow import Flow
 from pyrula.workflows.stores.valkey.keys import name_hash
 from pyrula.workflows.stores.valkey.leases import Leases
+from pyrula.workflows.stores.valkey.limits import LIMITED_SHARD, Limits, key_args, keys_of
 from pyrula.workflows.stores.valkey.registry import Registry
 from pyrula.workflows.stores.valkey.shard_choice import (
     OTHER,
@@ -57,7 +59,7 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
     does not read is not a reason to fail the claim: the other runs it took start, and
     the worker fails this one (its attempt and lock are taken like theirs)."""
     (run_id, name, params, owner, attempt, start_id, created, base_seq, journal, idem,
-     predecessor, started_at, first_worker, crashes, first_build, suspect) = row
+     predecessor, started_at, first_worker, crashes, first_build, suspect, *keys) = row
     record = {"name": name, "params": params, "owner": owner, "created_at": created,
               "idem": idem, "predecessor": predecessor, "started_at": started_at,
               "w1": first_worker, "b1": first_build}
@@ -82,6 +84,7 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
         crashes=tuple(float(t) for t in loads(crashes)),
         journal_error=corrupt,
         suspect=str(suspect) == "1",
+        limit_keys=keys_of(*map(str, keys)) if keys else None,
     )
 
 
@@ -105,6 +108,13 @@ class ClaimPass:
         self.empty: Empty = {}
         self.fuller: list[tuple[str, int]] = []
 
+    def op_of(self, name: str) -> tuple[str, tuple[str | int | float, ...]]:
+        """The claim script's op for ``name`` and the limits it passes: ``claim_limited``
+        with the name's max and rate when this process has limits for it, else the plain
+        ``claim`` with nothing more."""
+        limits = self.queue.limits.args(name)
+        return ("claim", ()) if limits is None else ("claim_limited", limits)
+
     def keys_of(self, name: str, shard: int) -> str | tuple[str, ...]:
         keys = self.queue.connection.keys
         base = keys.base_of(name, shard)
@@ -118,14 +128,18 @@ class ClaimPass:
         args = (self.worker_id, self.now, self.now + self.lock_ttl)
         if self.reserved:
             for visit in round_:
+                op, limits = self.op_of(visit.candidate.name)
                 rows, left, waiting = await conn.op(
-                    self.keys_of(visit.candidate.name, visit.candidate.shard), "claim",
-                    *args, visit.share, self.build, *self.caps,
+                    self.keys_of(visit.candidate.name, visit.candidate.shard), op,
+                    *args, visit.share, self.build, *limits, *self.caps,
                 )
                 self.took(rows, left, waiting, visit)
             return
-        calls: list[Call] = [(self.keys_of(c.name, c.shard), ("claim", *args, share, self.build))
-                             for c, share in round_]
+        calls: list[Call] = []
+        for c, share in round_:
+            op, limits = self.op_of(c.name)
+            calls.append((self.keys_of(c.name, c.shard), (op, *args, share, self.build,
+                                                          *limits)))
         for visit, result in zip(round_, await conn.batch(calls), strict=True):
             if isinstance(result, BaseException):
                 raise result
@@ -162,8 +176,9 @@ class Queue:
     """Submit, claim and timer wakes, with what this store learnt from its last claims."""
 
     def __init__(self, connection: Connection, registry: Registry, leases: Leases,
-                 doorbell: Doorbell, flow: Flow) -> None:
+                 doorbell: Doorbell, flow: Flow, limits: Limits) -> None:
         self.connection = connection
+        self.limits = limits
         self.registry = registry
         self.leases = leases
         self.doorbell = doorbell
@@ -192,17 +207,25 @@ class Queue:
         owner: str | None = None,
         idempotency_key: str | None = None,
         priority: int = 0,
+        limit_keys: LimitKeys | None = None,
     ) -> tuple[RunHandle, bool]:
         """One script (atomic): the idempotency check, the record, its place in its
-        owner's queue of its ``priority`` (a priority-0 run passes no argument for it)."""
+        owner's queue of its ``priority`` (a priority-0 run passes no argument for it), or
+        with ``limit_keys``, in its key's waiting line. Every run of a limited workflow
+        goes to the name's shard 0 (stores/valkey/limits.py)."""
         priority = check_priority(priority)
         conn, keys = self.connection, self.connection.keys
         await self.registry.register(name)
-        shard = self._shard_for(idempotency_key)
+        limited = (limit_keys is not None or name in self.registry.limited
+                   or name in self.limits.limits)
+        shard = LIMITED_SHARD if limited else self._shard_for(idempotency_key)
         base = keys.base_of(name, shard)
         run_id = keys.new_run_id(name, shard, now)
+        tail: tuple[Any, ...] = (priority,) if priority else ()
+        if limit_keys is not None:
+            tail = (priority or "", *key_args(limit_keys))
         args = ("submit", run_id, name, owner or NO_OWNER, dumps(params), now,
-                idempotency_key or "", "", *((priority,) if priority else ()))
+                idempotency_key or "", "", *tail)
         if await conn.clustered():
             result = await conn.op(base, *args)
             if int(result[2]):  # the doorbell lives in another slot: ring it now
@@ -212,6 +235,10 @@ class Queue:
             # nothing queued (one server: its keys need not share a slot).
             result = await conn.op((base, keys.ready(name), keys.bell), *args)
         created = bool(int(result[1]))
+        if limited:
+            # It may have started a line that this store's claims, reading the doorbell
+            # within RINGS_FRESH, would not see yet.
+            self.doorbell.forget_rings()
         return RunHandle(name, str(result[0])), created
 
     # --- claim ----------------------------------------------------------------------
@@ -316,8 +343,10 @@ class Queue:
             for place in at:
                 base = conn.keys.base_of(place.name, place.shard)
                 keys = base if clustered else (base, conn.keys.ready(place.name))
-                row = await conn.op(keys, "claim_suspect", worker_id, now, now + lock_ttl,
-                                    build or "", *caps)
+                limits = self.limits.args(place.name)
+                op = "claim_suspect" if limits is None else "claim_suspect_limited"
+                row = await conn.op(keys, op, worker_id, now, now + lock_ttl,
+                                    build or "", *(limits or ()), *caps)
                 if row:
                     claimed.append(claimed_run(row))
                     break
@@ -333,7 +362,8 @@ class Queue:
         if base is None:
             return None
         row = await self.connection.op(base, "claim_run", run_id, worker_id, now,
-                                       now + lock_ttl, build or "")
+                                       now + lock_ttl, build or "",
+                                       *self.limits.args_of_run(run_id))
         return None if not row else claimed_run(row)
 
     # --- timers ---------------------------------------------------------------------

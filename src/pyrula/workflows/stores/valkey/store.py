@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pyrula.workflows.events import Event
+from pyrula.workflows.limits import LimitKeys, WorkflowLimits
 from pyrula.workflows.records import (
     AppendResult,
     Claimed,
@@ -43,6 +44,7 @@ from pyrula.workflows.stores.valkey.doorbell import Doorbell
 from pyrula.workflows.stores.valkey.flow import Flow
 from pyrula.workflows.stores.valkey.keys import ended_time
 from pyrula.workflows.stores.valkey.leases import Leases
+from pyrula.workflows.stores.valkey.limits import Limits
 from pyrula.workflows.stores.valkey.projections import ValkeyProjections
 from pyrula.workflows.stores.valkey.queue import Queue
 from pyrula.workflows.stores.valkey.reads import Reads
@@ -95,7 +97,10 @@ class ValkeyStore(SyncAdmin):
         self.leases = Leases(conn, self.registry)
         self.doorbell = Doorbell(conn, self.leases)
         self.flow = Flow(conn)
-        self.queue = Queue(conn, self.registry, self.leases, self.doorbell, self.flow)
+        self.limits = Limits(conn)
+        self.doorbell.limited = self.limits.limits
+        self.queue = Queue(conn, self.registry, self.leases, self.doorbell, self.flow,
+                           self.limits)
         self.reads = Reads(conn, self.registry)
         self.attempts = Attempts(conn, self.registry, self.leases, self.doorbell, self.flow,
                                  self.reads)
@@ -115,7 +120,7 @@ class ValkeyStore(SyncAdmin):
         await self.connection.load_script()
 
     async def prepare(self, names: Sequence[str]) -> None:
-        await self.registry.prepare(names)
+        await self.registry.prepare(names, limited=self.limits.limits)
 
     async def bind(
         self, project: str | None, environment: str | None
@@ -147,9 +152,24 @@ class ValkeyStore(SyncAdmin):
     async def submit(
         self, name: str, params: Any, *, now: float, owner: str | None = None,
         idempotency_key: str | None = None, priority: int = 0,
+        limit_keys: LimitKeys | None = None,
     ) -> tuple[RunHandle, bool]:
         return await self.queue.submit(name, params, now=now, owner=owner,
-                                       idempotency_key=idempotency_key, priority=priority)
+                                       idempotency_key=idempotency_key, priority=priority,
+                                       limit_keys=limit_keys)
+
+    # --- per-key limits (KeyedLimits) -----------------------------------------------
+
+    def use_limits(self, limits: Mapping[str, WorkflowLimits]) -> None:
+        self.limits.use_limits(limits)
+
+    async def assign_limit_keys(
+        self, run_id: str, token: int, keys: LimitKeys, *, now: float
+    ) -> bool:
+        if await self.limits.assign_limit_keys(run_id, token, keys, now=now):
+            return True
+        await self.doorbell.ring_run(run_id, now)  # its line may be new: claims look there
+        return False
 
     async def claim(
         self, worker_id: str, names: Sequence[str], *, limit: int, now: float, lock_ttl: float,
@@ -242,18 +262,29 @@ class ValkeyStore(SyncAdmin):
         self, run_id: str, token: int, events: Sequence[Event], *, now: float,
         wake_at: float | None, signals: Sequence[str], known_seq: int, interrupt: Any = None,
     ) -> ParkResult:
-        return await self.attempts.park(run_id, token, events, now=now, wake_at=wake_at,
-                                        signals=signals, known_seq=known_seq,
-                                        interrupt=interrupt)
+        parked = await self.attempts.park(run_id, token, events, now=now, wake_at=wake_at,
+                                          signals=signals, known_seq=known_seq,
+                                          interrupt=interrupt)
+        await self._slot_freed(run_id, now)
+        return parked
 
     async def finish(
         self, run_id: str, token: int, events: Sequence[Event], *, now: float,
         status: RunStatus, result: Any = None, error: dict[str, Any] | None = None,
         successor_params: Any = None,
     ) -> FinishResult:
-        return await self.attempts.finish(run_id, token, events, now=now, status=status,
-                                          result=result, error=error,
-                                          successor_params=successor_params)
+        finished = await self.attempts.finish(run_id, token, events, now=now, status=status,
+                                              result=result, error=error,
+                                              successor_params=successor_params)
+        await self._slot_freed(run_id, now)
+        return finished
+
+    async def _slot_freed(self, run_id: str, now: float) -> None:
+        """A run of a limited workflow stopped running: ring its shard, so that an idle
+        worker admits the next run of its key now, not at its next poll. (A workflow
+        without limits pays nothing: the check is local.)"""
+        if self.limits.limited_run(run_id):
+            await self.doorbell.ring_run(run_id, now)
 
     async def requeue(
         self, run_id: str, token: int, *, now: float, reason: str,

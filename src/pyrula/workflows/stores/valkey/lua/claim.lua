@@ -6,7 +6,7 @@ local function take(base, id, worker, now, expires, build)
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
     'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1', 'crashes', 'b1',
-    'suspect')
+    'suspect', 'lc', 'lr')
   local attempt = tonumber(f[7] or '0') + 1
   local fields = {'status', 'running', 'attempt', attempt, 'lock_owner', worker,
     'lock_expires', expires, 'updated_at', now}
@@ -33,14 +33,16 @@ local function take(base, id, worker, now, expires, build)
     journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   end
   return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or '',
-    f[8] or '', f[12] or '', f[13] or '[]', f[14] or '', f[15] or ''}
+    f[8] or '', f[12] or '', f[13] or '[]', f[14] or '', f[15] or '', f[16] or '', f[17] or ''}
 end
 
-local function unring_if_empty(k, base)
-  -- On one server the claim takes a shard it left with nothing queued (suspects included)
-  -- out of the doorbell (a later submit or requeue rings it again).
+local function unring_if_empty(k, base, limited)
+  -- On one server the claim takes a shard it left with nothing queued (suspects, and for
+  -- a `limited` name the runs waiting in its keys' lines, included) out of the doorbell
+  -- (a later submit or requeue rings it again).
   if k[2] and redis.call('EXISTS', base .. ':suspects') == 0
-    and redis.call('ZCARD', base .. ':active') == 0 then
+    and redis.call('ZCARD', base .. ':active') == 0
+    and not (limited and redis.call('EXISTS', base .. ':lines') == 1) then
     redis.call('ZREM', k[2], tonumber(string.match(base, '%.(%d+)}$')))
   end
 end
@@ -197,25 +199,13 @@ local function listed_owners(base, caps)
   return owners, served, #listed / 2
 end
 
--- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
--- over owners (least served first, oldest head breaking ties), within an owner its
--- highest priority first, FIFO within a priority. The suspects put aside here are never
--- taken (claim_suspect takes them one at a time). Atomic (one script).
--- KEYS: base [, the name's doorbell (one server only): a claim that empties the shard
---       takes it out there (a later submit rings it again)]
--- ARGV: op, worker, now, lock_expires, limit, build ('' for none), [owner, cap]...
--- (flow-controlled owners may take at most cap runs; cap 0 blocks the owner)
--- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
---           {journal after base_seq}, idempotency_key, predecessor, started_at,
---           first worker, crashes (JSON list of times), first build, suspect ('1')}...},
---          owners still queued, suspects waiting here}
--- (a shard that holds suspects only stays in the doorbell, so claims keep visiting it and
--- tell their workers that suspects wait)
-ops.claim = function(k, a)
+local function claim_from(k, a, at, limited)
+  -- The claim (below) with flow control's caps from ARGV `at` on; a `limited` name's
+  -- shard stays in the doorbell while runs wait in its keys' lines.
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
   local build = a[6] or ''
   local caps = {}
-  for i = 7, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
+  for i = at, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
   local owners, served, listed = listed_owners(base, caps)
   local ranked = redis.call('HGETALL', base .. ':prio')
   local taken, gone = {}, 0
@@ -238,8 +228,67 @@ ops.claim = function(k, a)
   end
   if #locks > 0 then redis.call('ZADD', base .. ':times', unpack(locks)) end
   local suspects = redis.call('LLEN', base .. ':suspects')
-  if left == 0 then unring_if_empty(k, base) end
+  if limited and left == 0 and redis.call('EXISTS', base .. ':lines') == 1 then left = 1 end
+  if left == 0 then unring_if_empty(k, base, limited) end
   return {out, left, suspects}
+end
+
+-- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
+-- over owners (least served first, oldest head breaking ties), within an owner its
+-- highest priority first, FIFO within a priority. The suspects put aside here are never
+-- taken (claim_suspect takes them one at a time). Atomic (one script).
+-- KEYS: base [, the name's doorbell (one server only): a claim that empties the shard
+--       takes it out there (a later submit rings it again)]
+-- ARGV: op, worker, now, lock_expires, limit, build ('' for none), [owner, cap]...
+-- (flow-controlled owners may take at most cap runs; cap 0 blocks the owner)
+-- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
+--           {journal after base_seq}, idempotency_key, predecessor, started_at,
+--           first worker, crashes (JSON list of times), first build, suspect ('1'),
+--           concurrency key, rate key}...},
+--          owners still queued (at least 1 while runs wait in a limited name's lines),
+--          suspects waiting here}
+-- (a shard that holds suspects only stays in the doorbell, so claims keep visiting it and
+-- tell their workers that suspects wait)
+ops.claim = function(k, a)
+  return claim_from(k, a, 7, false)
+end
+
+-- claim_limited: claim for a workflow with per-key limits: first admit the runs waiting
+-- in its keys' lines that their limits let start (01_limits: admit), then claim.
+-- KEYS: as claim
+-- ARGV: op, worker, now, lock_expires, limit, build, max|'', rate|'', [owner, cap]...
+-- returns as claim
+ops.claim_limited = function(k, a)
+  local max, rate = limits_at(a, 7)
+  admit(k[1], max, rate, a[3])
+  return claim_from(k, a, 9, true)
+end
+
+local function claim_suspect_from(k, a, at, max, rate)
+  -- claim_suspect (below) with flow control's caps from ARGV `at` on; a suspect with
+  -- limit keys is taken only if its limits (`max`, `rate`) let it start.
+  local base, worker, now, expires = k[1], a[2], a[3], a[4]
+  local caps = {}
+  for i = at, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
+  local list = base .. ':suspects'
+  local chosen, most, keys = nil, -1, nil
+  for _, id in ipairs(redis.call('LRANGE', list, 0, 63)) do
+    local f = redis.call('HMGET', runk(base, id), 'owner', 'crashes', 'lc', 'lr')
+    if caps[f[1]] == nil or caps[f[1]] > 0 then
+      local crashes = #cjson.decode(f[2] or '[]')
+      if crashes > most then chosen, most, keys = id, crashes, f end
+    end
+  end
+  if not chosen then return nil end
+  if (max or rate) and not room(base, keys[3], keys[4], max, rate, now, nil) then
+    return nil
+  end
+  took_slot(base, chosen, keys[3])
+  redis.call('LREM', list, 1, chosen)
+  redis.call('ZADD', base .. ':times', expires, chosen)
+  local row = take(base, chosen, worker, now, expires, a[5] or '')
+  unring_if_empty(k, base, max or rate)
+  return row
 end
 
 -- claim_suspect: of the first 64 suspects put aside on this shard whose owners flow
@@ -249,39 +298,36 @@ end
 -- ARGV: op, worker, now, lock_expires, build ('' for none), [owner, cap]... (as claim)
 -- returns the run as claim returns each, or nil
 ops.claim_suspect = function(k, a)
-  local base, worker, now, expires = k[1], a[2], a[3], a[4]
-  local caps = {}
-  for i = 6, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
-  local list = base .. ':suspects'
-  local chosen, most = nil, -1
-  for _, id in ipairs(redis.call('LRANGE', list, 0, 63)) do
-    local f = redis.call('HMGET', runk(base, id), 'owner', 'crashes')
-    if caps[f[1]] == nil or caps[f[1]] > 0 then
-      local crashes = #cjson.decode(f[2] or '[]')
-      if crashes > most then chosen, most = id, crashes end
-    end
-  end
-  if not chosen then return nil end
-  redis.call('LREM', list, 1, chosen)
-  redis.call('ZADD', base .. ':times', expires, chosen)
-  local row = take(base, chosen, worker, now, expires, a[5] or '')
-  unring_if_empty(k, base)
-  return row
+  return claim_suspect_from(k, a, 6, nil, nil)
 end
 
--- claim_run: claim this one run if it is queued.
--- ARGV: op, run_id, worker, now, expires, build ('' for none)
+-- claim_suspect_limited: claim_suspect for a workflow with per-key limits.
+-- ARGV: op, worker, now, lock_expires, build, max|'', rate|'', [owner, cap]...
+ops.claim_suspect_limited = function(k, a)
+  local max, rate = limits_at(a, 6)
+  return claim_suspect_from(k, a, 8, max, rate)
+end
+
+-- claim_run: claim this one run if it is queued (one waiting in its key's line, or a
+-- suspect with keys, only if its limits let it start).
+-- ARGV: op, run_id, worker, now, expires, build ('' for none) [, max|'', rate|'']
 ops.claim_run = function(k, a)
   local base, id, expires = k[1], a[2], a[5]
-  local f = redis.call('HMGET', runk(base, id), 'status', 'owner', 'prio')
+  local f = redis.call('HMGET', runk(base, id), 'status', 'owner', 'prio', 'held', 'suspect',
+    'lc', 'lr')
   if f[1] ~= 'queued' then return nil end
-  dequeue(base, id, f[2], f[3])
+  if f[4] or (f[5] == '1' and (f[6] or f[7])) then
+    local max, rate = limits_at(a, 7)
+    if not room(base, f[6], f[7], max, rate, a[4], nil) then return nil end
+    took_slot(base, id, f[6])
+  end
+  dequeue(base, id, f[2], f[3], f[4])
   redis.call('ZADD', base .. ':times', expires, id)
   return take(base, id, a[3], a[4], expires, a[6] or '')
 end
 
 -- queue_stats: how many runs this shard's queues hold (every priority's, its put-aside
--- suspects too), and
+-- suspects and the runs waiting in its keys' lines too), and
 -- since when the longest-waiting of their heads has been claimable (read only). Each
 -- FIFO is in the order its runs became claimable, so its head is its oldest; only the
 -- heads are read.
@@ -294,6 +340,9 @@ ops.queue_stats = function(k, a)
   local base = k[1]
   local depth, oldest, shown = 0, nil, ''
   local queues = {base .. ':suspects'}
+  for _, line in ipairs(redis.call('ZRANGE', base .. ':lines', 0, -1)) do
+    queues[#queues + 1] = base .. ':line:' .. line
+  end
   for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
     queues[#queues + 1] = base .. ':q:' .. owner
   end
