@@ -107,13 +107,18 @@ class ClaimPass:
         self.suspects: list[SuspectsAt] = []
         self.empty: Empty = {}
         self.fuller: list[tuple[str, int]] = []
+        #: Shards other than their name's home whose lines hold runs (admit_away).
+        self.away_lines: set[tuple[str, int]] = set()
 
-    def op_of(self, name: str) -> tuple[str, tuple[str | int | float, ...]]:
-        """The claim script's op for ``name`` and the limits it passes: ``claim_limited``
-        with the name's max and rate when this process has limits for it, else the plain
-        ``claim`` with nothing more."""
+    def op_of(self, name: str, shard: int) -> tuple[str, tuple[str | int | float, ...]]:
+        """The claim script's op for ``name``'s ``shard`` and the limits it passes: the
+        plain ``claim`` with nothing more when this process has no limits for the name;
+        at its home ``claim_limited`` with its max and rate; on another shard
+        ``claim_away`` (stores/valkey/limits.py)."""
         limits = self.queue.limits.args(name)
-        return ("claim", ()) if limits is None else ("claim_limited", limits)
+        if limits is None:
+            return ("claim", ())
+        return ("claim_limited", limits) if shard == LIMITED_SHARD else ("claim_away", ())
 
     def keys_of(self, name: str, shard: int) -> str | tuple[str, ...]:
         keys = self.queue.connection.keys
@@ -128,26 +133,29 @@ class ClaimPass:
         args = (self.worker_id, self.now, self.now + self.lock_ttl)
         if self.reserved:
             for visit in round_:
-                op, limits = self.op_of(visit.candidate.name)
-                rows, left, waiting = await conn.op(
+                op, limits = self.op_of(visit.candidate.name, visit.candidate.shard)
+                result = await conn.op(
                     self.keys_of(visit.candidate.name, visit.candidate.shard), op,
                     *args, visit.share, self.build, *limits, *self.caps,
                 )
-                self.took(rows, left, waiting, visit)
+                self.took(result, visit)
             return
         calls: list[Call] = []
         for c, share in round_:
-            op, limits = self.op_of(c.name)
+            op, limits = self.op_of(c.name, c.shard)
             calls.append((self.keys_of(c.name, c.shard), (op, *args, share, self.build,
                                                           *limits)))
         for visit, result in zip(round_, await conn.batch(calls), strict=True):
             if isinstance(result, BaseException):
                 raise result
-            self.took(result[0], result[1], result[2], visit)
+            self.took(result, visit)
 
-    def took(self, rows: Sequence[Any], left: Any, waiting: Any, visit: Visit) -> None:
+    def took(self, result: Sequence[Any], visit: Visit) -> None:
         """What one shard's script gave, and what it says of the shard."""
+        rows, left, waiting = result[0], result[1], result[2]
         (_, name, shard, rung), share = visit
+        if len(result) > 3 and int(result[3]) and shard != LIMITED_SHARD:
+            self.away_lines.add((name, shard))
         if int(waiting):
             self.suspects.append(SuspectsAt(name, shard))
             left = 1  # the shard stays in the doorbell while suspects wait there
@@ -281,11 +289,13 @@ class Queue:
             bell.forget_rings()  # nothing rung: the next claim reads the doorbell anew
             return Claimed()  # before reserving: only the settle gives a reservation back
         reserved = await self.flow.reserve(names, limit, now, lock_ttl)
+        self.limits.lock_ttl = lock_ttl
         claim = ClaimPass(self, worker_id, build or "", (now, lock_ttl), reserved,
                           await conn.clustered())
         try:
             await claim.visit(visit)
             await self._rounds_after(claim, names, ordered, visit, hint, limit)
+            await self._admit_away(claim, limit)
         finally:
             await self.flow.settle(reserved, claim.claimed, now + lock_ttl)
         # Taking dry shards out of the doorbell costs two round trips: done after the
@@ -294,6 +304,18 @@ class Queue:
         if len(claim.claimed) < limit:
             bell.forget_rings()  # short: the next claim reads the doorbell anew
         return Claimed(claim.claimed, claim.suspects)
+
+    async def _admit_away(self, claim: ClaimPass, limit: int) -> None:
+        """Claim what is left of ``limit`` from the lines of shards other than their
+        name's home that the claim found (runs submitted there without keys)."""
+        for name, shard in sorted(claim.away_lines):
+            want = limit - len(claim.claimed)
+            if want <= 0:
+                return
+            rows = await self.limits.admit_away(
+                name, shard, worker_id=claim.worker_id, now=claim.now,
+                lock_ttl=claim.lock_ttl, build=claim.build, want=want)
+            claim.claimed.extend(claimed_run(row) for row in rows)
 
     async def _rounds_after(self, claim: ClaimPass, names: Sequence[str],
                             ordered: list[Candidate], first: Sequence[Visit],

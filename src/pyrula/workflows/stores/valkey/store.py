@@ -38,13 +38,14 @@ from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import SyncAdmin
 from pyrula.workflows.stores.capabilities import ProjectionHead, QueueStat
 from pyrula.workflows.stores.valkey.attempts import Attempts
+from pyrula.workflows.stores.valkey.codec import raise_first
 from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.control import Control
 from pyrula.workflows.stores.valkey.doorbell import Doorbell
 from pyrula.workflows.stores.valkey.flow import Flow
 from pyrula.workflows.stores.valkey.keys import ended_time
 from pyrula.workflows.stores.valkey.leases import Leases
-from pyrula.workflows.stores.valkey.limits import Limits
+from pyrula.workflows.stores.valkey.limits import LIMITED_SHARD, Limits
 from pyrula.workflows.stores.valkey.projections import ValkeyProjections
 from pyrula.workflows.stores.valkey.queue import Queue
 from pyrula.workflows.stores.valkey.reads import Reads
@@ -280,25 +281,36 @@ class ValkeyStore(SyncAdmin):
         return finished
 
     async def _slot_freed(self, run_id: str, now: float) -> None:
-        """A run of a limited workflow stopped running: ring its shard, so that an idle
-        worker admits the next run of its key now, not at its next poll. (A workflow
-        without limits pays nothing: the check is local.)"""
+        """A run of a limited workflow stopped running: give back the slot it held at
+        its name's home (a run of another shard), and ring its shard and the home, so that
+        an idle worker admits the next run of its key now, not at its next poll. (A
+        workflow without limits pays nothing: the check is local.)"""
         if self.limits.limited_run(run_id):
-            await self.doorbell.ring_run(run_id, now)
+            await self.limits.done(run_id)
+            await self.doorbell.ring_hash(run_id[:12], sorted({LIMITED_SHARD,
+                                                               int(run_id[12:16], 16)}), now)
 
     async def requeue(
         self, run_id: str, token: int, *, now: float, reason: str,
         events: Sequence[Event] = (), crash: bool = False, poison: PoisonPolicy | None = None,
         crash_detail: Mapping[str, Any] | None = None,
     ) -> RequeueOutcome:
-        return await self.attempts.requeue(run_id, token, now=now, reason=reason,
-                                           events=events, crash=crash, poison=poison,
-                                           crash_detail=crash_detail)
+        outcome = await self.attempts.requeue(run_id, token, now=now, reason=reason,
+                                              events=events, crash=crash, poison=poison,
+                                              crash_detail=crash_detail)
+        await self._slot_freed(run_id, now)
+        return outcome
 
     async def renew(
         self, worker_id: str, held: Mapping[str, int], *, now: float, lock_ttl: float
     ) -> RenewResult:
-        return await self.attempts.renew(worker_id, held, now=now, lock_ttl=lock_ttl)
+        renewed = await self.attempts.renew(worker_id, held, now=now, lock_ttl=lock_ttl)
+        self.limits.forget(renewed.lost)
+        calls = self.limits.renew_calls([r for r in held if r not in renewed.lost],
+                                        now + lock_ttl)
+        if calls:  # runs of other shards holding slots at their names' homes
+            raise_first(await self.connection.batch(calls))
+        return renewed
 
     async def reclaim(
         self, names: Sequence[str] | None, *, now: float, limit: int, poison: PoisonPolicy,

@@ -228,9 +228,14 @@ local function claim_from(k, a, at, limited)
   end
   if #locks > 0 then redis.call('ZADD', base .. ':times', unpack(locks)) end
   local suspects = redis.call('LLEN', base .. ':suspects')
-  if limited and left == 0 and redis.call('EXISTS', base .. ':lines') == 1 then left = 1 end
-  if left == 0 then unring_if_empty(k, base, limited) end
-  return {out, left, suspects}
+  if not limited then
+    if left == 0 then unring_if_empty(k, base, false) end
+    return {out, left, suspects}
+  end
+  local lines = redis.call('ZCARD', base .. ':lines')
+  if left == 0 and lines > 0 then left = 1 end
+  if left == 0 then unring_if_empty(k, base, true) end
+  return {out, left, suspects, lines}
 end
 
 -- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
@@ -257,11 +262,21 @@ end
 -- in its keys' lines that their limits let start (01_limits: admit), then claim.
 -- KEYS: as claim
 -- ARGV: op, worker, now, lock_expires, limit, build, max|'', rate|'', [owner, cap]...
--- returns as claim
+-- returns as claim, and how many lines hold waiting runs here
 ops.claim_limited = function(k, a)
   local max, rate = limits_at(a, 7)
   admit(k[1], max, rate, a[3])
   return claim_from(k, a, 9, true)
+end
+
+-- claim_away: claim on a shard of a limited workflow other than its home: the runs of
+-- its owners' queues, none of its lines' (their slots are taken at the home first:
+-- line_heads, away_reserve, claim_heads).
+-- KEYS: as claim
+-- ARGV: as claim
+-- returns as claim_limited
+ops.claim_away = function(k, a)
+  return claim_from(k, a, 7, true)
 end
 
 local function claim_suspect_from(k, a, at, max, rate)
@@ -324,6 +339,26 @@ ops.claim_run = function(k, a)
   dequeue(base, id, f[2], f[3], f[4])
   redis.call('ZADD', base .. ':times', expires, id)
   return take(base, id, a[3], a[4], expires, a[6] or '')
+end
+
+-- claim_heads: claim these runs waiting in this shard's lines, those still there (their
+-- slots were taken at the name's home first: away_reserve).
+-- KEYS: base
+-- ARGV: op, worker, now, lock_expires, build ('' for none), run_id...
+-- returns {rows as claim returns each}
+ops.claim_heads = function(k, a)
+  local base, worker, now, expires = k[1], a[2], a[3], a[4]
+  local out = {}
+  for i = 6, #a do
+    local id = a[i]
+    local f = redis.call('HMGET', runk(base, id), 'status', 'held')
+    if f[1] == 'queued' and f[2] then
+      unhold(base, id, f[2])
+      redis.call('ZADD', base .. ':times', expires, id)
+      out[#out + 1] = take(base, id, worker, now, expires, a[5] or '')
+    end
+  end
+  return out
 end
 
 -- queue_stats: how many runs this shard's queues hold (every priority's, its put-aside
