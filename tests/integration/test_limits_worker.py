@@ -16,12 +16,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pyrula.workflows import (
+    ConfigurationError,
     Limit,
     MemoryStore,
     Rate,
@@ -33,6 +35,8 @@ from pyrula.workflows import (
 )
 from pyrula.workflows.context import WorkflowContext
 from pyrula.workflows.definition import Registry, StepSpec, WorkflowSpec
+from pyrula.workflows.stores.capabilities import Capabilities, capabilities_of
+from pyrula.workflows.stores.layer import StoreLayer
 from tests.conftest import await_until
 from tests.unit.worker.worker_support import fast_options, serving
 
@@ -156,3 +160,21 @@ async def test_two_workers_hold_a_rate_per_key(
     assert starts[-1] - starts[0] >= (len(starts) - 1) / PER_SECOND - 0.2, starts
     for t in starts:
         assert sum(1 for s in starts if t <= s < t + 1.0) <= PER_SECOND + 1, starts
+
+
+class _WithoutLimits(StoreLayer):
+    """A store that lacks the ability: the memory store with its limits hidden."""
+
+    def capabilities(self) -> Capabilities:
+        return replace(capabilities_of(self.inner), limits=None)
+
+
+def test_a_store_without_limits_refuses_a_limited_workflow(tmp_path: Path) -> None:
+    """A limit is never silently ignored: a worker serving a limited workflow on a store
+    that cannot enforce it refuses to start, naming the workflow."""
+    store = _WithoutLimits(MemoryStore())
+    worker = WorkflowWorker(store=store, workflows=[NAME],
+                            registry=_registry(tmp_path / "log"), options=fast_options(),
+                            cloud=False)
+    with pytest.raises(ConfigurationError, match=f"{NAME}.*cannot enforce"):
+        asyncio.run(worker.run())
