@@ -103,34 +103,10 @@ local function enqueue_ranked(base, id, owner, p)
   return true
 end
 
-local function line_of(lc, lr)
-  -- The waiting line of a run with concurrency key `lc` and rate key `lr` (either may be
-  -- nil or ''): its concurrency key's (its rate checked as it leaves), else its rate
-  -- key's; nil for a run without keys.
-  if lc and lc ~= '' then return 'c:' .. lc end
-  if lr and lr ~= '' then return 'r:' .. lr end
-  return nil
-end
-
-local function hold(base, id, line, now)
-  -- Queue a run in its key's waiting line (a claim admits it to its owner's queue).
-  -- Returns true when the line is new here: the shard's doorbell must ring.
-  redis.call('RPUSH', base .. ':line:' .. line, id)
-  redis.call('HSET', runk(base, id), 'held', line)
-  return redis.call('ZADD', base .. ':lines', 'NX', now, line) == 1
-end
-
-local function place(base, id, owner, p)
-  -- Put a run in its owner's FIFO of priority p (a number). Returns true when the owner
-  -- had nothing queued here before (see enqueue).
-  if p > 0 then return enqueue_ranked(base, id, owner, tostring(p)) end
-  if redis.call('RPUSH', base .. ':q:' .. owner, id) == 1
-    and not redis.call('HGET', base .. ':prio', owner) then
-    level(base, owner)
-    return true
-  end
-  return false
-end
+-- Per-key limits: the library of zy_limits.lua, built by `limits()` only in a call that
+-- needs it (a script call defines every function of this file again: the common ops do
+-- not pay for the limits' ones).
+local limits, limits_built
 
 -- Put a run in its owner's FIFO of its priority (`prio`, read from the record unless
 -- `fresh`), or, a run with limit keys (`line`, read from the record unless `fresh`), in
@@ -146,15 +122,23 @@ local function enqueue(base, id, owner, now, fresh, prio, line)
   local suspect = nil
   if not fresh then
     local f = redis.call('HMGET', runk(base, id), 'suspect', 'prio', 'lc', 'lr')
-    suspect, prio, line = f[1], f[2], line_of(f[3], f[4])
+    suspect, prio = f[1], f[2]
+    if f[3] or f[4] then line = limits().line_of(f[3], f[4]) end
   end
   if suspect == '1' then
     -- A suspect waits apart, for claim_suspect; the first one rings the shard.
     rang = redis.call('RPUSH', base .. ':suspects', id) == 1
   elseif line then
-    rang = hold(base, id, line, now)
+    rang = limits().hold(base, id, line, now)
   else
-    rang = place(base, id, owner, tonumber(prio or '') or 0)
+    local p = tonumber(prio or '') or 0
+    if p > 0 then
+      rang = enqueue_ranked(base, id, owner, tostring(p))
+    elseif redis.call('RPUSH', base .. ':q:' .. owner, id) == 1
+      and not redis.call('HGET', base .. ':prio', owner) then
+      level(base, owner)
+      rang = true
+    end
   end
   if fresh then return rang end
   -- A fresh run has been claimable since its created_at; any other records when it was
@@ -181,8 +165,9 @@ local function new_run(base, id, name, owner, params, now, idem, start_id, prio,
   if (tonumber(prio or '') or 0) > 0 then
     fields[#fields + 1] = 'prio'; fields[#fields + 1] = prio
   end
-  local line = line_of(lc, lr)
-  if line then
+  local line = nil
+  if (lc and lc ~= '') or (lr and lr ~= '') then
+    line = limits().line_of(lc, lr)
     if lc and lc ~= '' then fields[#fields + 1] = 'lc'; fields[#fields + 1] = lc end
     if lr and lr ~= '' then fields[#fields + 1] = 'lr'; fields[#fields + 1] = lr end
   end
@@ -191,19 +176,11 @@ local function new_run(base, id, name, owner, params, now, idem, start_id, prio,
   return id, true, enqueue(base, id, owner, now, true, prio, line)
 end
 
-local function unhold(base, id, line)
-  -- Take a queued run out of its key's waiting line `line`.
-  local q = base .. ':line:' .. line
-  redis.call('LREM', q, 1, id)
-  redis.call('HDEL', runk(base, id), 'held')
-  if redis.call('EXISTS', q) == 0 then redis.call('ZREM', base .. ':lines', line) end
-end
-
 local function dequeue(base, id, owner, prio, held)
   -- Take a queued run out of its owner's FIFO of its priority `prio` (the record's field;
   -- nil or '' for 0), or the suspects', or its key's waiting line (`held`: the record's
   -- field). The owner leaves :active with its last run.
-  if held and held ~= '' then return unhold(base, id, held) end
+  if held and held ~= '' then return limits().unhold(base, id, held) end
   local p = tonumber(prio or '') or 0
   local q = base .. ':q:' .. owner
   if p > 0 then q = pqk(base, owner, tostring(p)) end

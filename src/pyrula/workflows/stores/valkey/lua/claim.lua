@@ -199,13 +199,29 @@ local function listed_owners(base, caps)
   return owners, served, #listed / 2
 end
 
-local function claim_from(k, a, at, limited)
-  -- The claim (below) with flow control's caps from ARGV `at` on; a `limited` name's
-  -- shard stays in the doorbell while runs wait in its keys' lines.
+
+-- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
+-- over owners (least served first, oldest head breaking ties), within an owner its
+-- highest priority first, FIFO within a priority. The suspects put aside here are never
+-- taken (claim_suspect takes them one at a time). Atomic (one script).
+-- KEYS: base [, the name's doorbell (one server only): a claim that empties the shard
+--       takes it out there (a later submit rings it again)]
+-- ARGV: op, worker, now, lock_expires, limit, build ('' for none), [owner, cap]...
+-- (flow-controlled owners may take at most cap runs; cap 0 blocks the owner)
+-- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
+--           {journal after base_seq}, idempotency_key, predecessor, started_at,
+--           first worker, crashes (JSON list of times), first build, suspect ('1'),
+--           concurrency key, rate key}...},
+--          owners still queued (at least 1 while runs wait in a limited name's lines),
+--          suspects waiting here}
+-- (a shard that holds suspects only stays in the doorbell, so claims keep visiting it and
+-- tell their workers that suspects wait; ARGV's field `limited`, set by claim_limited and
+-- claim_away (zy_limits.lua), keeps a shard whose lines hold runs there too)
+ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
   local build = a[6] or ''
   local caps = {}
-  for i = at, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
+  for i = 7, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
   local owners, served, listed = listed_owners(base, caps)
   local ranked = redis.call('HGETALL', base .. ':prio')
   local taken, gone = {}, 0
@@ -228,7 +244,7 @@ local function claim_from(k, a, at, limited)
   end
   if #locks > 0 then redis.call('ZADD', base .. ':times', unpack(locks)) end
   local suspects = redis.call('LLEN', base .. ':suspects')
-  if not limited then
+  if not a.limited then
     if left == 0 then unring_if_empty(k, base, false) end
     return {out, left, suspects}
   end
@@ -238,53 +254,17 @@ local function claim_from(k, a, at, limited)
   return {out, left, suspects, lines}
 end
 
--- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
--- over owners (least served first, oldest head breaking ties), within an owner its
--- highest priority first, FIFO within a priority. The suspects put aside here are never
--- taken (claim_suspect takes them one at a time). Atomic (one script).
--- KEYS: base [, the name's doorbell (one server only): a claim that empties the shard
---       takes it out there (a later submit rings it again)]
--- ARGV: op, worker, now, lock_expires, limit, build ('' for none), [owner, cap]...
--- (flow-controlled owners may take at most cap runs; cap 0 blocks the owner)
--- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
---           {journal after base_seq}, idempotency_key, predecessor, started_at,
---           first worker, crashes (JSON list of times), first build, suspect ('1'),
---           concurrency key, rate key}...},
---          owners still queued (at least 1 while runs wait in a limited name's lines),
---          suspects waiting here}
--- (a shard that holds suspects only stays in the doorbell, so claims keep visiting it and
--- tell their workers that suspects wait)
-ops.claim = function(k, a)
-  return claim_from(k, a, 7, false)
-end
 
--- claim_limited: claim for a workflow with per-key limits: first admit the runs waiting
--- in its keys' lines that their limits let start (01_limits: admit), then claim.
--- KEYS: as claim
--- ARGV: op, worker, now, lock_expires, limit, build, max|'', rate|'', [owner, cap]...
--- returns as claim, and how many lines hold waiting runs here
-ops.claim_limited = function(k, a)
-  local max, rate = limits_at(a, 7)
-  admit(k[1], max, rate, a[3])
-  return claim_from(k, a, 9, true)
-end
-
--- claim_away: claim on a shard of a limited workflow other than its home: the runs of
--- its owners' queues, none of its lines' (their slots are taken at the home first:
--- line_heads, away_reserve, claim_heads).
--- KEYS: as claim
--- ARGV: as claim
--- returns as claim_limited
-ops.claim_away = function(k, a)
-  return claim_from(k, a, 7, true)
-end
-
-local function claim_suspect_from(k, a, at, max, rate)
-  -- claim_suspect (below) with flow control's caps from ARGV `at` on; a suspect with
-  -- limit keys is taken only if its limits (`max`, `rate`) let it start.
+-- claim_suspect: of the first 64 suspects put aside on this shard whose owners flow
+-- control lets start, the one with the most crashes (a poison run is found sooner), then
+-- the longest-waiting, for `worker`, which runs it alone.
+-- KEYS: base [, the name's doorbell (one server only), as claim]
+-- ARGV: op, worker, now, lock_expires, build ('' for none), [owner, cap]... (as claim)
+-- returns the run as claim returns each, or nil
+ops.claim_suspect = function(k, a)
   local base, worker, now, expires = k[1], a[2], a[3], a[4]
   local caps = {}
-  for i = at, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
+  for i = 6, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
   local list = base .. ':suspects'
   local chosen, most, keys = nil, -1, nil
   for _, id in ipairs(redis.call('LRANGE', list, 0, 63)) do
@@ -295,32 +275,19 @@ local function claim_suspect_from(k, a, at, max, rate)
     end
   end
   if not chosen then return nil end
-  if (max or rate) and not room(base, keys[3], keys[4], max, rate, now, nil) then
-    return nil
+  local limited = a.max or a.rate
+  if limited then
+    local lim = limits()
+    if not lim.room(base, keys[3], keys[4], a.max, a.rate, now, nil) then
+      return nil
+    end
+    lim.took_slot(base, chosen, keys[3])
   end
-  took_slot(base, chosen, keys[3])
   redis.call('LREM', list, 1, chosen)
   redis.call('ZADD', base .. ':times', expires, chosen)
   local row = take(base, chosen, worker, now, expires, a[5] or '')
-  unring_if_empty(k, base, max or rate)
+  unring_if_empty(k, base, limited)
   return row
-end
-
--- claim_suspect: of the first 64 suspects put aside on this shard whose owners flow
--- control lets start, the one with the most crashes (a poison run is found sooner), then
--- the longest-waiting, for `worker`, which runs it alone.
--- KEYS: base [, the name's doorbell (one server only), as claim]
--- ARGV: op, worker, now, lock_expires, build ('' for none), [owner, cap]... (as claim)
--- returns the run as claim returns each, or nil
-ops.claim_suspect = function(k, a)
-  return claim_suspect_from(k, a, 6, nil, nil)
-end
-
--- claim_suspect_limited: claim_suspect for a workflow with per-key limits.
--- ARGV: op, worker, now, lock_expires, build, max|'', rate|'', [owner, cap]...
-ops.claim_suspect_limited = function(k, a)
-  local max, rate = limits_at(a, 6)
-  return claim_suspect_from(k, a, 8, max, rate)
 end
 
 -- claim_run: claim this one run if it is queued (one waiting in its key's line, or a
@@ -332,33 +299,14 @@ ops.claim_run = function(k, a)
     'lc', 'lr')
   if f[1] ~= 'queued' then return nil end
   if f[4] or (f[5] == '1' and (f[6] or f[7])) then
-    local max, rate = limits_at(a, 7)
-    if not room(base, f[6], f[7], max, rate, a[4], nil) then return nil end
-    took_slot(base, id, f[6])
+    local lim = limits()
+    local max, rate = lim.limits_at(a, 7)
+    if not lim.room(base, f[6], f[7], max, rate, a[4], nil) then return nil end
+    lim.took_slot(base, id, f[6])
   end
   dequeue(base, id, f[2], f[3], f[4])
   redis.call('ZADD', base .. ':times', expires, id)
   return take(base, id, a[3], a[4], expires, a[6] or '')
-end
-
--- claim_heads: claim these runs waiting in this shard's lines, those still there (their
--- slots were taken at the name's home first: away_reserve).
--- KEYS: base
--- ARGV: op, worker, now, lock_expires, build ('' for none), run_id...
--- returns {rows as claim returns each}
-ops.claim_heads = function(k, a)
-  local base, worker, now, expires = k[1], a[2], a[3], a[4]
-  local out = {}
-  for i = 6, #a do
-    local id = a[i]
-    local f = redis.call('HMGET', runk(base, id), 'status', 'held')
-    if f[1] == 'queued' and f[2] then
-      unhold(base, id, f[2])
-      redis.call('ZADD', base .. ':times', expires, id)
-      out[#out + 1] = take(base, id, worker, now, expires, a[5] or '')
-    end
-  end
-  return out
 end
 
 -- queue_stats: how many runs this shard's queues hold (every priority's, its put-aside
