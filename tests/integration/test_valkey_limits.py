@@ -93,3 +93,18 @@ async def test_a_dead_workers_slot_of_another_shard_expires_with_its_lock(
             "a run started while a slot of its key was held")
         assert len(await _claim(live, "live", T0 + 2 + TTL)) == 1, (
             "the dead worker's slot did not expire with its lock")
+
+
+async def test_a_worker_records_its_limited_workflow_so_later_runs_go_home(
+    valkey_url: str, valkey_namespace: str
+) -> None:
+    """Once a worker serving the workflow has started (``prepare``), a process without
+    the definition queues its runs at the name's home too, however many shards."""
+    worker = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=8)
+    client = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=8)
+    async with opened(worker, client):
+        worker.use_limits({NAME: WorkflowLimits(max=1)})
+        await worker.prepare([NAME])
+        for _ in range(8):
+            handle, _ = await client.submit(NAME, {"account": "acme"}, now=T0, owner="a")
+            assert _shard(handle.run_id) == LIMITED_SHARD
