@@ -20,6 +20,11 @@ slot (and a token) is free, in the claim that then takes it. A claim never retur
 over its limit. The one exception: a run whose keys were not computed at submit (the
 CLI submitted it) is claimed once without them; the worker computes them and, if the key
 is over its limit, hands the run back to its key's waiting line (``assign_limit_keys``).
+
+Every built-in store enforces them (the ``KeyedLimits`` ability), across every worker and
+fleet on it: memory (stores/memory/limits.py, the reference), SQLite
+(stores/sqlite/limits.py), Valkey standalone and cluster (stores/valkey/limits.py), and an
+archiving store over any of them.
 """
 
 from __future__ import annotations

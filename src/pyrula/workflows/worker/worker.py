@@ -296,7 +296,8 @@ class WorkflowWorker:
             raise ConfigurationError(
                 f"workflow {name!r} has a concurrency or rate limit, which the store "
                 f"{self.store_shown or self.store!r} cannot enforce (per-key limits need "
-                "the memory or SQLite store)"
+                "a store with that ability: memory, SQLite, Valkey, or an archiving store "
+                "over one of them)"
             )
         self._caps.limits.use_limits(limits)
 

@@ -100,9 +100,9 @@ class ArchivingStore(StoreLayer):
         """The live store's abilities, with this store's own startup checks and reconcile
         loop."""
         live = capabilities_of(self.live)
-        # Per-key limits are not passed through (its submit does not take keys): a
-        # worker serving a limited workflow refuses to start on it.
-        return replace(live, prepare=self, reconcile=self, limits=None,
+        # Per-key limits are the live store's (its submit takes the keys through, and
+        # a run a hand-back ends, cancelled, is archived by the reconcile loop).
+        return replace(live, prepare=self, reconcile=self,
                        projections=None if live.projections is None else self)
 
     # --- archiving (archiver.py) ------------------------------------------------------

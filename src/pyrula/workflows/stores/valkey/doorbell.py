@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from pyrula.workflows.stores.valkey.codec import as_scored, raise_first
@@ -44,6 +44,9 @@ class Doorbell:
         self.hint: tuple[str, int] | None = None
         # names -> (when read, each name's doorbell) for claims in quick succession.
         self._rings_cache: dict[tuple[str, ...], tuple[float, list[list[tuple[str, float]]]]] = {}
+        #: The names with per-key limits (the store's, kept current): their shards also
+        #: hold runs waiting in their keys' lines, out of every owner's queue.
+        self.limited: Collection[str] = ()
 
     def forget_rings(self) -> None:
         """The next claim reads the doorbell anew."""
@@ -71,6 +74,7 @@ class Doorbell:
         the shards rung last first). Each token on the bell names its shard."""
         if not shards:
             return
+        self._rings_cache.clear()  # rung here: what this store read before is stale
         keys = self.connection.keys
         ready, bell = keys.ready_of_hash(name_h), keys.bell
         raise_first(await self.connection.pipeline([
@@ -137,11 +141,17 @@ class Doorbell:
                 await self.ring(name, busy, now)
 
     async def _queued(self, name: str, shards: Sequence[int]) -> list[int]:
-        """How many owners have queued runs on each of ``shards`` (-1: unknown, an error)."""
-        keys = [f"{self.connection.keys.base_of(name, s)}:active" for s in shards]
+        """How many owners have queued runs on each of ``shards`` (-1: unknown, an error);
+        of a limited name, plus how many of its keys' lines hold waiting runs."""
+        parts = ("active", "lines") if name in self.limited else ("active",)
+        keys = [f"{self.connection.keys.base_of(name, s)}:{part}"
+                for s in shards for part in parts]
         replies = await self.connection.pipeline([(k, ("ZCARD", k)) for k in keys],
                                                  idempotent=True)
-        return [-1 if isinstance(r, BaseException) else int(r) for r in replies]
+        counts = [-1 if isinstance(r, BaseException) else int(r) for r in replies]
+        step = len(parts)
+        return [-1 if -1 in counts[i:i + step] else sum(counts[i:i + step])
+                for i in range(0, len(counts), step)]
 
     async def sweep(self, names: Sequence[str], now: float) -> None:
         """Safety net for the doorbell (a client that died between its submit and its

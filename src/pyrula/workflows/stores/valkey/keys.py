@@ -21,6 +21,13 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{<h>.<s>}:idem:<key>     string   idempotency key -> run id
     <ns>:{<h>.<s>}:done:<id>      list     a token pushed when the run ends (result waiters)
     <ns>:{<h>.<s>}:chain:<start>  string   a continue_as_new chain's latest run (tail record)
+    <ns>:{<h>.<s>}:line:<line>    list     FIFO of queued runs waiting for their key's
+                                           limit ("c:<key>" or "r:<key>"; lua/zy_limits)
+    <ns>:{<h>.<s>}:lines          zset     the lines holding runs -> when last visited
+    <ns>:{<h>.0}:slots:<key>      set      runs that may hold a slot of a concurrency key
+                                           (counted from their records)
+    <ns>:{<h>.0}:away:<key>       zset     runs of other shards holding one -> lock expiry
+    <ns>:{<h>.0}:bucket:<key>     hash     a rate key's token bucket
     <ns>:{<h>.ready}:ready        zset     shard -> last time it was rung (doorbell)
     <ns>:{<h>.ready}:wake         zset     shard -> its earliest timer, or earlier (summary)
     <ns>:{bell}                   list     a token per ring: wakes one idle worker at once
@@ -29,7 +36,8 @@ starts with the name hash and the shard, so any client finds a run's keys from i
     <ns>:{flow.<o>}:running       zset     flow-controlled owner's running runs -> expiry
     <ns>:{flow.<o>}:bucket        hash     its start-rate token bucket
     <ns>:meta                     hash     shards:<name> -> shard_count; binding.*; flow:<owner>;
-                                           served:<name> (a worker has served it)
+                                           served:<name> (a worker has served it);
+                                           limited:<name> (it has per-key limits)
     <ns>:workers                  hash     live worker -> {names, expires} (membership)
     <ns>:{tp.<t>}:log            zset     a topic's events: seq -> element (emit order)
     <ns>:{tp.<t>}:seq            string   the topic's last seq
@@ -56,6 +64,9 @@ a fold's compare-and-set write is one script (lua/projection.lua).
 
 Every schedule lives in the one slot of ``{schedules}``, so each schedule operation is one
 script call, in a cluster too.
+
+A workflow with per-key limits queues its runs on its shard 0 (its home), where a key's
+slots and bucket live beside its line: see limits.py.
 """
 
 from __future__ import annotations

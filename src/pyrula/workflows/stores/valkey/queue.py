@@ -11,6 +11,7 @@ from typing import Any
 
 from pyrula.errors import JournalCorrupt
 from pyrula.workflows.events import Event
+from pyrula.workflows.limits import LimitKeys
 from pyrula.workflows.priority import check_priority
 from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, SuspectsAt
 from pyrula.workflows.stores.common import NO_OWNER, record_params
@@ -27,6 +28,7 @@ from pyrula.workflows.stores.valkey.doorbell import Doorbell, Empty
 from pyrula.workflows.stores.valkey.flow import Flow
 from pyrula.workflows.stores.valkey.keys import name_hash
 from pyrula.workflows.stores.valkey.leases import Leases
+from pyrula.workflows.stores.valkey.limits import LIMITED_SHARD, Limits, key_args, keys_of
 from pyrula.workflows.stores.valkey.registry import Registry
 from pyrula.workflows.stores.valkey.shard_choice import (
     OTHER,
@@ -57,7 +59,7 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
     does not read is not a reason to fail the claim: the other runs it took start, and
     the worker fails this one (its attempt and lock are taken like theirs)."""
     (run_id, name, params, owner, attempt, start_id, created, base_seq, journal, idem,
-     predecessor, started_at, first_worker, crashes, first_build, suspect) = row
+     predecessor, started_at, first_worker, crashes, first_build, suspect, *keys) = row
     record = {"name": name, "params": params, "owner": owner, "created_at": created,
               "idem": idem, "predecessor": predecessor, "started_at": started_at,
               "w1": first_worker, "b1": first_build}
@@ -82,6 +84,7 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
         crashes=tuple(float(t) for t in loads(crashes)),
         journal_error=corrupt,
         suspect=str(suspect) == "1",
+        limit_keys=keys_of(*map(str, keys)) if keys else None,
     )
 
 
@@ -104,6 +107,18 @@ class ClaimPass:
         self.suspects: list[SuspectsAt] = []
         self.empty: Empty = {}
         self.fuller: list[tuple[str, int]] = []
+        #: Shards other than their name's home whose lines hold runs (admit_away).
+        self.away_lines: set[tuple[str, int]] = set()
+
+    def op_of(self, name: str, shard: int) -> tuple[str, tuple[str | int | float, ...]]:
+        """The claim script's op for ``name``'s ``shard`` and the limits it passes: the
+        plain ``claim`` with nothing more when this process has no limits for the name;
+        at its home ``claim_limited`` with its max and rate; on another shard
+        ``claim_away`` (stores/valkey/limits.py)."""
+        limits = self.queue.limits.args(name)
+        if limits is None:
+            return ("claim", ())
+        return ("claim_limited", limits) if shard == LIMITED_SHARD else ("claim_away", ())
 
     def keys_of(self, name: str, shard: int) -> str | tuple[str, ...]:
         keys = self.queue.connection.keys
@@ -118,22 +133,29 @@ class ClaimPass:
         args = (self.worker_id, self.now, self.now + self.lock_ttl)
         if self.reserved:
             for visit in round_:
-                rows, left, waiting = await conn.op(
-                    self.keys_of(visit.candidate.name, visit.candidate.shard), "claim",
-                    *args, visit.share, self.build, *self.caps,
+                op, limits = self.op_of(visit.candidate.name, visit.candidate.shard)
+                result = await conn.op(
+                    self.keys_of(visit.candidate.name, visit.candidate.shard), op,
+                    *args, visit.share, self.build, *limits, *self.caps,
                 )
-                self.took(rows, left, waiting, visit)
+                self.took(result, visit)
             return
-        calls: list[Call] = [(self.keys_of(c.name, c.shard), ("claim", *args, share, self.build))
-                             for c, share in round_]
+        calls: list[Call] = []
+        for c, share in round_:
+            op, limits = self.op_of(c.name, c.shard)
+            calls.append((self.keys_of(c.name, c.shard), (op, *args, share, self.build,
+                                                          *limits)))
         for visit, result in zip(round_, await conn.batch(calls), strict=True):
             if isinstance(result, BaseException):
                 raise result
-            self.took(result[0], result[1], result[2], visit)
+            self.took(result, visit)
 
-    def took(self, rows: Sequence[Any], left: Any, waiting: Any, visit: Visit) -> None:
+    def took(self, result: Sequence[Any], visit: Visit) -> None:
         """What one shard's script gave, and what it says of the shard."""
+        rows, left, waiting = result[0], result[1], result[2]
         (_, name, shard, rung), share = visit
+        if len(result) > 3 and int(result[3]) and shard != LIMITED_SHARD:
+            self.away_lines.add((name, shard))
         if int(waiting):
             self.suspects.append(SuspectsAt(name, shard))
             left = 1  # the shard stays in the doorbell while suspects wait there
@@ -162,8 +184,9 @@ class Queue:
     """Submit, claim and timer wakes, with what this store learnt from its last claims."""
 
     def __init__(self, connection: Connection, registry: Registry, leases: Leases,
-                 doorbell: Doorbell, flow: Flow) -> None:
+                 doorbell: Doorbell, flow: Flow, limits: Limits) -> None:
         self.connection = connection
+        self.limits = limits
         self.registry = registry
         self.leases = leases
         self.doorbell = doorbell
@@ -192,17 +215,25 @@ class Queue:
         owner: str | None = None,
         idempotency_key: str | None = None,
         priority: int = 0,
+        limit_keys: LimitKeys | None = None,
     ) -> tuple[RunHandle, bool]:
         """One script (atomic): the idempotency check, the record, its place in its
-        owner's queue of its ``priority`` (a priority-0 run passes no argument for it)."""
+        owner's queue of its ``priority`` (a priority-0 run passes no argument for it), or
+        with ``limit_keys``, in its key's waiting line. Every run of a limited workflow
+        goes to the name's shard 0 (stores/valkey/limits.py)."""
         priority = check_priority(priority)
         conn, keys = self.connection, self.connection.keys
         await self.registry.register(name)
-        shard = self._shard_for(idempotency_key)
+        limited = (limit_keys is not None or name in self.registry.limited
+                   or name in self.limits.limits)
+        shard = LIMITED_SHARD if limited else self._shard_for(idempotency_key)
         base = keys.base_of(name, shard)
         run_id = keys.new_run_id(name, shard, now)
+        tail: tuple[Any, ...] = (priority,) if priority else ()
+        if limit_keys is not None:
+            tail = (priority or "", *key_args(limit_keys))
         args = ("submit", run_id, name, owner or NO_OWNER, dumps(params), now,
-                idempotency_key or "", "", *((priority,) if priority else ()))
+                idempotency_key or "", "", *tail)
         if await conn.clustered():
             result = await conn.op(base, *args)
             if int(result[2]):  # the doorbell lives in another slot: ring it now
@@ -212,6 +243,10 @@ class Queue:
             # nothing queued (one server: its keys need not share a slot).
             result = await conn.op((base, keys.ready(name), keys.bell), *args)
         created = bool(int(result[1]))
+        if limited:
+            # It may have started a line that this store's claims, reading the doorbell
+            # within RINGS_FRESH, would not see yet.
+            self.doorbell.forget_rings()
         return RunHandle(name, str(result[0])), created
 
     # --- claim ----------------------------------------------------------------------
@@ -254,11 +289,13 @@ class Queue:
             bell.forget_rings()  # nothing rung: the next claim reads the doorbell anew
             return Claimed()  # before reserving: only the settle gives a reservation back
         reserved = await self.flow.reserve(names, limit, now, lock_ttl)
+        self.limits.lock_ttl = lock_ttl
         claim = ClaimPass(self, worker_id, build or "", (now, lock_ttl), reserved,
                           await conn.clustered())
         try:
             await claim.visit(visit)
             await self._rounds_after(claim, names, ordered, visit, hint, limit)
+            await self._admit_away(claim, limit)
         finally:
             await self.flow.settle(reserved, claim.claimed, now + lock_ttl)
         # Taking dry shards out of the doorbell costs two round trips: done after the
@@ -267,6 +304,18 @@ class Queue:
         if len(claim.claimed) < limit:
             bell.forget_rings()  # short: the next claim reads the doorbell anew
         return Claimed(claim.claimed, claim.suspects)
+
+    async def _admit_away(self, claim: ClaimPass, limit: int) -> None:
+        """Claim what is left of ``limit`` from the lines of shards other than their
+        name's home that the claim found (runs submitted there without keys)."""
+        for name, shard in sorted(claim.away_lines):
+            want = limit - len(claim.claimed)
+            if want <= 0:
+                return
+            rows = await self.limits.admit_away(
+                name, shard, worker_id=claim.worker_id, now=claim.now,
+                lock_ttl=claim.lock_ttl, build=claim.build, want=want)
+            claim.claimed.extend(claimed_run(row) for row in rows)
 
     async def _rounds_after(self, claim: ClaimPass, names: Sequence[str],
                             ordered: list[Candidate], first: Sequence[Visit],
@@ -316,8 +365,10 @@ class Queue:
             for place in at:
                 base = conn.keys.base_of(place.name, place.shard)
                 keys = base if clustered else (base, conn.keys.ready(place.name))
-                row = await conn.op(keys, "claim_suspect", worker_id, now, now + lock_ttl,
-                                    build or "", *caps)
+                limits = self.limits.args(place.name)
+                op = "claim_suspect" if limits is None else "claim_suspect_limited"
+                row = await conn.op(keys, op, worker_id, now, now + lock_ttl,
+                                    build or "", *(limits or ()), *caps)
                 if row:
                     claimed.append(claimed_run(row))
                     break
@@ -333,7 +384,8 @@ class Queue:
         if base is None:
             return None
         row = await self.connection.op(base, "claim_run", run_id, worker_id, now,
-                                       now + lock_ttl, build or "")
+                                       now + lock_ttl, build or "",
+                                       *self.limits.args_of_run(run_id))
         return None if not row else claimed_run(row)
 
     # --- timers ---------------------------------------------------------------------

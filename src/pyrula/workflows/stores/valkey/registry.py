@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from pyrula.errors import ConfigurationError, StoreUnavailable
@@ -26,25 +26,32 @@ class Registry:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._known: set[str] = set()
+        #: Names a worker serving them recorded as having per-key limits: every run of
+        #: such a name is queued on its shard 0 (stores/valkey/limits.py).
+        self.limited: set[str] = set()
 
-    async def prepare(self, names: Sequence[str]) -> None:
+    async def prepare(self, names: Sequence[str], limited: Collection[str] = ()) -> None:
         """What a worker checks before any loop starts: cluster mode, eviction policy,
         a replica behind every primary (``durability=replicated``), the recorded shard
         count of each name. The server's checks side by side, then every name in one round
         trip: a worker's start is on the way to its first run, and a refused worker has
-        written nothing. (The script is not loaded here: every call sends it by its hash
-        and loads it only where the server lacks it.)"""
+        written nothing. ``limited``: the names with per-key limits, recorded as such.
+        (The Lua is not loaded here: every call names it, and it is loaded only where the
+        server lacks it.)"""
         await asyncio.gather(self._check_eviction(), self._check_replicas())
-        await self.register_all(names)
+        await self.register_all(names, limited)
 
-    async def register_all(self, names: Sequence[str]) -> None:
-        """``register`` each of ``names``, in one round trip."""
-        fresh = [name for name in dict.fromkeys(names) if name not in self._known]
+    async def register_all(self, names: Sequence[str], limited: Collection[str] = ()) -> None:
+        """``register`` each of ``names`` (those in ``limited`` as having per-key
+        limits), in one round trip."""
+        fresh = [name for name in dict.fromkeys(names)
+                 if name not in self._known or (name in limited and name not in self.limited)]
         if not fresh:
             return
         conn = self.connection
         replies = await conn.batch([(conn.keys.meta, ("register", name, conn.shard_count,
-                                                      DATA_FORMAT)) for name in fresh])
+                                                      DATA_FORMAT, int(name in limited)))
+                                    for name in fresh])
         for name, reply in zip(fresh, replies, strict=True):
             if isinstance(reply, BaseException):
                 raise reply
@@ -104,9 +111,10 @@ class Registry:
         self._recorded(name, *await conn.op(conn.keys.meta, "register", name,
                                             conn.shard_count, DATA_FORMAT))
 
-    def _recorded(self, name: str, found: object, recorded: object) -> None:
+    def _recorded(self, name: str, found: object, recorded: object,
+                  limited: object = None) -> None:
         """Check what ``register`` found recorded for ``name``: the namespace's data format
-        and the name's shard count."""
+        and the name's shard count; note whether the name has per-key limits."""
         conn = self.connection
         if int(str(found)) != DATA_FORMAT:
             raise self._wrong_format(int(str(found)))
@@ -117,6 +125,8 @@ class Registry:
                 "same shard_count on every worker (drain a name before changing its count)"
             )
         self._known.add(name)
+        if limited:
+            self.limited.add(name)
 
     def _wrong_format(self, found: int) -> ConfigurationError:
         return ConfigurationError(

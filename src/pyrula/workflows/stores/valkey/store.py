@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from pyrula.workflows.events import Event
+from pyrula.workflows.limits import LimitKeys, WorkflowLimits
 from pyrula.workflows.records import (
     AppendResult,
     Claimed,
@@ -37,12 +38,14 @@ from pyrula.workflows.schedules.schedule import Schedule
 from pyrula.workflows.stores.admin import SyncAdmin
 from pyrula.workflows.stores.capabilities import ProjectionHead, QueueStat
 from pyrula.workflows.stores.valkey.attempts import Attempts
+from pyrula.workflows.stores.valkey.codec import raise_first
 from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.control import Control
 from pyrula.workflows.stores.valkey.doorbell import Doorbell
 from pyrula.workflows.stores.valkey.flow import Flow
 from pyrula.workflows.stores.valkey.keys import ended_time
 from pyrula.workflows.stores.valkey.leases import Leases
+from pyrula.workflows.stores.valkey.limits import LIMITED_SHARD, Limits
 from pyrula.workflows.stores.valkey.projections import ValkeyProjections
 from pyrula.workflows.stores.valkey.queue import Queue
 from pyrula.workflows.stores.valkey.reads import Reads
@@ -95,7 +98,10 @@ class ValkeyStore(SyncAdmin):
         self.leases = Leases(conn, self.registry)
         self.doorbell = Doorbell(conn, self.leases)
         self.flow = Flow(conn)
-        self.queue = Queue(conn, self.registry, self.leases, self.doorbell, self.flow)
+        self.limits = Limits(conn)
+        self.doorbell.limited = self.limits.limits
+        self.queue = Queue(conn, self.registry, self.leases, self.doorbell, self.flow,
+                           self.limits)
         self.reads = Reads(conn, self.registry)
         self.attempts = Attempts(conn, self.registry, self.leases, self.doorbell, self.flow,
                                  self.reads)
@@ -115,7 +121,7 @@ class ValkeyStore(SyncAdmin):
         await self.connection.load_script()
 
     async def prepare(self, names: Sequence[str]) -> None:
-        await self.registry.prepare(names)
+        await self.registry.prepare(names, limited=self.limits.limits)
 
     async def bind(
         self, project: str | None, environment: str | None
@@ -147,9 +153,24 @@ class ValkeyStore(SyncAdmin):
     async def submit(
         self, name: str, params: Any, *, now: float, owner: str | None = None,
         idempotency_key: str | None = None, priority: int = 0,
+        limit_keys: LimitKeys | None = None,
     ) -> tuple[RunHandle, bool]:
         return await self.queue.submit(name, params, now=now, owner=owner,
-                                       idempotency_key=idempotency_key, priority=priority)
+                                       idempotency_key=idempotency_key, priority=priority,
+                                       limit_keys=limit_keys)
+
+    # --- per-key limits (KeyedLimits) -----------------------------------------------
+
+    def use_limits(self, limits: Mapping[str, WorkflowLimits]) -> None:
+        self.limits.use_limits(limits)
+
+    async def assign_limit_keys(
+        self, run_id: str, token: int, keys: LimitKeys, *, now: float
+    ) -> bool:
+        if await self.limits.assign_limit_keys(run_id, token, keys, now=now):
+            return True
+        await self.doorbell.ring_run(run_id, now)  # its line may be new: claims look there
+        return False
 
     async def claim(
         self, worker_id: str, names: Sequence[str], *, limit: int, now: float, lock_ttl: float,
@@ -242,32 +263,54 @@ class ValkeyStore(SyncAdmin):
         self, run_id: str, token: int, events: Sequence[Event], *, now: float,
         wake_at: float | None, signals: Sequence[str], known_seq: int, interrupt: Any = None,
     ) -> ParkResult:
-        return await self.attempts.park(run_id, token, events, now=now, wake_at=wake_at,
-                                        signals=signals, known_seq=known_seq,
-                                        interrupt=interrupt)
+        parked = await self.attempts.park(run_id, token, events, now=now, wake_at=wake_at,
+                                          signals=signals, known_seq=known_seq,
+                                          interrupt=interrupt)
+        await self._slot_freed(run_id, now)
+        return parked
 
     async def finish(
         self, run_id: str, token: int, events: Sequence[Event], *, now: float,
         status: RunStatus, result: Any = None, error: dict[str, Any] | None = None,
         successor_params: Any = None,
     ) -> FinishResult:
-        return await self.attempts.finish(run_id, token, events, now=now, status=status,
-                                          result=result, error=error,
-                                          successor_params=successor_params)
+        finished = await self.attempts.finish(run_id, token, events, now=now, status=status,
+                                              result=result, error=error,
+                                              successor_params=successor_params)
+        await self._slot_freed(run_id, now)
+        return finished
+
+    async def _slot_freed(self, run_id: str, now: float) -> None:
+        """A run of a limited workflow stopped running: give back the slot it held at
+        its name's home (a run of another shard), and ring its shard and the home, so that
+        an idle worker admits the next run of its key now, not at its next poll. (A
+        workflow without limits pays nothing: the check is local.)"""
+        if self.limits.limited_run(run_id):
+            await self.limits.done(run_id)
+            await self.doorbell.ring_hash(run_id[:12], sorted({LIMITED_SHARD,
+                                                               int(run_id[12:16], 16)}), now)
 
     async def requeue(
         self, run_id: str, token: int, *, now: float, reason: str,
         events: Sequence[Event] = (), crash: bool = False, poison: PoisonPolicy | None = None,
         crash_detail: Mapping[str, Any] | None = None,
     ) -> RequeueOutcome:
-        return await self.attempts.requeue(run_id, token, now=now, reason=reason,
-                                           events=events, crash=crash, poison=poison,
-                                           crash_detail=crash_detail)
+        outcome = await self.attempts.requeue(run_id, token, now=now, reason=reason,
+                                              events=events, crash=crash, poison=poison,
+                                              crash_detail=crash_detail)
+        await self._slot_freed(run_id, now)
+        return outcome
 
     async def renew(
         self, worker_id: str, held: Mapping[str, int], *, now: float, lock_ttl: float
     ) -> RenewResult:
-        return await self.attempts.renew(worker_id, held, now=now, lock_ttl=lock_ttl)
+        renewed = await self.attempts.renew(worker_id, held, now=now, lock_ttl=lock_ttl)
+        self.limits.forget(renewed.lost)
+        calls = self.limits.renew_calls([r for r in held if r not in renewed.lost],
+                                        now + lock_ttl)
+        if calls:  # runs of other shards holding slots at their names' homes
+            raise_first(await self.connection.batch(calls))
+        return renewed
 
     async def reclaim(
         self, names: Sequence[str] | None, *, now: float, limit: int, poison: PoisonPolicy,

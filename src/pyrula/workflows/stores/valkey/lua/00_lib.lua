@@ -10,7 +10,11 @@
 -- '1' from a crash counted until an attempt parks or ends the run),
 -- :timers (zset id -> wake_at), :times (zset: a running run -> its lock expiry; an ended
 -- run -> its finish time - ENDED, below every lock expiry), :index (zset id ->
--- created_at), :idem:<key>, :done:<id>, :chain:<start>.
+-- created_at), :idem:<key>, :done:<id>, :chain:<start>; for per-key limits (01_limits):
+-- :line:<line> (FIFO list of the queued runs waiting for their key, out of every owner's
+-- queue; the record's field `held` names the line), :lines (zset of the lines with waiting
+-- runs -> when last visited), :slots:<key> (set of the runs that may hold a slot of a
+-- concurrency key: counted from their records), :bucket:<key> (a rate key's tokens).
 --
 -- The journal list holds seq N at index N - 1. Its first entries are not written when the
 -- run record holds everything they say: run:submitted (always), and run:started of a
@@ -108,32 +112,42 @@ local function enqueue_ranked(base, id, owner, p)
   return true
 end
 
+-- Per-key limits: the library of zy_limits.lua, built by `limits()` only in a call that
+-- needs it (a script call defines every function of this file again: the common ops do
+-- not pay for the limits' ones).
+local limits, limits_built
+
 -- Put a run in its owner's FIFO of its priority (`prio`, read from the record unless
--- `fresh`). `fresh` (a run just created) skips resetting the fields and indexes a parked
--- or running run would still carry. Returns true when the owner had nothing queued here
--- before: the shard's doorbell must ring, both when the shard had nothing queued (it
--- needs a worker) and when other owners' runs wait (deficit round robin serves the
--- newcomer next here, so claims should visit this shard soon). A run of priority 0 costs
--- what it did before priorities, but for one HGET when its owner's FIFO was empty.
-local function enqueue(base, id, owner, now, fresh, prio)
-  local q = base .. ':q:' .. owner
+-- `fresh`), or, a run with limit keys (`line`, read from the record unless `fresh`), in
+-- its key's waiting line. `fresh` (a run just created) skips resetting the fields and
+-- indexes a parked or running run would still carry. Returns true when the owner had
+-- nothing queued here before: the shard's doorbell must ring, both when the shard had
+-- nothing queued (it needs a worker) and when other owners' runs wait (deficit round
+-- robin serves the newcomer next here, so claims should visit this shard soon). A run of
+-- priority 0 costs what it did before priorities, but for one HGET when its owner's FIFO
+-- was empty.
+local function enqueue(base, id, owner, now, fresh, prio, line)
   local rang = false
   local suspect = nil
   if not fresh then
-    local f = redis.call('HMGET', runk(base, id), 'suspect', 'prio')
+    local f = redis.call('HMGET', runk(base, id), 'suspect', 'prio', 'lc', 'lr')
     suspect, prio = f[1], f[2]
+    if f[3] or f[4] then line = limits().line_of(f[3], f[4]) end
   end
-  local p = tonumber(prio or '') or 0
   if suspect == '1' then
     -- A suspect waits apart, for claim_suspect; the first one rings the shard.
-    q = base .. ':suspects'
-    rang = redis.call('RPUSH', q, id) == 1
-  elseif p > 0 then
-    rang = enqueue_ranked(base, id, owner, tostring(p))
-  elseif redis.call('RPUSH', q, id) == 1
-    and not redis.call('HGET', base .. ':prio', owner) then
-    level(base, owner)
-    rang = true
+    rang = redis.call('RPUSH', base .. ':suspects', id) == 1
+  elseif line then
+    rang = limits().hold(base, id, line, now)
+  else
+    local p = tonumber(prio or '') or 0
+    if p > 0 then
+      rang = enqueue_ranked(base, id, owner, tostring(p))
+    elseif redis.call('RPUSH', base .. ':q:' .. owner, id) == 1
+      and not redis.call('HGET', base .. ':prio', owner) then
+      level(base, owner)
+      rang = true
+    end
   end
   if fresh then return rang end
   -- A fresh run has been claimable since its created_at; any other records when it was
@@ -145,10 +159,10 @@ local function enqueue(base, id, owner, now, fresh, prio)
   return rang
 end
 
-local function new_run(base, id, name, owner, params, now, idem, start_id, prio)
+local function new_run(base, id, name, owner, params, now, idem, start_id, prio, lc, lr)
   -- Create a queued run (the idempotency key checked first) of priority `prio` ('' or nil
-  -- for 0). Returns the run's id, whether this call created it, and whether the shard's
-  -- doorbell must ring (see enqueue).
+  -- for 0), with limit keys `lc` and `lr` (nil or '' for none). Returns the run's id,
+  -- whether this call created it, and whether the shard's doorbell must ring (see enqueue).
   if idem ~= '' then
     local existing = redis.call('GET', base .. ':idem:' .. idem)
     if existing then return existing, false, false end
@@ -160,14 +174,22 @@ local function new_run(base, id, name, owner, params, now, idem, start_id, prio)
   if (tonumber(prio or '') or 0) > 0 then
     fields[#fields + 1] = 'prio'; fields[#fields + 1] = prio
   end
+  local line = nil
+  if (lc and lc ~= '') or (lr and lr ~= '') then
+    line = limits().line_of(lc, lr)
+    if lc and lc ~= '' then fields[#fields + 1] = 'lc'; fields[#fields + 1] = lc end
+    if lr and lr ~= '' then fields[#fields + 1] = 'lr'; fields[#fields + 1] = lr end
+  end
   redis.call('HSET', runk(base, id), unpack(fields))
   redis.call('ZADD', base .. ':index', now, id)
-  return id, true, enqueue(base, id, owner, now, true, prio)
+  return id, true, enqueue(base, id, owner, now, true, prio, line)
 end
 
-local function dequeue(base, id, owner, prio)
+local function dequeue(base, id, owner, prio, held)
   -- Take a queued run out of its owner's FIFO of its priority `prio` (the record's field;
-  -- nil or '' for 0), or the suspects'. The owner leaves :active with its last run.
+  -- nil or '' for 0), or the suspects', or its key's waiting line (`held`: the record's
+  -- field). The owner leaves :active with its last run.
+  if held and held ~= '' then return limits().unhold(base, id, held) end
   local p = tonumber(prio or '') or 0
   local q = base .. ':q:' .. owner
   if p > 0 then q = pqk(base, owner, tostring(p)) end

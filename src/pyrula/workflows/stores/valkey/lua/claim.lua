@@ -47,7 +47,7 @@ local function take(base, id, worker, now, expires, build)
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'name', 'params', 'owner', 'start_id', 'created_at',
     'parked_seq', 'attempt', 'started_at', 'idem', 'jnl', 'predecessor', 'w1', 'crashes', 'b1',
-    'suspect')
+    'suspect', 'lc', 'lr')
   local attempt = tonumber(f[7] or '0') + 1
   local fields = {'status', 'running', 'attempt', attempt, 'lock_owner', worker,
     'lock_expires', expires, 'updated_at', now}
@@ -69,14 +69,16 @@ local function take(base, id, worker, now, expires, build)
     journal = redis.call('LRANGE', jnlk(base, id), from, -1)
   end
   return {id, f[1], f[2], f[3], attempt, f[4], f[5], from, journal, f[9] or '', f[11] or '',
-    f[8] or '', f[12] or '', f[13] or '[]', f[14] or '', f[15] or ''}
+    f[8] or '', f[12] or '', f[13] or '[]', f[14] or '', f[15] or '', f[16] or '', f[17] or ''}
 end
 
-local function unring_if_empty(k, base)
-  -- On one server the claim takes a shard it left with nothing queued (suspects included)
-  -- out of the doorbell (a later submit or requeue rings it again).
+local function unring_if_empty(k, base, limited)
+  -- On one server the claim takes a shard it left with nothing queued (suspects, and for
+  -- a `limited` name the runs waiting in its keys' lines, included) out of the doorbell
+  -- (a later submit or requeue rings it again).
   if k[2] and redis.call('EXISTS', base .. ':suspects') == 0
-    and redis.call('ZCARD', base .. ':active') == 0 then
+    and redis.call('ZCARD', base .. ':active') == 0
+    and not (limited and redis.call('EXISTS', base .. ':lines') == 1) then
     redis.call('ZREM', k[2], tonumber(string.match(base, '%.(%d+)}$')))
   end
 end
@@ -233,6 +235,7 @@ local function listed_owners(base, caps)
   return owners, served, #listed / 2
 end
 
+
 -- claim: up to `limit` queued runs of this shard for `worker`, by deficit round robin
 -- over owners (least served first, oldest head breaking ties), within an owner its
 -- highest priority first, FIFO within a priority. The suspects put aside here are never
@@ -243,10 +246,13 @@ end
 -- (flow-controlled owners may take at most cap runs; cap 0 blocks the owner)
 -- returns {{{run_id, name, params, owner, attempt, start_id, created_at, base_seq,
 --           {journal after base_seq}, idempotency_key, predecessor, started_at,
---           first worker, crashes (JSON list of times), first build, suspect ('1')}...},
---          owners still queued, suspects waiting here}
+--           first worker, crashes (JSON list of times), first build, suspect ('1'),
+--           concurrency key, rate key}...},
+--          owners still queued (at least 1 while runs wait in a limited name's lines),
+--          suspects waiting here}
 -- (a shard that holds suspects only stays in the doorbell, so claims keep visiting it and
--- tell their workers that suspects wait)
+-- tell their workers that suspects wait; ARGV's field `limited`, set by claim_limited and
+-- claim_away (zy_limits.lua), keeps a shard whose lines hold runs there too)
 ops.claim = function(k, a)
   local base, worker, now, expires, limit = k[1], a[2], a[3], a[4], tonumber(a[5])
   local build = a[6] or ''
@@ -274,9 +280,16 @@ ops.claim = function(k, a)
   end
   if #locks > 0 then redis.call('ZADD', base .. ':times', unpack(locks)) end
   local suspects = redis.call('LLEN', base .. ':suspects')
-  if left == 0 then unring_if_empty(k, base) end
-  return {out, left, suspects}
+  if not a.limited then
+    if left == 0 then unring_if_empty(k, base, false) end
+    return {out, left, suspects}
+  end
+  local lines = redis.call('ZCARD', base .. ':lines')
+  if left == 0 and lines > 0 then left = 1 end
+  if left == 0 then unring_if_empty(k, base, true) end
+  return {out, left, suspects, lines}
 end
+
 
 -- claim_suspect: of the first 64 suspects put aside on this shard whose owners flow
 -- control lets start, the one with the most crashes (a poison run is found sooner), then
@@ -289,35 +302,51 @@ ops.claim_suspect = function(k, a)
   local caps = {}
   for i = 6, #a, 2 do caps[a[i]] = tonumber(a[i + 1]) end
   local list = base .. ':suspects'
-  local chosen, most = nil, -1
+  local chosen, most, keys = nil, -1, nil
   for _, id in ipairs(redis.call('LRANGE', list, 0, 63)) do
-    local f = redis.call('HMGET', runk(base, id), 'owner', 'crashes')
+    local f = redis.call('HMGET', runk(base, id), 'owner', 'crashes', 'lc', 'lr')
     if caps[f[1]] == nil or caps[f[1]] > 0 then
       local crashes = #cjson.decode(f[2] or '[]')
-      if crashes > most then chosen, most = id, crashes end
+      if crashes > most then chosen, most, keys = id, crashes, f end
     end
   end
   if not chosen then return nil end
+  local limited = a.max or a.rate
+  if limited then
+    local lim = limits()
+    if not lim.room(base, keys[3], keys[4], a.max, a.rate, now, nil) then
+      return nil
+    end
+    lim.took_slot(base, chosen, keys[3])
+  end
   redis.call('LREM', list, 1, chosen)
   redis.call('ZADD', base .. ':times', expires, chosen)
   local row = take(base, chosen, worker, now, expires, a[5] or '')
-  unring_if_empty(k, base)
+  unring_if_empty(k, base, limited)
   return row
 end
 
--- claim_run: claim this one run if it is queued.
--- ARGV: op, run_id, worker, now, expires, build ('' for none)
+-- claim_run: claim this one run if it is queued (one waiting in its key's line, or a
+-- suspect with keys, only if its limits let it start).
+-- ARGV: op, run_id, worker, now, expires, build ('' for none) [, max|'', rate|'']
 ops.claim_run = function(k, a)
   local base, id, expires = k[1], a[2], a[5]
-  local f = redis.call('HMGET', runk(base, id), 'status', 'owner', 'prio')
+  local f = redis.call('HMGET', runk(base, id), 'status', 'owner', 'prio', 'held', 'suspect',
+    'lc', 'lr')
   if f[1] ~= 'queued' then return nil end
-  dequeue(base, id, f[2], f[3])
+  if f[4] or (f[5] == '1' and (f[6] or f[7])) then
+    local lim = limits()
+    local max, rate = lim.limits_at(a, 7)
+    if not lim.room(base, f[6], f[7], max, rate, a[4], nil) then return nil end
+    lim.took_slot(base, id, f[6])
+  end
+  dequeue(base, id, f[2], f[3], f[4])
   redis.call('ZADD', base .. ':times', expires, id)
   return take(base, id, a[3], a[4], expires, a[6] or '')
 end
 
 -- queue_stats: how many runs this shard's queues hold (every priority's, its put-aside
--- suspects too), and
+-- suspects and the runs waiting in its keys' lines too), and
 -- since when the longest-waiting of their heads has been claimable (read only). Each
 -- FIFO is in the order its runs became claimable, so its head is its oldest; only the
 -- heads are read.
@@ -330,6 +359,9 @@ ops.queue_stats = function(k, a)
   local base = k[1]
   local depth, oldest, shown = 0, nil, ''
   local queues = {base .. ':suspects'}
+  for _, line in ipairs(redis.call('ZRANGE', base .. ':lines', 0, -1)) do
+    queues[#queues + 1] = base .. ':line:' .. line
+  end
   for _, owner in ipairs(redis.call('ZRANGE', base .. ':active', 0, -1)) do
     queues[#queues + 1] = base .. ':q:' .. owner
   end

@@ -72,7 +72,7 @@ ops.cancel = function(k, a)
   local base, id, now = k[1], a[2], a[3]
   local run = runk(base, id)
   local f = redis.call('HMGET', run, 'status', 'owner', 'jnl', 'idem', 'waiter', 'started_at',
-    'prio')
+    'prio', 'held')
   if not f[1] then return 'NOTFOUND' end
   local status = f[1]
   if status == 'completed' or status == 'failed' or status == 'cancelled'
@@ -83,7 +83,7 @@ ops.cancel = function(k, a)
     redis.call('HSET', run, 'cancel', 1, 'updated_at', now)
     return 'REQUESTED'
   end
-  if status == 'queued' then dequeue(base, id, f[2], f[7]) end
+  if status == 'queued' then dequeue(base, id, f[2], f[7], f[8]) end
   journal_push(base, id, f[3], f[6], event('run:cancelled', now))
   finish_run(base, id, 'cancelled', now, 'null', '', a[4], false, f[4], f[5])
   return 'CANCELLED'

@@ -5,8 +5,10 @@
 -- at once must not each take the other's name for a sign of an older layout.
 -- A namespace holding names but no format was written by a build older than the format's
 -- record (format 1); its format is not written, nor is the name.
--- ARGV: op, name, shard_count, format -> {format found, the name's recorded shard count
--- (false when the format differs)}
+-- ARGV: op, name, shard_count, format [, limited (1: a worker serving the name has
+--       per-key limits; its runs are all queued on shard 0)]
+-- returns {format found, the name's recorded shard count (false when the format
+--          differs), 1 when the name is recorded as limited (else false)}
 ops.register = function(k, a)
   local meta, name, count, format = k[1], a[2], a[3], a[4]
   local found = redis.call('HGET', meta, 'format')
@@ -19,5 +21,7 @@ ops.register = function(k, a)
   end
   if found ~= format then return {found, false} end
   redis.call('HSETNX', meta, 'shards:' .. name, count)
-  return {found, redis.call('HGET', meta, 'shards:' .. name)}
+  if a[5] == '1' then redis.call('HSET', meta, 'limited:' .. name, 1) end
+  return {found, redis.call('HGET', meta, 'shards:' .. name),
+    redis.call('HEXISTS', meta, 'limited:' .. name) == 1 and 1 or false}
 end

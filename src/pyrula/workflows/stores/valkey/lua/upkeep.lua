@@ -94,6 +94,9 @@ ops.fail_stranded = function(k, a)
     end
   end
   queues[#queues + 1] = {'', base .. ':suspects'}  -- dequeue finds a suspect by its id
+  for _, line in ipairs(redis.call('ZRANGE', base .. ':lines', 0, -1)) do
+    queues[#queues + 1] = {'', base .. ':line:' .. line, nil, line}
+  end
   for _, queue in ipairs(queues) do
     local owner = queue[1]
     for _, id in ipairs(redis.call('LRANGE', queue[2], 0, -1)) do
@@ -101,7 +104,7 @@ ops.fail_stranded = function(k, a)
       local run = runk(base, id)
       local f = redis.call('HMGET', run, 'updated_at', 'jnl', 'idem', 'waiter', 'started_at')
       if tonumber(f[1] or '0') <= older then
-        dequeue(base, id, owner, queue[3])
+        dequeue(base, id, owner, queue[3], queue[4])
         journal_push(base, id, f[2], f[5], event('run:error', now, {code = err.code,
           error_type = err.error_type, message = err.message, detail = err.detail}))
         finish_run(base, id, 'failed', now, 'null', errj, a[6], false, f[3], f[4])
