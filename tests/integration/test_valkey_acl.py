@@ -54,7 +54,7 @@ TOP_LEVEL = {
 #: Called by the Lua script (checked against the caller's ACL as well).
 IN_SCRIPTS = {
     "get", "set", "expire",
-    "hget", "hgetall", "hmget", "hset", "hsetnx", "hdel",
+    "hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hexists",
     "llen", "lpop", "lpush", "lrange", "lrem", "ltrim", "rpush", "del",
     "zadd", "zrem", "zrange", "zcard", "zincrby", "zrangebyscore", "zremrangebyscore", "zscore",
 }

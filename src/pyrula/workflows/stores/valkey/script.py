@@ -44,11 +44,8 @@ FUNCTION = f"{LIBRARY_PREFIX}{SHA[:16]}"
 LIBRARY = (
     f"#!lua name={FUNCTION}\n"
     + SCRIPT.replace(_dispatch_text(), "")
-    + f"\nredis.register_function('{FUNCTION}', function(keys, args)\n"
-    "  local op = ops[args[1]]\n"
-    "  if op == nil then\n"
-    "    return redis.error_reply('ERR pyrula: unknown operation ' .. tostring(args[1]))\n"
-    "  end\n"
-    "  return op(keys, args)\n"
-    "end)\n"
+    # The same dispatch as the script's, its KEYS and ARGV the function's arguments.
+    + f"\nredis.register_function('{FUNCTION}', function(KEYS, ARGV)\n"
+    + _dispatch_text()
+    + "end)\n"
 )
