@@ -108,3 +108,31 @@ async def test_a_worker_records_its_limited_workflow_so_later_runs_go_home(
         for _ in range(8):
             handle, _ = await client.submit(NAME, {"account": "acme"}, now=T0, owner="a")
             assert _shard(handle.run_id) == LIMITED_SHARD
+
+
+async def test_a_resubmit_after_the_workflow_got_limits_finds_the_run_submitted_before(
+    valkey_url: str, valkey_namespace: str
+) -> None:
+    """Runs submitted under idempotency keys before a workflow had limits sit on the
+    shards their keys map to; once it has limits its runs go to the home, and a resubmit
+    of the same key must still find the earlier run, not start a second one."""
+    before = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=8)
+    after = ValkeyStore(url=valkey_url, namespace=valkey_namespace, shard_count=8)
+    async with opened(before, after):
+        after.use_limits({NAME: WorkflowLimits(max=1)})
+        earlier = {}
+        for n in range(16):
+            handle, created = await before.submit(NAME, {"account": "acme"}, now=T0,
+                                                  owner="a", idempotency_key=f"order-{n}")
+            assert created
+            earlier[f"order-{n}"] = handle.run_id
+        assert {_shard(r) for r in earlier.values()} - {LIMITED_SHARD}, "all on the home"
+        for key, run_id in earlier.items():
+            for keys in (None, KEYS):
+                handle, created = await after.submit(
+                    NAME, {"account": "acme"}, now=T0 + 1, owner="a",
+                    idempotency_key=key, limit_keys=keys)
+                assert (handle.run_id, created) == (run_id, False), key
+        fresh, created = await after.submit(NAME, {"account": "acme"}, now=T0 + 1,
+                                            owner="a", idempotency_key="order-new")
+        assert created and _shard(fresh.run_id) == LIMITED_SHARD

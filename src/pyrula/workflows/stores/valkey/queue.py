@@ -206,6 +206,17 @@ class Queue:
             return random.randrange(self.connection.shard_count)
         return int(name_hash(idempotency_key), 16) % self.connection.shard_count
 
+    async def _submitted_unlimited(self, name: str, idempotency_key: str) -> str | None:
+        """The run submitted under ``idempotency_key`` on the shard the key maps to when
+        the workflow has no limits, if that is not the home: a workflow given limits keeps
+        the runs submitted before on their shards, and a resubmit finds them there."""
+        shard = self._shard_for(idempotency_key)
+        if shard == LIMITED_SHARD:
+            return None
+        key = f"{self.connection.keys.base_of(name, shard)}:idem:{idempotency_key}"
+        found = await self.connection.read(key, "GET", key)
+        return None if found is None else str(found)
+
     async def submit(
         self,
         name: str,
@@ -227,6 +238,10 @@ class Queue:
         limited = (limit_keys is not None or name in self.registry.limited
                    or name in self.limits.limits)
         shard = LIMITED_SHARD if limited else self._shard_for(idempotency_key)
+        if limited and idempotency_key is not None:
+            earlier = await self._submitted_unlimited(name, idempotency_key)
+            if earlier is not None:
+                return RunHandle(name, earlier), False
         base = keys.base_of(name, shard)
         run_id = keys.new_run_id(name, shard, now)
         tail: tuple[Any, ...] = (priority,) if priority else ()
