@@ -21,6 +21,7 @@ from pyrula.errors import ConfigurationError
 from pyrula.workflows import (
     InlineWorkflowRunner,
     MemoryStore,
+    RunStatus,
     SQLiteStore,
     WorkerOptions,
     WorkflowContext,
@@ -112,6 +113,33 @@ async def chain(ctx: WorkflowContext, params: int) -> int:
     if params > 0:
         ctx.continue_as_new(params - 1)
     return params
+
+
+@workflow(name="tracing.kid")
+async def kid(ctx: WorkflowContext, params: int) -> int:
+    return params * 2
+
+
+@workflow(name="tracing.parent")
+async def parent(ctx: WorkflowContext, params: Any) -> list[int]:
+    one = await ctx.child("tracing.kid", 1)
+    many = await ctx.gather_children([("tracing.kid", 2), ("tracing.kid", 3)])
+    return [one, *many]
+
+
+@workflow(name="tracing.tally")
+async def tally(ctx: WorkflowContext, params: Any) -> int:
+    total = [0]
+
+    def add(n: int) -> int:
+        if n <= 0:
+            raise ValueError("add a positive number")
+        total[0] += n
+        return total[0]
+
+    ctx.set_update_handler("add", add)
+    await ctx.wait_for_signal("done", timeout=3600)
+    return total[0]
 
 
 @pytest.fixture
@@ -306,6 +334,60 @@ async def test_a_fork_names_the_run_and_step_it_reuses(
     assert [(e.name, dict(e.attributes or {})) for e in root.events] == [
         ("run_forked", {"pyrula.from_run": run.run_id, "pyrula.from_step": "charge",
                         "pyrula.from_call": 1})]
+
+
+async def _drain(runner: InlineWorkflowRunner) -> None:
+    """Run every queued run until none is (a parent and its children, as a fleet would)."""
+    for _ in range(50):
+        queued = [i async for i in runner.client.list_runs(status=RunStatus.QUEUED)]
+        if not queued:
+            return
+        for info in queued:
+            await runner.run(info.name, info.run_id)
+    raise AssertionError("runs still queued after 50 rounds")
+
+
+async def test_a_parents_trace_shows_its_children_and_a_childs_names_its_parent(
+    runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    run = await runner.client.submit("tracing.parent")
+    await _drain(runner)
+    assert await runner.client.result(run.run_id, timeout=1) == [2, 4, 6]
+    root = _one(await _spans(runner, run.run_id), "run tracing.parent")
+    events = [(e.name, dict(e.attributes or {})) for e in root.events]
+    started = [facts for name, facts in events if name == "children_started"]
+    assert started[0]["pyrula.children"] == 1
+    assert started[0]["pyrula.child_workflow"] == "tracing.kid"
+    assert started[1] == {"pyrula.call": 2, "pyrula.children": 2,
+                          "pyrula.child_workflow": "tracing.kid"}
+    ended = [facts["pyrula.children"] for name, facts in events if name == "children_ended"]
+    assert sum(ended) == 2
+    child = str(started[0]["pyrula.child_run"])
+    kid_root = _one(await _spans(runner, child), "run tracing.kid")
+    assert (kid_root.attributes or {})["pyrula.parent_id"] == run.run_id
+    assert "pyrula.parent_id" not in (root.attributes or {})
+
+
+async def test_an_applied_update_is_an_event_of_the_runs_trace(
+    runner: InlineWorkflowRunner, clock: ManualClock
+) -> None:
+    from pyrula.workflows.events import UPDATE_SIGNAL
+
+    run = await runner.client.submit("tracing.tally")
+    await runner.run(run.name, run.run_id)
+    for update_id, n in (("u-1", 5), ("u-2", 0)):
+        await runner.store.signal(run.run_id, UPDATE_SIGNAL,
+                                  {"id": update_id, "name": "add", "payload": n},
+                                  now=clock.now())
+    await runner.run(run.name, run.run_id)
+    await runner.client.signal(run.run_id, "done", True)
+    await runner.run(run.name, run.run_id)
+    assert await runner.client.result(run.run_id, timeout=1) == 5
+    root = _one(await _spans(runner, run.run_id), "run tracing.tally")
+    updates = [dict(e.attributes or {}) for e in root.events if e.name == "update_applied"]
+    assert updates == [
+        {"pyrula.update": "add", "pyrula.update_id": "u-1"},
+        {"pyrula.update": "add", "pyrula.update_id": "u-2", "pyrula.error_type": "ValueError"}]
 
 
 async def test_a_continued_run_links_to_the_trace_of_its_successor(

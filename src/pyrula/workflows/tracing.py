@@ -14,6 +14,12 @@ The trace of a run::
     │   └── step <name>                 one try of a step; ERROR for a failed try
     └── parked sleeping|waiting         the time the run held no worker
 
+The root span names the run's parent (``pyrula.parent_id``, a child workflow's run) and
+carries the family and update facts as span events: ``children_started`` (the call, how
+many, their workflow; a single child's run id), ``children_ended`` (how many a fan-out saw
+end) and ``update_applied`` (the update's name and id; ``pyrula.error_type`` for one its
+handler refused).
+
 Recovery facts are span events of the attempt they ended: ``run_requeued`` (its reason),
 ``child_killed`` (a fleet child that died: pid, exit signal, RSS), ``run_reclaimed`` (an
 orphaned run taken back from a dead worker), ``run_quarantined`` (the crash past the
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyrula
 from pyrula.errors import ConfigurationError
-from pyrula.workflows.events import Event, EventType
+from pyrula.workflows.events import Event, EventType, parent_of_key
 from pyrula.workflows.history import Attempt, History, read_history
 
 if TYPE_CHECKING:
@@ -114,6 +120,7 @@ def plan_spans(events: Sequence[Event], run_id: str) -> list[SpanPlan]:
     if history.first is None or history.last is None:
         return []
     root = _root(history, run_id)
+    _family_and_updates(root, events)
     plans = [root]
     for position, attempt in enumerate(history.attempts):
         plans.append(_attempt(attempt, position, history))
@@ -175,6 +182,38 @@ def _root(history: History, run_id: str) -> SpanPlan:
         plan.events.append(("signal_received", float(signal["ts"]),
                             {"pyrula.signal": str(signal.get("name"))}))
     return plan
+
+
+def _family_and_updates(root: SpanPlan, events: Sequence[Event]) -> None:
+    """The run's parent, the children it started and saw end, and the updates it applied,
+    on the root span."""
+    if events and events[0].get("type") == EventType.RUN_SUBMITTED:
+        parent = parent_of_key(events[0].get("idempotency_key"))
+        if parent is not None:
+            root.attributes["pyrula.parent_id"] = parent
+    for event in events:
+        type_, ts = event.get("type"), float(event.get("ts", 0.0))
+        if type_ == EventType.CHILD_STARTED:
+            many = event.get("children")
+            facts: dict[str, Any] = {"pyrula.call": int(event.get("call") or 0)}
+            if isinstance(many, list):
+                facts["pyrula.children"] = len(many)
+                names = sorted({str(item[2]) for item in many if len(item) > 2})
+                facts["pyrula.child_workflow"] = ", ".join(names)
+            else:
+                facts.update({"pyrula.children": 1, "pyrula.child_run": str(event.get("child")),
+                              "pyrula.child_workflow": str(event.get("name"))})
+            root.events.append(("children_started", ts, facts))
+        elif type_ == EventType.CHILD_ENDED:
+            root.events.append(("children_ended", ts, {
+                "pyrula.call": int(event.get("call") or 0),
+                "pyrula.children": len(event.get("indices") or [])}))
+        elif type_ == EventType.UPDATE_APPLIED:
+            applied = {"pyrula.update": str(event.get("name")),
+                       "pyrula.update_id": str(event.get("update"))}
+            if event.get("error_type") is not None:
+                applied["pyrula.error_type"] = str(event["error_type"])
+            root.events.append(("update_applied", ts, applied))
 
 
 def _attempt(attempt: Attempt, position: int, history: History) -> SpanPlan:
