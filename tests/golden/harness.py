@@ -172,49 +172,63 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
         head["name"], head["params"], now=head["ts"],
         owner=head.get("owner"), idempotency_key=head.get("idempotency_key"),
     )
-    run_id = handle.run_id
-    token = 0
-    written = 1
-    pending: list[Event] = []
-    updates = [UPDATE_SIGNAL] if any(_is_update(e) for e in events) else []
-    parks: list[Event] = []
+    loader = _Loader(store, handle.run_id,
+                     [UPDATE_SIGNAL] if any(_is_update(e) for e in events) else [])
+    for event in rest:
+        if "call" in event or event["type"] in ("update:applied", "run:forked"):
+            loader.pending.append(event)  # written by the engine
+            continue
+        await loader.write_pending()
+        await loader.state_change(event)
+    await loader.write_pending()
+    return handle.run_id
 
-    async def write_pending() -> None:
-        nonlocal pending, written
-        if not pending:
+
+class _Loader:
+    """Writes a recorded journal into ``store`` as run ``run_id``, event by event."""
+
+    def __init__(self, store: Store, run_id: str, updates: list[str]) -> None:
+        self.store, self.run_id, self.updates = store, run_id, updates
+        self.token = 0
+        self.written = 1
+        self.pending: list[Event] = []
+        self.parks: list[Event] = []
+
+    async def write_pending(self) -> None:
+        """The engine's events since the last state change: appended, or parked with."""
+        if not self.pending:
             return
-        batch = [{k: v for k, v in e.items() if k != "seq"} for e in pending]
+        batch = [{k: v for k, v in e.items() if k != "seq"} for e in self.pending]
         last = batch[-1]
         if last["type"] in _PARKING:
-            parks.append(last)
-        elif last["type"] == "update:applied" and parks:
-            last = parks[-1]  # updates applied while parked: the run parks again on that
+            self.parks.append(last)
+        elif last["type"] == "update:applied" and self.parks:
+            last = self.parks[-1]  # updates applied while parked: the run parks again on that
         if last["type"] in _PARKING:
             waiting = last["type"] == "run:waiting"
-            parked = await store.park(
-                run_id, token, batch, now=batch[-1]["ts"],
+            parked = await self.store.park(
+                self.run_id, self.token, batch, now=batch[-1]["ts"],
                 wake_at=last.get("timeout_at") if waiting else last["wake_at"],
-                signals=([last["signal"]] if waiting else []) + updates,
-                known_seq=written, interrupt=last.get("interrupt"),
+                signals=([last["signal"]] if waiting else []) + self.updates,
+                known_seq=self.written, interrupt=last.get("interrupt"),
             )
             if not parked.parked:
-                raise ValueError(f"run {run_id}: the store refused to park at seq {written}")
+                raise ValueError(f"run {self.run_id}: the store refused to park at seq "
+                                 f"{self.written}")
         else:
-            await store.append(run_id, token, batch, now=last["ts"], lock_ttl=_LOCK_TTL)
-        written += len(batch)
-        pending = []
+            await self.store.append(self.run_id, self.token, batch, now=last["ts"],
+                                    lock_ttl=_LOCK_TTL)
+        self.written += len(batch)
+        self.pending = []
 
-    for event in rest:
-        type_, now = event["type"], event["ts"]
-        if "call" in event or type_ in ("update:applied", "run:forked"):  # by the engine
-            pending.append(event)
-            continue
-        await write_pending()
+    async def state_change(self, event: Event) -> None:
+        """One event a client, a claim or a timer wrote, replayed as that call."""
+        store, run_id, type_, now = self.store, self.run_id, event["type"], event["ts"]
         if type_ == "run:started":
             claimed = await store.claim_run(run_id, event["worker"], now=now, lock_ttl=_LOCK_TTL)
             if claimed is None or claimed.token != event["attempt"]:
                 raise ValueError(f"run {run_id}: could not claim attempt {event['attempt']}")
-            token = claimed.token
+            self.token = claimed.token
         elif type_ in ("signal:received", "interrupt:resumed"):
             await store.signal(run_id, event["name"], event.get("payload"), now=now)
         elif type_ == "run:woken" and event.get("reason") == "timer":
@@ -225,9 +239,7 @@ async def load_journal(store: Store, events: Sequence[Event]) -> str:
                 raise ValueError(f"run {run_id}: could not wake it at {now}")
         else:
             raise ValueError(f"cannot load a {type_} event into a run in flight")
-        written += 1
-    await write_pending()
-    return run_id
+        self.written += 1
 
 
 def _is_update(event: Event) -> bool:

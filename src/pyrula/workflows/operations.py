@@ -315,26 +315,8 @@ class Operations:
                 info = StepInfo(self.run_id, self.name, spec.name, call, self.token, attempt)
                 result = await self._execute(spec, info, args, kwargs)
             except Exception as exc:  # the step's own failure: record it, maybe retry
-                if self._on_step is not None:
-                    self._on_step(spec.name, time.perf_counter() - began, False)
-                will_retry = failures < spec.retries
-                error_type = type(exc).__name__
-                message = str(exc) or error_type
-                trace = user_traceback(exc)
-                if will_retry:
-                    delay = spec.backoff(failures + 1) * random.uniform(1.0, 1.1)
-                    retry_at = self._clock.now() + delay
-                    self._log_retry(spec, attempt, delay, error_type, message, trace)
-                failed = step_failed(
-                    self._clock.now(), spec.name, call, attempt, error_type, message,
-                    retry_at=retry_at if will_retry else None,
-                )
-                failed["traceback"] = trace  # the step's own frames, for runs show
-                self._writes.add(failed)
+                retry_at = await self._step_failed(spec, call, attempt, exc, began)
                 failures += 1
-                await self._writes.boundary()
-                if not will_retry:
-                    raise StepFailed(spec.name, error_type, message, attempt, trace) from None
                 continue
             try:
                 result = self.check_payload(result, f"the result of step {spec.name!r}")
@@ -350,6 +332,30 @@ class Operations:
             self._writes.add(step_completed(self._clock.now(), spec.name, call, result))
             await self._writes.boundary()
             return result
+
+    async def _step_failed(self, spec: StepSpec, call: int, attempt: int, exc: Exception,
+                           began: float) -> float:
+        """Record the failure of try ``attempt`` of the step at ``call``; the time its next
+        try is due, or StepFailed when it has no retry left."""
+        if self._on_step is not None:
+            self._on_step(spec.name, time.perf_counter() - began, False)
+        will_retry = attempt <= spec.retries
+        error_type = type(exc).__name__
+        message = str(exc) or error_type
+        trace = user_traceback(exc)
+        retry_at = None
+        if will_retry:
+            delay = spec.backoff(attempt) * random.uniform(1.0, 1.1)
+            retry_at = self._clock.now() + delay
+            self._log_retry(spec, attempt, delay, error_type, message, trace)
+        failed = step_failed(self._clock.now(), spec.name, call, attempt, error_type, message,
+                             retry_at=retry_at)
+        failed["traceback"] = trace  # the step's own frames, for runs show
+        self._writes.add(failed)
+        await self._writes.boundary()
+        if retry_at is None:
+            raise StepFailed(spec.name, error_type, message, attempt, trace) from None
+        return retry_at
 
     def _log_retry(self, spec: StepSpec, attempt: int, delay: float, error_type: str,
                    message: str, trace: str) -> None:

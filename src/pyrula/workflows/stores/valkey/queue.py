@@ -419,24 +419,7 @@ class Queue:
         if limit <= 0:
             return 0
         conn, keys = self.connection, self.connection.keys
-        names = await self.registry.names()
-        summaries = [keys.wake(n) for n in names]
-        replies = await conn.pipeline(
-            [(k, ("ZRANGEBYSCORE", k, "-inf", now, "LIMIT", 0, limit)) for k in summaries]
-            + [(k, ("ZRANGEBYSCORE", k, f"({now!r}", "+inf", "WITHSCORES", "LIMIT", 0, 64))
-               for k in summaries],
-            idempotent=True,
-        )
-        raise_first(replies)
-        plan: list[tuple[str, int]] = []
-        coming: list[float] = []
-        # Any worker wakes any shard's due timers (not only its own shards'): the lease below
-        # keeps two scans off one shard, and a worker that parked a run wakes it on time.
-        for name, due, later in zip(names, replies, replies[len(names):], strict=False):
-            plan += [(name, int(s)) for s in due]
-            coming += [at for _, at in as_scored(later)]
-        self._next_wake = min(coming, default=None)
-        plan = plan[:limit]
+        plan = await self._due_shards(now, limit)
         if not plan:
             return 0
         by_name: dict[str, list[int]] = {}
@@ -467,6 +450,30 @@ class Queue:
                                       for n, pairs in left.items()]))
         await self.doorbell.ring_rung(rung, now)
         return woken
+
+    async def _due_shards(self, now: float, limit: int) -> list[tuple[str, int]]:
+        """The (name, shard) pairs whose timer summary is due, at most ``limit``; notes the
+        next summary entry not yet due (``next_wake_at``)."""
+        keys = self.connection.keys
+        names = await self.registry.names()
+        summaries = [keys.wake(n) for n in names]
+        replies = await self.connection.pipeline(
+            [(k, ("ZRANGEBYSCORE", k, "-inf", now, "LIMIT", 0, limit)) for k in summaries]
+            + [(k, ("ZRANGEBYSCORE", k, f"({now!r}", "+inf", "WITHSCORES", "LIMIT", 0, 64))
+               for k in summaries],
+            idempotent=True,
+        )
+        raise_first(replies)
+        plan: list[tuple[str, int]] = []
+        coming: list[float] = []
+        # Any worker wakes any shard's due timers (not only its own shards'): the lease in
+        # wake_due keeps two scans off one shard, and a worker that parked a run wakes it
+        # on time.
+        for name, due, later in zip(names, replies, replies[len(names):], strict=False):
+            plan += [(name, int(s)) for s in due]
+            coming += [at for _, at in as_scored(later)]
+        self._next_wake = min(coming, default=None)
+        return plan[:limit]
 
     def next_wake_at(self) -> float | None:
         """When the next timer of this store's shards falls due, as the last ``wake_due``
