@@ -40,9 +40,12 @@ class Reads:
         return self.connection.keys.base_of_run(run_id) is None
 
     async def get_run(self, run_id: str) -> RunInfo | None:
-        if self._unknown(run_id):
-            return None
-        key = self.connection.keys.run(run_id)
+        base = self.connection.keys.base_of_run(run_id)
+        return None if base is None else await self._record(run_id, base)
+
+    async def _record(self, run_id: str, base: str) -> RunInfo | None:
+        """The record of ``run_id``, whose shard base is ``base``."""
+        key = f"{base}:run:{run_id}"
         fields = as_hash(await self.connection.read(key, "HGETALL", key))
         return run_info(run_id, fields) if fields else None
 
@@ -120,7 +123,7 @@ class Reads:
         if base is None:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        info = await self.get_run(run_id)
+        info = await self._record(run_id, base)
         marked = False
         while True:
             if info is None:
