@@ -17,6 +17,20 @@ local function chain_live(base, id)
   return id
 end
 
+local function wake_waiting(base, id, status, waiting_for, owner, name, now)
+  -- Queue a run that waits for `name` (`waiting_for`: its record's JSON list): 'QUEUED';
+  -- 'OK' for any other.
+  if status == 'waiting' and waiting_for and waiting_for ~= '' then
+    for _, w in ipairs(cjson.decode(waiting_for)) do
+      if w == name then
+        enqueue(base, id, owner, now)
+        return 'QUEUED'
+      end
+    end
+  end
+  return 'OK'
+end
+
 -- signal: ARGV op, run_id, now, name, event -> 'NOTFOUND' | 'ENDED <status>' | 'OK' | 'QUEUED'
 -- (delivered to the live run of run_id's chain: chain_live)
 ops.signal = function(k, a)
@@ -32,15 +46,7 @@ ops.signal = function(k, a)
   end
   local len = journal_push(base, id, f[4], f[5], ev)
   redis.call('HSET', run, 'sig:' .. name, len, 'updated_at', now, 'jnl', 1)
-  if status == 'waiting' and f[2] and f[2] ~= '' then
-    for _, w in ipairs(cjson.decode(f[2])) do
-      if w == name then
-        enqueue(base, id, f[3], now)
-        return 'QUEUED'
-      end
-    end
-  end
-  return 'OK'
+  return wake_waiting(base, id, status, f[2], f[3], name, now)
 end
 
 -- nudge: ARGV op, run_id, now, name -> 'NOTFOUND' | 'MARKED' | 'QUEUED' | 'OK'
@@ -56,15 +62,7 @@ ops.nudge = function(k, a)
     redis.call('HSET', run, 'nudged', name)
     return 'MARKED'
   end
-  if f[1] == 'waiting' and f[2] and f[2] ~= '' then
-    for _, w in ipairs(cjson.decode(f[2])) do
-      if w == name then
-        enqueue(base, id, f[3], now)
-        return 'QUEUED'
-      end
-    end
-  end
-  return 'OK'
+  return wake_waiting(base, id, f[1], f[2], f[3], name, now)
 end
 
 -- cancel: ARGV op, run_id, now, completed_ttl -> 'NOTFOUND' | 'ENDED' | 'CANCELLED' | 'REQUESTED'
