@@ -7,7 +7,7 @@ name is known to be limited (a worker serving it records that at its start,
 ``Registry.prepare``; a process with the limits knows it too). So a key's waiting line,
 the runs holding its slots and its rate bucket share one slot, and each decision (submit
 into the line, admit, claim, hand back) is one script: exact under any crash, in a
-cluster too (lua/01_limits.lua). The limits travel in the scripts' ARGV, as flow
+cluster too (lua/zy_limits.lua). The limits travel in the scripts' ARGV, as flow
 control's do: a claim of a name without limits runs the plain ``claim``, as before.
 
 A run submitted without keys before its name was known to be limited lives on another

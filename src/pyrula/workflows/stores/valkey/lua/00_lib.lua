@@ -10,7 +10,7 @@
 -- '1' from a crash counted until an attempt parks or ends the run),
 -- :timers (zset id -> wake_at), :times (zset: a running run -> its lock expiry; an ended
 -- run -> its finish time - ENDED, below every lock expiry), :index (zset id ->
--- created_at), :idem:<key>, :done:<id>, :chain:<start>; for per-key limits (01_limits):
+-- created_at), :idem:<key>, :done:<id>, :chain:<start>; for per-key limits (zy_limits):
 -- :line:<line> (FIFO list of the queued runs waiting for their key, out of every owner's
 -- queue; the record's field `held` names the line), :lines (zset of the lines with waiting
 -- runs -> when last visited), :slots:<key> (set of the runs that may hold a slot of a
@@ -112,9 +112,9 @@ local function enqueue_ranked(base, id, owner, p)
   return true
 end
 
--- Per-key limits: the library of zy_limits.lua, built by `limits()` only in a call that
--- needs it (a script call defines every function of this file again: the common ops do
--- not pay for the limits' ones).
+-- Per-key limits: the functions of zy_limits.lua, built by `limits()` the first time a
+-- call needs them (once per load of the function library; on the EVALSHA path, where a
+-- call defines every function of this file again, only in the calls that need them).
 local limits, limits_built
 
 -- Put a run in its owner's FIFO of its priority (`prio`, read from the record unless

@@ -4,7 +4,7 @@
 -- ARGV: op, run_id, name, owner, params_json, now, idempotency_key|'', start_id|''
 --       [, priority 1..9 (absent, or '' when keys follow, for 0)
 --        [, concurrency key|'', rate key|'' (a run of a workflow with per-key limits:
---           it waits in its key's line, 01_limits)]]
+--           it waits in its key's line, zy_limits)]]
 -- returns {run_id, created (1|0), ring (1 when the doorbell must ring and was not rung
 --          here: see enqueue)}
 -- The run:submitted event is not written: the record holds what it says (see 00_lib).

@@ -1,7 +1,8 @@
 -- Per-key concurrency limits and start rates (pyrula.workflows.limits), with the memory
--- store's semantics: a library built by `limits()` (00_lib) only in a script call that
--- needs it, since each call defines the script's functions anew. Its ops are dispatched
--- from its table when the script's own table lacks them (zz_dispatch).
+-- store's semantics: a table of functions built by `limits()` (00_lib) the first time a
+-- call needs it: once per load of the function library, and, on the EVALSHA path (where
+-- every call defines the script's functions anew), only in the calls that need it. Its
+-- ops are dispatched from its table when the main table lacks them (zz_dispatch).
 --
 -- A limited workflow's runs live on the name's shard 0, its home (the caller picks it),
 -- so its key's line, the runs holding its slots and its bucket share this shard's slot:
@@ -22,8 +23,8 @@
 -- away_release). A crash between the two scripts holds a slot one lock TTL at most.
 
 limits = function()
-  -- The library, built once per script call that asks for it: its parts are defined in
-  -- here, so that a call of any other op defines none of them.
+  -- The limits' functions, built at the first call that asks for them: their parts are
+  -- defined in here, so that a call of any other op defines none of them.
   if limits_built then return limits_built end
 
   local function limits_core(L)
