@@ -274,3 +274,14 @@ async def test_function_flush_during_a_load_of_300_runs_loses_and_repeats_nothin
     for tag in tags:
         assert LEDGER.count("vk.touch", tag) == 1
         assert LEDGER.count("vk.touch_again", tag) == 1
+
+
+def test_the_library_names_are_read_from_either_reply_shape() -> None:
+    from pyrula.workflows.stores.valkey.code import library_names
+
+    flat = [["library_name", "pyrula_a", "engine", "LUA", "functions", []],
+            ["library_name", "other", "engine", "LUA", "functions", []]]
+    mapped = [{"library_name": "pyrula_b", "engine": "LUA"}, {"library_name": "x"}]
+    assert library_names(flat) == ["pyrula_a"]
+    assert library_names(mapped) == ["pyrula_b"]
+    assert library_names(None) == []

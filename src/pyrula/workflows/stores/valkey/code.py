@@ -103,10 +103,12 @@ class Code:
 
 
 def library_names(reply: Any) -> list[str]:
-    """The pyrula libraries in a FUNCTION LIST reply (each a flat list of name/value)."""
+    """The pyrula libraries in a FUNCTION LIST reply (each a flat list of name/value, or
+    a map under RESP3)."""
     names = []
     for entry in reply or []:
-        fields = dict(zip(entry[::2], entry[1::2], strict=False))
+        fields = entry if isinstance(entry, dict) else dict(
+            zip(entry[::2], entry[1::2], strict=False))
         name = fields.get("library_name")
         if isinstance(name, str) and name.startswith(LIBRARY_PREFIX):
             names.append(name)
