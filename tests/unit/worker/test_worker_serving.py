@@ -212,3 +212,15 @@ async def test_cancelling_a_running_run_ends_it_cancelled(store: Any) -> None:
     events = await worker.client.events(run.run_id)
     assert events[-1]["type"] == "run:cancelled"
     assert (await worker.client.get(run.run_id)).status is RunStatus.CANCELLED
+
+
+async def test_wait_ready_returns_as_the_worker_starts_serving_and_says_whether(
+        store: Any) -> None:
+    worker = WorkflowWorker(store=store, workflows=[wserve_a], options=fast_options())
+    assert await worker.wait_ready(0.01) is False  # not running yet
+    task = asyncio.create_task(worker.run())
+    assert await worker.wait_ready(10) is True
+    assert worker.state == "ready"
+    worker.stop()
+    assert await worker.wait_ready(0.01) is False  # draining: no longer serving
+    await asyncio.wait_for(task, 30)

@@ -250,8 +250,9 @@ async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
         # A heartbeat also goes out after every claim (``on_claimed``) and before a run
         # enters its code unreported (``on_user_code``), so the supervisor knows each run
         # this child holds, and each that is in its own code, before that code can crash it.
-        # While starting it beats often, so that the supervisor sees it ready within
-        # milliseconds (a respawn, a recycle and a reload wait for that), not a beat later.
+        # While starting it beats often, and once more the moment it is ready, so that the
+        # supervisor sees it ready at once (a respawn, a recycle and a reload wait for
+        # that), not a beat later.
         metrics_due = time.monotonic()
         while True:
             if not _send(conn, _heartbeat(worker, reach, periodic=True)):
@@ -260,8 +261,10 @@ async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
             if time.monotonic() >= metrics_due:
                 _send(conn, _metrics(worker))
                 metrics_due = time.monotonic() + METRICS_INTERVAL
-            starting = worker.state == "starting"
-            await asyncio.sleep(STARTING_HEARTBEAT_INTERVAL if starting else HEARTBEAT_INTERVAL)
+            if worker.state == "starting":  # the next beat at once when it is ready
+                await worker.wait_ready(STARTING_HEARTBEAT_INTERVAL)
+            else:
+                await asyncio.sleep(HEARTBEAT_INTERVAL)
 
     heartbeat = asyncio.create_task(beat())
     checker = asyncio.create_task(reach.watch(worker))

@@ -36,6 +36,9 @@ class Runtime:
         self.died: str | None = None
         self.loops: dict[str, LoopState] = {}
         self.stopping = asyncio.Event()
+        #: Set when the worker starts serving (``mark_ready``). Made here, not by
+        #: ``start``: a caller may wait on it before ``run()`` begins.
+        self.serving = asyncio.Event()
         #: Set whenever an attempt ends (a slot is free).
         self.capacity = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -49,6 +52,11 @@ class Runtime:
         self.capacity = asyncio.Event()
         if self.stop_requested:
             self.stopping.set()
+
+    def mark_ready(self) -> None:
+        """The worker serves: its state is ``ready`` and ``serving`` is set."""
+        self.state = WorkerState.READY
+        self.serving.set()
 
     @property
     def paused(self) -> bool:

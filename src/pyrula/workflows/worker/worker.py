@@ -301,6 +301,17 @@ class WorkflowWorker:
             )
         self._caps.limits.use_limits(limits)
 
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for ``run()`` to start serving (state
+        ``ready``); whether it has. For a process that reports the moment to a supervisor."""
+        rt = self._rt
+        if not rt.serving.is_set():
+            try:
+                await asyncio.wait_for(rt.serving.wait(), timeout)
+            except TimeoutError:
+                return False
+        return rt.state is WorkerState.READY
+
     async def aclose(self) -> None:
         """Close the probe server, which otherwise answers after ``run()`` returned until
         the event loop ends (call it after ``run()``, from the loop that ran it)."""
@@ -350,7 +361,7 @@ class WorkflowWorker:
         ), rt)
         claim = asyncio.create_task(self._supervise(self._claim))
         if rt.binding_ok and not rt.stop_requested:
-            rt.state = WorkerState.READY
+            rt.mark_ready()
         logger.info(
             "worker_started: %s serving %s (build %s)", self.worker_id,
             ", ".join(self.workflow_names), self.build,
