@@ -21,7 +21,6 @@ from pyrula.errors import ConfigurationError
 from pyrula.workflows import (
     InlineWorkflowRunner,
     MemoryStore,
-    RunStatus,
     SQLiteStore,
     WorkerOptions,
     WorkflowContext,
@@ -41,6 +40,7 @@ from pyrula.workflows.tracing import (
     trace_id_of,
 )
 from tests.conftest import await_until
+from tests.golden.harness import Drain
 
 NS = 1_000_000_000
 CLOCK: list[ManualClock] = []
@@ -336,22 +336,11 @@ async def test_a_fork_names_the_run_and_step_it_reuses(
                         "pyrula.from_call": 1})]
 
 
-async def _drain(runner: InlineWorkflowRunner) -> None:
-    """Run every queued run until none is (a parent and its children, as a fleet would)."""
-    for _ in range(50):
-        queued = [i async for i in runner.client.list_runs(status=RunStatus.QUEUED)]
-        if not queued:
-            return
-        for info in queued:
-            await runner.run(info.name, info.run_id)
-    raise AssertionError("runs still queued after 50 rounds")
-
-
 async def test_a_parents_trace_shows_its_children_and_a_childs_names_its_parent(
     runner: InlineWorkflowRunner, clock: ManualClock
 ) -> None:
     run = await runner.client.submit("tracing.parent")
-    await _drain(runner)
+    await Drain()(runner, clock, run.run_id)  # the parent and its children, as a fleet would
     assert await runner.client.result(run.run_id, timeout=1) == [2, 4, 6]
     root = _one(await _spans(runner, run.run_id), "run tracing.parent")
     events = [(e.name, dict(e.attributes or {})) for e in root.events]
