@@ -234,32 +234,26 @@ def step(
             retry_backoff_max=float(retry_backoff_max),
         )
         REGISTRY.add_step(spec)
-
-        if spec.is_async:
-
-            @functools.wraps(func)
-            def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                engine = current_engine.get()
-                if engine is None:
-                    return func(*args, **kwargs)
-                return engine.call_step(spec, args, kwargs)
-
-            async_wrapper.__pyrula_step__ = spec  # type: ignore[attr-defined]
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(func)
-        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            engine = current_engine.get()
-            if engine is None:
-                return func(*args, **kwargs)
-            return engine.call_step(spec, args, kwargs)
-
-        sync_wrapper.__pyrula_step__ = spec  # type: ignore[attr-defined]
-        return sync_wrapper  # type: ignore[return-value]
+        return _step_wrapper(func, spec)  # type: ignore[return-value]
 
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def _step_wrapper(func: Callable[..., Any], spec: StepSpec) -> Callable[..., Any]:
+    """What ``@step`` returns, for a sync or an async ``func`` alike: inside a workflow a
+    call is the engine's (an awaitable), anywhere else the plain function's."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        engine = current_engine.get()
+        if engine is None:
+            return func(*args, **kwargs)
+        return engine.call_step(spec, args, kwargs)
+
+    wrapper.__pyrula_step__ = spec  # type: ignore[attr-defined]
+    return wrapper
 
 
 WorkflowFn = Callable[["WorkflowContext", Any], Awaitable[Any]]

@@ -239,20 +239,14 @@ class _Bench:
         runs, steps = config.runs, config.steps
         seconds = max(ended - started, 1e-9)
         infos = [r.info for r in load.records if r.info is not None]
-        durations = [(i.finished_at - i.started_at) * 1000 for i in infos
-                     if i.started_at is not None and i.finished_at is not None]
-        latencies = [v for r in load.records if (v := r.latency_ms) is not None]
-        duration = percentiles(durations)
+        duration, latency = _timings(load, infos)
         kills = killer.kills if killer else []
-        upgrades = upgrader.sent if upgrader else []
         verification = verify(load.records, config.check)
-        if config.workflow is None:
-            steps_done: int | None = verification.completed * steps
-        else:  # the user's workflow: as many steps as its journals recorded
-            steps_done = journals.steps if journals else None
-        per_run = None
-        if commands_before is not None and commands_after is not None:
-            per_run = round((commands_after - commands_before) / runs, 1)
+        # The user's workflow: as many steps as its journals recorded.
+        steps_done = verification.completed * steps if config.workflow is None else (
+            journals.steps if journals else None)
+        per_run = None if commands_before is None or commands_after is None else round(
+            (commands_after - commands_before) / runs, 1)
         return {
             "store": self.url.split("://", 1)[0],
             "children": children,
@@ -278,7 +272,7 @@ class _Bench:
             "payload_bytes": config.payload_bytes if config.workflow is None else None,
             "attached": config.attach,
             "namespace": self.namespace if self.valkey else None,
-            "latency_ms": percentiles(latencies),
+            "latency_ms": latency,
             "run_duration_ms": duration,
             "child_shares": _shares(status, kills, journals),
             "shards": shard_balance(status, load.workflow),
@@ -290,12 +284,11 @@ class _Bench:
             "min": config.min_children,
             "max": config.max_children,
             "upgrade_every": config.upgrade_every,
-            "upgrades_at_s": upgrades,
+            "upgrades_at_s": upgrader.sent if upgrader else [],
             "runs_retried": sum(1 for i in infos if i.attempt > 1),
             "verification": verification.as_dict(),
             "problems": verification.problems(),
-            "gave_up": (f"{load.reason} (is the fleet at {config.attach} on this store and "
-                        "namespace?)" if load.reason and config.attach else load.reason),
+            "gave_up": _gave_up(load, config),
         }
 
 
@@ -372,6 +365,23 @@ def _check_same_store(status: dict[str, Any], url: str, store_url: str) -> None:
     if sqlite_file(theirs) is not None or sqlite_file(store_url) is not None:
         raise BenchError(f"--attach: the fleet at {url} runs on {theirs}, the bench on "
                          f"{ours}: pass --store {theirs}", code=2)
+
+
+def _timings(load: Load, infos: list[Any]) -> tuple[Any, Any]:
+    """The runs' durations (start to end, from their records) and latencies (submit to
+    result), as percentiles in ms."""
+    durations = [(i.finished_at - i.started_at) * 1000 for i in infos
+                 if i.started_at is not None and i.finished_at is not None]
+    latencies = [v for r in load.records if (v := r.latency_ms) is not None]
+    return percentiles(durations), percentiles(latencies)
+
+
+def _gave_up(load: Load, config: Any) -> str | None:
+    """Why the load stopped waiting for its runs, if it did (an attached fleet: a hint)."""
+    if load.reason and config.attach:
+        return (f"{load.reason} (is the fleet at {config.attach} on this store and "
+                "namespace?)")
+    return load.reason
 
 
 def _note(config: BenchConfig) -> str:

@@ -40,6 +40,31 @@ _ID = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+
+def _workflow(name: Any) -> str:
+    """The workflow a schedule runs, from a name or a ``@workflow``; ValueError if none."""
+    try:
+        wf = workflow_name(name)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    if not wf:
+        raise ValueError("schedule workflow name must be a non-empty str")
+    return str(wf)
+
+
+def _timing(cron: str | None, every: timedelta | float | None) -> timedelta | None:
+    """Check that exactly one of ``cron`` and ``every`` is given, and it is valid; the
+    interval (None for a cron schedule)."""
+    if (cron is None) == (every is None):
+        raise ValueError(
+            "a schedule needs exactly one of cron=... or every=..., "
+            + ("got both" if cron is not None else "got neither")
+        )
+    if cron is not None:
+        CronExpr.parse(cron)  # raises CronError (a ValueError) naming the field
+    return None if every is None else _interval(every)
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """A schedule and its state. Build one with ``Schedule.create``; read them back with
@@ -85,23 +110,11 @@ class Schedule:
         ``created_at`` (default now) anchors an interval's grid. Raises ValueError naming
         what is wrong.
         """
-        try:
-            wf = workflow_name(name)
-        except TypeError as exc:
-            raise ValueError(str(exc)) from None
-        if not wf:
-            raise ValueError("schedule workflow name must be a non-empty str")
+        wf = _workflow(name)
         if schedule_id is None:
             schedule_id = uuid.uuid4().hex
         _check_id(schedule_id)
-        if (cron is None) == (every is None):
-            raise ValueError(
-                "a schedule needs exactly one of cron=... or every=..., "
-                + ("got both" if cron is not None else "got neither")
-            )
-        if cron is not None:
-            CronExpr.parse(cron)  # raises CronError (a ValueError) naming the field
-        interval = None if every is None else _interval(every)
+        interval = _timing(cron, every)
         zone(timezone)
         if overlap not in OVERLAP_POLICIES:
             raise ValueError(

@@ -289,21 +289,8 @@ class Archiver:
                 have = await self.archive.archived(self.namespace, ids)
                 missing = [run_id for run_id in ids if run_id not in have]
                 if missing:
-                    records, refused = await self._read_live(missing)
-                    failed += len(refused)
-                    gone = [run_id for run_id in missing
-                            if run_id not in records and run_id not in refused]
-                    if gone:
-                        lost += len(gone)
-                        logger.error(
-                            "archive_lost: %d ended runs expired from the live store before "
-                            "they were archived (e.g. %s); raise completed_ttl if Postgres "
-                            "outages last longer", len(gone), gone[0],
-                            extra={"event": "archive_lost", "namespace": self.namespace},
-                        )
-                    done = await self._upsert(records)
-                    archived += len(done)
-                    failed += len(records) - len(done)
+                    done, gone, refused = await self._archive_missing(missing)
+                    archived, lost, failed = archived + done, lost + gone, failed + refused
                 # Also the runs archived before: their process may have died before this.
                 await self._expire(ids)
                 cursor = batch[-1]
@@ -315,6 +302,20 @@ class Archiver:
         self._behind_since = None if caught_up else (cursor[0] if cursor else until)
         self.ok()
         return ReconcileReport(True, scanned, archived, lost, failed, caught_up, cursor)
+
+    async def _archive_missing(self, missing: list[str]) -> tuple[int, int, int]:
+        """Archive the ended runs ``missing`` from the archive: how many were archived,
+        lost (expired from the live store first: logged) and failed."""
+        records, refused = await self._read_live(missing)
+        gone = [run_id for run_id in missing if run_id not in records and run_id not in refused]
+        if gone:
+            logger.error(
+                "archive_lost: %d ended runs expired from the live store before they were "
+                "archived (e.g. %s); raise completed_ttl if Postgres outages last longer",
+                len(gone), gone[0], extra={"event": "archive_lost", "namespace": self.namespace},
+            )
+        done = await self._upsert(records)
+        return len(done), len(gone), len(refused) + len(records) - len(done)
 
     def lag(self, now: float) -> float | None:
         """How long ago the oldest ended run that may not be archived yet ended: 0 once the
