@@ -27,11 +27,15 @@ def _version(path: Path) -> int:
         conn.close()
 
 
-def _set_version(path: Path, version: int, *, drop: str | None = None) -> None:
+def _set_version(path: Path, version: int, *statements: str, drop: str | None = None) -> None:
+    """Make the file what pyrula with schema ``version`` left behind: ``statements`` (and
+    ``DROP TABLE drop``) take out what came later, and the version is set back."""
     conn = sqlite3.connect(path)
     try:
         if drop is not None:
             conn.execute(f"DROP TABLE {drop}")
+        for statement in statements:
+            conn.execute(statement)
         conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (version,))
         conn.commit()
     finally:
@@ -157,15 +161,8 @@ async def test_a_version_5_file_gains_the_projection_tables(tmp_path: Path) -> N
         assert claimed is not None
     finally:
         store.close()
-    conn = sqlite3.connect(path)  # what pyrula with schema 5 left behind: no projections
-    try:
-        for table in ("projection_heads", "projection_states"):
-            conn.execute(f"DROP TABLE {table}")
-        conn.execute("DROP INDEX runs_ended")
-        conn.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
-        conn.commit()
-    finally:
-        conn.close()
+    _set_version(path, 5, "DROP TABLE projection_heads", "DROP TABLE projection_states",
+                 "DROP INDEX runs_ended")  # no projections
 
     store = SQLiteStore(path)
     try:
@@ -285,16 +282,9 @@ async def test_a_version_6_file_gains_run_priorities(tmp_path: Path) -> None:
                for i in range(2)]
     finally:
         store.close()
-    conn = sqlite3.connect(path)  # what pyrula with schema 6 left behind
-    try:
-        conn.execute("DROP INDEX runs_queue_p")
-        conn.execute("ALTER TABLE runs DROP COLUMN priority")
-        conn.execute("CREATE INDEX runs_queue ON runs(name, owner, queue_seq) "
-                     "WHERE status = 'queued'")
-        conn.execute("UPDATE meta SET value='6' WHERE key='schema_version'")
-        conn.commit()
-    finally:
-        conn.close()
+    _set_version(path, 6, "DROP INDEX runs_queue_p", "ALTER TABLE runs DROP COLUMN priority",
+                 "CREATE INDEX runs_queue ON runs(name, owner, queue_seq) "
+                 "WHERE status = 'queued'")
 
     store = SQLiteStore(path)
     try:
@@ -319,17 +309,10 @@ async def test_a_version_7_file_gains_per_key_limits(tmp_path: Path) -> None:
         old = (await store.submit("wf", {}, now=100.0, owner="o"))[0].run_id
     finally:
         store.close()
-    conn = sqlite3.connect(path)  # what pyrula with schema 7 left behind
-    try:
-        conn.execute("DROP INDEX runs_held")
-        conn.execute("DROP INDEX runs_slots")
-        conn.execute("DROP TABLE limit_buckets")
-        for column in ("limit_conc", "limit_rate", "limit_line", "limit_seq"):
-            conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
-        conn.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
-        conn.commit()
-    finally:
-        conn.close()
+    _set_version(path, 7, "DROP INDEX runs_held", "DROP INDEX runs_slots",
+                 "DROP TABLE limit_buckets",
+                 *(f"ALTER TABLE runs DROP COLUMN {column}"
+                   for column in ("limit_conc", "limit_rate", "limit_line", "limit_seq")))
 
     store = SQLiteStore(path)
     try:
@@ -363,13 +346,7 @@ async def test_a_version_8_file_gains_the_nudge_mark(tmp_path: Path) -> None:
         [claimed] = await store.claim("w", ["wf"], limit=1, now=101.0, lock_ttl=30.0)
     finally:
         store.close()
-    conn = sqlite3.connect(path)  # what pyrula with schema 8 left behind
-    try:
-        conn.execute("ALTER TABLE runs DROP COLUMN nudged")
-        conn.execute("UPDATE meta SET value='8' WHERE key='schema_version'")
-        conn.commit()
-    finally:
-        conn.close()
+    _set_version(path, 8, "ALTER TABLE runs DROP COLUMN nudged")
 
     store = SQLiteStore(path)
     try:
