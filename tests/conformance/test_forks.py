@@ -209,3 +209,41 @@ async def test_every_store_reads_the_step_of_a_forks_key_as_the_code_does(
         written = {k: started[k] for k in ("forked_from", "from_call", "from_step")
                    if k in started}
         assert written == fork_origin(key), key
+
+
+def test_any_step_name_in_a_forks_key_reaches_its_run_started_on_every_store(
+    store: Any,
+) -> None:
+    """Drawn step names (any text) and tails after them (a client's look-alike keys):
+    every store's claim names the same origin as forks.fork_origin reads from the key."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from pyrula.workflows.forks import ForkPoint, fork_origin
+
+    with asyncio.Runner() as loop:
+        clock = iter(range(10_000))
+
+        async def started_of(key: str) -> dict[str, Any]:
+            now = 1000.0 + next(clock)
+            handle, _ = await store.submit("forks.order", {}, now=now, owner=None,
+                                           idempotency_key=key)
+            assert await store.claim_run(handle.run_id, "w", now=now, lock_ttl=30.0)
+            (started,) = _started(await store.read_events(handle.run_id))
+            return {k: started[k] for k in ("forked_from", "from_call", "from_step")
+                    if k in started}
+
+        @settings(max_examples=30, deadline=None,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                         HealthCheck.too_slow])
+        @given(name=st.text(min_size=1, max_size=30), tail=st.text(max_size=6))
+        def check(name: str, tail: str) -> None:
+            key = ForkPoint("r:1", 3, name).key() + tail
+            assert loop.run(started_of(key)) == fork_origin(key), key
+
+        try:
+            check()
+        finally:
+            aclose = getattr(store, "aclose", None)
+            if aclose is not None:
+                loop.run(aclose())
