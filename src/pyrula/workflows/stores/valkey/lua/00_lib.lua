@@ -29,6 +29,28 @@ local ops = {}
 -- zero, in finish order. (A double keeps such a score to well under a microsecond.)
 local ENDED = 1e10
 
+-- The sorted sets that grow with the runs (:index, :times, :timers, the doorbell's ready
+-- set) are kept in the server's skiplist encoding from their first member. A small sorted
+-- set is otherwise a listpack (up to zset-max-listpack-entries, 128 by default), where
+-- every insert and every score change walks and moves the whole set: with a few dozen
+-- runs per shard that made each ZADD ~5x dearer than in a skiplist, the largest part of
+-- the server's own work per run. A member longer than zset-max-listpack-value (64 by
+-- default) converts the set; it is taken out at once, and the set keeps its encoding
+-- until it is emptied (and so deleted). After a restart or a replica's full sync the
+-- server loads small sets as listpacks again: slower, never wrong.
+local WIDE = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
+  .. '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
+
+local function zadd(key, ...)
+  -- ZADD, making a set it creates a skiplist. Returns ZADD's reply.
+  local added = redis.call('ZADD', key, ...)
+  if added > 0 and redis.call('ZCARD', key) == added then
+    redis.call('ZADD', key, 0, WIDE)
+    redis.call('ZREM', key, WIDE)
+  end
+  return added
+end
+
 local function runk(base, id) return base .. ':run:' .. id end
 local function jnlk(base, id) return base .. ':jnl:' .. id end
 
@@ -181,7 +203,7 @@ local function new_run(base, id, name, owner, params, now, idem, start_id, prio,
     if lr and lr ~= '' then fields[#fields + 1] = 'lr'; fields[#fields + 1] = lr end
   end
   redis.call('HSET', runk(base, id), unpack(fields))
-  redis.call('ZADD', base .. ':index', now, id)
+  zadd(base .. ':index', now, id)
   return id, true, enqueue(base, id, owner, now, true, prio, line)
 end
 
@@ -215,7 +237,7 @@ local function ring(ready, bell, id, now)
   -- was rung, ms) and wake one idle worker with a token naming it, "<name hash>.<shard>"
   -- (the bell keeps at most 64 tokens).
   local shard = shard_of(id)
-  redis.call('ZADD', ready, 'GT', math.floor(tonumber(now) * 1000), shard)
+  zadd(ready, 'GT', math.floor(tonumber(now) * 1000), shard)
   if redis.call('LPUSH', bell, string.sub(id, 1, 12) .. '.' .. shard) > 64 then
     redis.call('LTRIM', bell, 0, 63)
   end
@@ -243,7 +265,7 @@ local function finish_run(base, id, status, now, result, err, ttl, was_running, 
     'suspect', '')
   -- One write moves the run from the running part of :times (its lock expiry) to the
   -- ended part (its finish time - ENDED).
-  redis.call('ZADD', base .. ':times', tonumber(now) - ENDED, id)
+  zadd(base .. ':times', tonumber(now) - ENDED, id)
   if not was_running then redis.call('ZREM', base .. ':timers', id) end
   ttl = tonumber(ttl)
   local done = base .. ':done:' .. id
