@@ -29,25 +29,35 @@ local ops = {}
 -- zero, in finish order. (A double keeps such a score to well under a microsecond.)
 local ENDED = 1e10
 
--- The sorted sets that grow with the runs (:index, :times, :timers, the doorbell's ready
--- set) are kept in the server's skiplist encoding from their first member. A small sorted
--- set is otherwise a listpack (up to zset-max-listpack-entries, 128 by default), where
--- every insert and every score change walks and moves the whole set: with a few dozen
--- runs per shard that made each ZADD ~5x dearer than in a skiplist, the largest part of
--- the server's own work per run. A member longer than zset-max-listpack-value (64 by
--- default) converts the set; it is taken out at once, and the set keeps its encoding
--- until it is emptied (and so deleted). After a restart or a replica's full sync the
--- server loads small sets as listpacks again: slower, never wrong.
+-- The sorted sets of runs (:index, :times, :timers) are kept in the server's skiplist
+-- encoding from their first member. A small sorted set is otherwise a listpack (up to
+-- zset-max-listpack-entries, 128 by default), where every insert and every score change
+-- walks the whole set, parsing each member's score: with a few dozen runs per shard that
+-- made each ZADD ~4x dearer than in a skiplist, the largest part of the server's own work
+-- per run. A member longer than zset-max-listpack-value (64 by default) converts a set,
+-- and the set keeps its encoding until it is emptied (and so deleted). So a write that may
+-- have made a set (its first members) adds and at once removes such a member; it knows by
+-- a ZCARD, asked only when a write added members (a claim's locks, a park's timer, a run
+-- ended that held no lock; never a lock renewed or a run's end moving its lock's entry),
+-- and of the index only for a run submitted while its owner had nothing queued on the
+-- shard (every other submit finds the index holding the queued runs). After a restart or a replica's full sync the server
+-- loads small sets as listpacks again: slower until each is next made anew, never wrong.
 local WIDE = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
   .. '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
 
-local function zadd(key, ...)
-  -- ZADD, making a set it creates a skiplist. Returns ZADD's reply.
-  local added = redis.call('ZADD', key, ...)
+local function skiplist(key, added)
+  -- Make `key`, a set of runs that `added` members were just put in, a skiplist if they
+  -- are all it holds (they made it).
   if added > 0 and redis.call('ZCARD', key) == added then
     redis.call('ZADD', key, 0, WIDE)
     redis.call('ZREM', key, WIDE)
   end
+end
+
+local function zadd_new(key, ...)
+  -- ZADD key score id ...: runs put in a set of runs. Returns ZADD's reply.
+  local added = redis.call('ZADD', key, ...)
+  skiplist(key, added)
   return added
 end
 
@@ -203,8 +213,10 @@ local function new_run(base, id, name, owner, params, now, idem, start_id, prio,
     if lr and lr ~= '' then fields[#fields + 1] = 'lr'; fields[#fields + 1] = lr end
   end
   redis.call('HSET', runk(base, id), unpack(fields))
-  zadd(base .. ':index', now, id)
-  return id, true, enqueue(base, id, owner, now, true, prio, line)
+  local added = redis.call('ZADD', base .. ':index', now, id)
+  local rang = enqueue(base, id, owner, now, true, prio, line)
+  if rang then skiplist(base .. ':index', added) end  -- the shard's first run, maybe
+  return id, true, rang
 end
 
 local function dequeue(base, id, owner, prio, held)
@@ -237,7 +249,7 @@ local function ring(ready, bell, id, now)
   -- was rung, ms) and wake one idle worker with a token naming it, "<name hash>.<shard>"
   -- (the bell keeps at most 64 tokens).
   local shard = shard_of(id)
-  zadd(ready, 'GT', math.floor(tonumber(now) * 1000), shard)
+  redis.call('ZADD', ready, 'GT', math.floor(tonumber(now) * 1000), shard)
   if redis.call('LPUSH', bell, string.sub(id, 1, 12) .. '.' .. shard) > 64 then
     redis.call('LTRIM', bell, 0, 63)
   end
@@ -265,7 +277,7 @@ local function finish_run(base, id, status, now, result, err, ttl, was_running, 
     'suspect', '')
   -- One write moves the run from the running part of :times (its lock expiry) to the
   -- ended part (its finish time - ENDED).
-  zadd(base .. ':times', tonumber(now) - ENDED, id)
+  zadd_new(base .. ':times', tonumber(now) - ENDED, id)
   if not was_running then redis.call('ZREM', base .. ':timers', id) end
   ttl = tonumber(ttl)
   local done = base .. ':done:' .. id

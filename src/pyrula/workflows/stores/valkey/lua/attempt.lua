@@ -13,7 +13,7 @@ ops.append = function(k, a)
   local held = tonumber(f.lock_expires or '0') or 0
   if held < tonumber(now) + (tonumber(expires) - tonumber(now)) * 2 / 3 then
     redis.call('HSET', run, 'lock_expires', expires, 'jnl', 1)
-    zadd(base .. ':times', expires, id)
+    zadd_new(base .. ':times', expires, id)
   elseif not f.jnl then
     redis.call('HSET', run, 'jnl', 1)
   end
@@ -61,7 +61,7 @@ ops.park = function(k, a)
     'wake_at', wake_at, 'updated_at', now, 'suspect', '')
   redis.call('ZREM', base .. ':times', id)
   if wake_at ~= '' then
-    zadd(base .. ':timers', wake_at, id)
+    zadd_new(base .. ':timers', wake_at, id)
     if k[2] then redis.call('ZADD', k[2], 'LT', wake_at, shard_of(id)) end
   end
   return {1, len, 0, {}}
@@ -93,7 +93,7 @@ ops.finish = function(k, a)
       fields[#fields + 1] = 'prio'; fields[#fields + 1] = f.prio
     end
     redis.call('HSET', runk(base, succ), unpack(fields))
-    zadd(base .. ':index', now, succ)
+    zadd_new(base .. ':index', now, succ)
     rang = enqueue(base, succ, f.owner, now, true, f.prio)
     redis.call('HSET', run, 'successor_id', succ)
   elseif start_id and start_id ~= id and tonumber(ttl) > 0 then

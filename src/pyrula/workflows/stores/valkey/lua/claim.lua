@@ -278,7 +278,7 @@ ops.claim = function(k, a)
     locks[#locks + 1] = expires
     locks[#locks + 1] = id
   end
-  if #locks > 0 then zadd(base .. ':times', unpack(locks)) end
+  if #locks > 0 then zadd_new(base .. ':times', unpack(locks)) end
   local suspects = redis.call('LLEN', base .. ':suspects')
   if not a.limited then
     if left == 0 then unring_if_empty(k, base, false) end
@@ -320,7 +320,7 @@ ops.claim_suspect = function(k, a)
     lim.took_slot(base, chosen, keys[3])
   end
   redis.call('LREM', list, 1, chosen)
-  zadd(base .. ':times', expires, chosen)
+  zadd_new(base .. ':times', expires, chosen)
   local row = take(base, chosen, worker, now, expires, a[5] or '')
   unring_if_empty(k, base, limited)
   return row
@@ -341,7 +341,7 @@ ops.claim_run = function(k, a)
     lim.took_slot(base, id, f[6])
   end
   dequeue(base, id, f[2], f[3], f[4])
-  zadd(base .. ':times', expires, id)
+  zadd_new(base .. ':times', expires, id)
   return take(base, id, a[3], a[4], expires, a[6] or '')
 end
 

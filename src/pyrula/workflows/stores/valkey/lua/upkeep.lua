@@ -13,7 +13,7 @@ ops.renew = function(k, a)
       lost[#lost + 1] = id
     else
       redis.call('HSET', run, 'lock_expires', expires)
-      zadd(base .. ':times', expires, id)
+      zadd_new(base .. ':times', expires, id)
       if f.cancel == '1' then cancel[#cancel + 1] = id end
     end
   end

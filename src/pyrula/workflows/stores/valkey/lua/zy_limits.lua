@@ -186,7 +186,7 @@ limits = function()
         local f = redis.call('HMGET', runk(base, id), 'status', 'held')
         if f[1] == 'queued' and f[2] then
           L.unhold(base, id, f[2])
-          zadd(base .. ':times', expires, id)
+          zadd_new(base .. ':times', expires, id)
           out[#out + 1] = take(base, id, worker, now, expires, a[5] or '')
         end
       end
