@@ -224,3 +224,42 @@ def test_a_replacement_child_runs_on_the_build_its_fork_server_loaded(
                                     for c in s["children"]), 60, what="a replacement")
     builds = re.findall(r"worker_started: \S+ serving counted \(build (\w+)\)", fleet.log())
     assert len(builds) == 2 and builds[0] == builds[1], builds
+
+
+#: An app whose step says how the child's garbage collector stands.
+GC_APP = '''
+import gc
+
+from pyrula.workflows import step, workflow
+
+
+@step
+def collector() -> dict:
+    return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+
+
+@workflow(name="collector")
+async def collector_state(ctx, params):
+    return await collector()
+'''
+
+
+def test_children_collect_garbage_and_never_walk_what_the_fork_server_preloaded(
+        fleets: Fleets, tmp_path: Path) -> None:
+    # The fork server imports the app and the runtime with collection off (faster), then
+    # freezes what it made: a child has collection on, and its collections skip those
+    # objects (the pages stay shared with the fork server).
+    write_app(tmp_path, GC_APP, module="gcapp")
+    fleet = fleets.start("-n", "1", app="gcapp")
+    fleet.wait_ready(1, timeout=60)
+    store = SQLiteStore(str(fleets.directory / STORE_FILE), create=False)
+    try:
+        client = SyncWorkflowClient(store)
+        run = client.submit("collector", {})
+        state = client.result(run.run_id, timeout=30)
+    finally:
+        store.close()
+    assert state["enabled"] is True
+    assert state["frozen"] > 10_000, state  # the runtime's modules and the app's
+    fleet.send(signal.SIGTERM)
+    assert fleet.wait(30) == 0
