@@ -22,6 +22,7 @@ from enum import StrEnum
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pyrula.errors import PyrulaError
 from pyrula.supervisor import forkserver, trampoline
 from pyrula.wire import Heartbeat, WorkerState
 
@@ -223,3 +224,19 @@ def describe_exit(code: int | None) -> tuple[str, str | None]:
             name = f"signal {-code}"
         return f"signal {name}", name
     return f"exit code {code}", None
+
+
+class ForkFailed(PyrulaError):
+    """The host refused to start a child process; the fleet has killed the ones it had."""
+
+
+class Slot:
+    """One of the fleet's places for a child: the child in it, a replacement on its way,
+    and its restarts."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.child: Child | None = None
+        self.incoming: Child | None = None  # a replacement starting (recycle, reload)
+        self.restarts = 0
+        self.respawn_at: float | None = None

@@ -22,7 +22,8 @@ from pyrula.supervisor.restart import GiveUp
 from pyrula.wire import EXIT_BOOT_FAILURE
 
 if TYPE_CHECKING:
-    from pyrula.supervisor.supervisor import Slot, Supervisor
+    from pyrula.supervisor.children import Slot
+    from pyrula.supervisor.supervisor import Supervisor
 
 logger = logging.getLogger(FLEET_LOGGER)
 

@@ -27,14 +27,13 @@ from typing import Any
 from pyrula.config.fleet import FleetOptions
 from pyrula.config.store_url import shown_url
 from pyrula.config.worker import WorkerOptions
-from pyrula.errors import PyrulaError
 from pyrula.logs import FLEET_LOGGER
 from pyrula.store_wait import until_reachable
 from pyrula.supervisor import upgrades
 from pyrula.supervisor.autoscale import Autoscaler, policy_of
 from pyrula.supervisor.boot import BootReport
 from pyrula.supervisor.capacity import rss_of
-from pyrula.supervisor.children import Child, ChildState, Spawner
+from pyrula.supervisor.children import Child, ChildState, ForkFailed, Slot, Spawner
 from pyrula.supervisor.commands import SIGNAL_COMMANDS, handle_commands
 from pyrula.supervisor.exits import child_exited
 from pyrula.supervisor.fleet_metrics import FleetMetrics
@@ -59,23 +58,12 @@ STORE_ANSWER_S = 0.2
 PORT_AT_LATEST_S = 1.0
 
 
-class ForkFailed(PyrulaError):
-    """The host refused to start a child process; the fleet has killed the ones it had."""
-
 FORCED_EXIT = {signal.SIGTERM: 143, signal.SIGINT: 130}
 #: After a second TERM/INT: how long the killed children's exits and the store calls that
 #: requeue their runs may take before the fleet exits anyway (the orphan scan of the next
 #: worker is the backstop for whatever the store did not take back by then).
 QUIT_DEADLINE = 3.0
 
-
-class Slot:
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.child: Child | None = None
-        self.incoming: Child | None = None  # a replacement starting (recycle, reload)
-        self.restarts = 0
-        self.respawn_at: float | None = None
 
 
 class Supervisor:
