@@ -104,6 +104,45 @@ def test_a_sync_client_runs_on_the_calling_thread(fresh_valkey_server: Server) -
     assert out["threads"] == ["MainThread"]
 
 
+def test_a_sync_call_to_a_server_that_stopped_answering_times_out(
+    fresh_valkey_server: Server,
+) -> None:
+    """A synchronous caller's socket is blocking with its timeout set in the kernel (one
+    send and one receive a round trip): a server that stops answering (SIGSTOP, as a VM
+    paused or a host swapping) is StoreUnavailable after about ``socket_timeout``, drawn
+    here, not a hang; once it answers again the next call goes through."""
+    import signal
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    pid = fresh_valkey_server.pid
+    assert pid is not None
+
+    @settings(max_examples=4, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(timeout=st.floats(0.05, 0.6))
+    def check(timeout: float) -> None:
+        store = ValkeyStore(url=fresh_valkey_server.url, namespace="silent", shard_count=2,
+                            socket_timeout=timeout)
+        try:
+            store.ping()  # connected: a blocking socket with the kernel's timeout
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                began = time.monotonic()
+                with pytest.raises(StoreUnavailable):
+                    store.ping()
+                waited = time.monotonic() - began
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert timeout * 0.9 <= waited < timeout * 4 + 2.0, (timeout, waited)
+            store.ping()
+        finally:
+            store.close()
+
+    check()
+
+
 # --- a cluster moving slots ---------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
+import struct
 import time
 import weakref
 from collections import deque
@@ -449,11 +450,21 @@ def _close_socket(sock: socket.socket) -> None:
 class SyncLink:
     """One blocking connection, for a synchronous caller on one thread."""
 
-    def __init__(self, sock: socket.socket, where: Endpoint, timeout: float) -> None:
+    def __init__(self, sock: socket.socket, where: Endpoint, timeout: float, *,
+                 kernel_timeouts: bool = False) -> None:
         self._sock: socket.socket | None = sock
         self._where = where
         self._timeout = timeout
         self._reader = _reader()
+        #: A plain TCP socket is kept blocking, its timeout set in the kernel
+        #: (SO_RCVTIMEO, SO_SNDTIMEO) when it changes: a request is then one send and one
+        #: receive. Python's own timeouts make a socket non-blocking and poll before every
+        #: send and receive, and setting one is a syscall too: five calls for one round
+        #: trip instead of two. (TLS keeps Python's timeouts.)
+        self._kernel_timeouts = kernel_timeouts
+        self._armed: float | None = None
+        if kernel_timeouts:
+            sock.settimeout(None)
         # A thread's link goes with the thread (its thread-local router is dropped then),
         # sometimes inside a reference cycle (an exception's frames holding it), which the
         # collector frees in no set order: a ``__del__`` here could run after the socket's
@@ -476,7 +487,7 @@ class SyncLink:
                 sock.close()
             raise ConnectFailed(f"cannot connect to {where}: {exc or type(exc).__name__}"
                                 ) from exc
-        return cls(sock, where, options.timeout)
+        return cls(sock, where, options.timeout, kernel_timeouts=options.tls is None)
 
     @classmethod
     async def open(cls, where: Endpoint, options: LinkOptions) -> SyncLink:
@@ -519,7 +530,7 @@ class SyncLink:
         reader = self._reader
         replies: list[Any] = []
         try:
-            sock.settimeout(self._timeout if timeout is None else timeout)
+            self._arm(sock, self._timeout if timeout is None else timeout)
             sock.sendall(packed)
             while len(replies) < count:
                 reply = reader.gets()
@@ -539,9 +550,34 @@ class SyncLink:
                            ) from exc
         return replies
 
+    def _arm(self, sock: socket.socket, timeout: float | None) -> None:
+        """Give ``sock`` this timeout for each send and receive (None: none)."""
+        if not self._kernel_timeouts or (timeout is not None and timeout <= 0):
+            sock.settimeout(timeout)
+            return
+        if timeout == self._armed:
+            return
+        value = _timeval(timeout)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        self._armed = timeout
+
     def close(self) -> None:
         self._sock = None
         self._closer()  # closes the socket, once
+
+
+def _timeval(seconds: float | None) -> bytes:
+    """A ``struct timeval`` for SO_RCVTIMEO / SO_SNDTIMEO: zero is no timeout."""
+    if seconds is None:
+        return struct.pack("ll", 0, 0)
+    whole = int(seconds)
+    micros = round((seconds - whole) * 1_000_000)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1, 0
+    if whole == 0 and micros == 0:
+        micros = 1  # a positive timeout stays one (zero would be none)
+    return struct.pack("ll", whole, micros)
 
 
 # --- the I/O a router runs on -------------------------------------------------------
