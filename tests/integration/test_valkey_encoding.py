@@ -5,9 +5,9 @@ A small sorted set is a listpack on the server (up to 128 members by default), w
 insert and score change walks the whole set; the store's Lua makes each set of runs it
 creates a skiplist, by adding and at once removing a member too long for a listpack. What
 a user would notice if that went wrong is a set that lost or gained members. The drawn
-sequences of submits, claims, parks on a timer, wakes and finishes below hold each set's
-members to a small model, and its encoding to a skiplist, after every step, on the
-function library and on the script path.
+sequences of submits, claims (by id, and a worker's batches), parks on a timer, wakes and
+finishes below hold each set's members to a small model, and its encoding to a skiplist,
+after every step, on the function library and on the script path.
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ NAME = "vk.encoding"
 #: The sets of runs, by key suffix.
 GROWING = (":index", ":times", ":timers")
 
-#: One op of a drawn sequence: ("submit" | "wake", 0), or ("claim" | "park" | "finish",
-#: which run).
+#: One op of a drawn sequence: ("submit" | "wake", 0), ("claim" | "park" | "finish", which
+#: run), or ("claim_many", how many: a worker's claim, which chooses the runs).
 OPS = st.one_of(
     st.tuples(st.sampled_from(["submit", "wake"]), st.just(0)),
     st.tuples(st.sampled_from(["claim", "park", "finish"]), st.integers(0, 10_000)),
+    st.tuples(st.just("claim_many"), st.integers(1, 8)),
 )
+
+
 class Model:
     """The runs each set of runs holds."""
 
@@ -77,6 +80,11 @@ async def _apply(store: ValkeyStore, model: Model, op: tuple[str, int], now: flo
             model.take(run_id, ":timers")
             model.queued.append(run_id)
         model.parked.clear()
+    elif kind == "claim_many":
+        for claimed in await store.claim("w", [NAME], limit=pick, now=now, lock_ttl=30.0):
+            model.queued.remove(claimed.run_id)
+            model.running[claimed.run_id] = claimed.token
+            model.put(claimed.run_id, ":times")
     elif kind == "claim" and model.queued:
         run_id = model.queued.pop(pick % len(model.queued))
         claimed = await store.claim_run(run_id, "w", now=now, lock_ttl=30.0)

@@ -40,8 +40,9 @@ local ENDED = 1e10
 -- a ZCARD, asked only when a write added members (a claim's locks, a park's timer, a run
 -- ended that held no lock; never a lock renewed or a run's end moving its lock's entry),
 -- and of the index only for a run submitted while its owner had nothing queued on the
--- shard (every other submit finds the index holding the queued runs). After a restart or a replica's full sync the server
--- loads small sets as listpacks again: slower until each is next made anew, never wrong.
+-- shard (every other submit finds the index holding the queued runs). After a restart or
+-- a replica's full sync the server loads small sets as listpacks again: slower until each
+-- is next made anew, never wrong.
 local WIDE = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
   .. '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
 
