@@ -14,6 +14,7 @@ import pytest
 from pyrula.workflows import SQLiteStore
 from pyrula.workflows.events import EventType, make_event
 from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.stores.sqlite.reads import Reads
 from pyrula.workflows.stores.waiters import EndWatch, ResultWaiters
 
 T = 1_800_000_000.0
@@ -101,10 +102,27 @@ async def test_a_run_that_never_ends_is_only_looked_up_ever_less_often(
     with pytest.raises(TimeoutError):
         await waiting.wait_result(run_id, timeout=1.5)
 
-    # 5 ms doubling to 250 ms: about 11 lookups in 1.5 s, not one per 5 ms (300); and the
-    # waiter's own checks: its first and one more after a second.
-    assert 3 <= lookups[0] <= 16, lookups
+    # 5 ms doubling to RESULT_POLL_MAX (50 ms): about 33 lookups in 1.5 s, not one per
+    # 5 ms (300); and the waiter's own checks: its first and one more after a second.
+    cap = Reads.RESULT_POLL_MAX
+    assert 3 <= lookups[0] <= 1.5 / cap + 8, lookups
     assert reads[0] <= 3, reads
+
+
+def test_a_sync_waiter_looks_again_from_5_ms_doubling_to_the_cap(
+    stores: tuple[SQLiteStore, SQLiteStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script's ``result()`` sees a run another process ended at most RESULT_POLL_MAX
+    late (one that ends soon after the wait began: within about twice its time)."""
+    waiting, _ = stores
+    run_id = asyncio.run(waiting.submit("wf", 1, now=T))[0].run_id
+    slept: list[float] = []
+    monkeypatch.setattr(waiting._reads._wakeups, "sleep",
+                        lambda seen, seconds: slept.append(seconds))  # no real sleep
+    with pytest.raises(TimeoutError):
+        waiting._reads._wait_on_this_thread(run_id, 0.2)
+    assert slept[:5] == [0.005, 0.01, 0.02, 0.04, Reads.RESULT_POLL_MAX]
+    assert max(slept) == Reads.RESULT_POLL_MAX <= 0.05
 
 
 async def test_an_end_elsewhere_wakes_every_waiter_of_that_run(
