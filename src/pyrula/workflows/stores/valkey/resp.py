@@ -552,11 +552,17 @@ class SyncLink:
 
     def _arm(self, sock: socket.socket, timeout: float | None) -> None:
         """Give ``sock`` this timeout for each send and receive (None: none)."""
-        if not self._kernel_timeouts or (timeout is not None and timeout <= 0):
+        if not self._kernel_timeouts:
             sock.settimeout(timeout)
+            return
+        if timeout is not None and timeout <= 0:  # Python's own meaning: non-blocking
+            sock.settimeout(timeout)
+            self._armed = _PYTHON_TIMEOUT
             return
         if timeout == self._armed:
             return
+        if self._armed == _PYTHON_TIMEOUT:
+            sock.settimeout(None)  # blocking again, the kernel's timeout below
         value = _timeval(timeout)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
@@ -565,6 +571,10 @@ class SyncLink:
     def close(self) -> None:
         self._sock = None
         self._closer()  # closes the socket, once
+
+
+#: ``SyncLink._armed`` when the socket holds a timeout of Python's (non-blocking) instead.
+_PYTHON_TIMEOUT = -1.0
 
 
 def _timeval(seconds: float | None) -> bytes:
