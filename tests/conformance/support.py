@@ -10,9 +10,13 @@ exactly (Lua's cjson keeps 14 significant digits).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from pyrula.workflows.events import Event, EventType, make_event
 from pyrula.workflows.records import ClaimedRun, PoisonPolicy, RunInfo, RunStatus
@@ -159,3 +163,24 @@ def require_global_order(store: Any) -> None:
     tests/integration/test_valkey_fairness.py checks fairness across shards."""
     if getattr(store, "shard_count", 1) > 1:
         pytest.skip("ordering is per shard on a sharded store")
+
+
+def drawn(max_examples: int) -> settings:
+    """Hypothesis settings for a test that draws operations on the (function-scoped)
+    ``store``: no deadline, the store's own latency is not the test's."""
+    return settings(max_examples=max_examples, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
+
+
+@contextlib.contextmanager
+def store_loop(store: Any) -> Iterator[asyncio.Runner]:
+    """One event loop for a synchronous Hypothesis test of the async ``store`` (every
+    example runs its coroutines on it); the store's connections on it are closed after."""
+    with asyncio.Runner() as runner:
+        try:
+            yield runner
+        finally:
+            aclose = getattr(store, "aclose", None)
+            if aclose is not None:
+                runner.run(aclose())

@@ -19,6 +19,7 @@ from pyrula.workflows import (
     workflow,
 )
 from pyrula.workflows.stores.base import Store
+from tests.conformance.support import drawn, store_loop
 
 RAN: list[str] = []
 
@@ -216,12 +217,12 @@ def test_any_step_name_in_a_forks_key_reaches_its_run_started_on_every_store(
 ) -> None:
     """Drawn step names (any text) and tails after them (a client's look-alike keys):
     every store's claim names the same origin as forks.fork_origin reads from the key."""
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import given
     from hypothesis import strategies as st
 
     from pyrula.workflows.forks import ForkPoint, fork_origin
 
-    with asyncio.Runner() as loop:
+    with store_loop(store) as loop:
         clock = iter(range(10_000))
 
         async def started_of(key: str) -> dict[str, Any]:
@@ -233,17 +234,10 @@ def test_any_step_name_in_a_forks_key_reaches_its_run_started_on_every_store(
             return {k: started[k] for k in ("forked_from", "from_call", "from_step")
                     if k in started}
 
-        @settings(max_examples=30, deadline=None,
-                  suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                         HealthCheck.too_slow])
+        @drawn(30)
         @given(name=st.text(min_size=1, max_size=30), tail=st.text(max_size=6))
         def check(name: str, tail: str) -> None:
             key = ForkPoint("r:1", 3, name).key() + tail
             assert loop.run(started_of(key)) == (fork_origin(key) or {}), key
 
-        try:
-            check()
-        finally:
-            aclose = getattr(store, "aclose", None)
-            if aclose is not None:
-                loop.run(aclose())
+        check()

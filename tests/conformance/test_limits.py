@@ -6,21 +6,30 @@ ability (the others must refuse a limited workflow at worker start: tests/integr
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pyrula.workflows.limits import LimitKeys, WorkflowLimits
 from pyrula.workflows.records import PoisonPolicy, RunStatus
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import capabilities_of
-from tests.conformance.support import T0, TTL, WF, WORKER, complete, info, sleep
+from tests.conformance.support import (
+    T0,
+    TTL,
+    WF,
+    WORKER,
+    complete,
+    drawn,
+    info,
+    sleep,
+    store_loop,
+)
 
 KEYS = ("k1", "k2", "k3")
 _names = itertools.count()
@@ -137,22 +146,15 @@ def test_limits_hold_under_any_interleaving(store: Any) -> None:
     """Hypothesis draws each key's max, and interleavings of submits, claims, and runs
     finishing, requeued, orphaned (their lock lost) or parking and being woken."""
     _limited(store)
-    with asyncio.Runner() as runner:
+    with store_loop(store) as runner:
 
-        @settings(max_examples=40, deadline=None,
-                  suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                         HealthCheck.too_slow])
+        @drawn(40)
         @given(maxes=st.fixed_dictionaries({k: st.integers(1, 3) for k in KEYS}),
                steps=st.lists(step, max_size=40))
         def check(maxes: dict[str, int], steps: list[tuple[str, Any]]) -> None:
             runner.run(_play(store, maxes, steps))
 
-        try:
-            check()
-        finally:
-            aclose = getattr(store, "aclose", None)
-            if aclose is not None:
-                runner.run(aclose())
+        check()
 
 
 async def test_a_rate_admits_per_second_starts_per_key(store: Any) -> None:

@@ -5,14 +5,13 @@ deficit round robin and FIFO do), so the model is checked shard by shard there."
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pyrula.workflows.events import EventType
@@ -24,10 +23,12 @@ from tests.conformance.support import (
     WF,
     WORKER,
     complete,
+    drawn,
     ev,
     info,
     require_global_order,
     sleep,
+    store_loop,
     submit,
     take,
     wait_for,
@@ -128,21 +129,14 @@ async def submit_with(store: Store, name: str, owner: str, priority: int, now: f
 def test_claims_take_an_owners_highest_priority_first_fifo_within_one(store: Store) -> None:
     """Hypothesis draws owners, priorities and the order of submissions, claims, cancels
     and claims by id of queued runs."""
-    with asyncio.Runner() as runner:
+    with store_loop(store) as runner:
 
-        @settings(max_examples=40, deadline=None,
-                  suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                         HealthCheck.too_slow])
+        @drawn(40)
         @given(steps=st.lists(step, max_size=40))
         def check(steps: list[tuple[str, Any]]) -> None:
             runner.run(_play(store, steps))
 
-        try:
-            check()
-        finally:
-            aclose = getattr(store, "aclose", None)
-            if aclose is not None:
-                runner.run(aclose())
+        check()
 
 
 async def test_priority_shows_on_the_run_and_defaults_to_zero(store: Store) -> None:
