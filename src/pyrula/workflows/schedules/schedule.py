@@ -40,7 +40,6 @@ _ID = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-
 def _workflow(name: Any) -> str:
     """The workflow a schedule runs, from a name or a ``@workflow``; ValueError if none."""
     try:
