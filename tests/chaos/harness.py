@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from pyrula.invariants import Fails, Report, check, collect_journals, count_stale_refusals
 from pyrula.invariants.ledger import read_ledger
 from pyrula.workflows import RunStatus, StoreUnavailable, SyncWorkflowClient
@@ -384,16 +386,22 @@ class FakeClock:
 def kill_a_ready_child(fleet: Fleet, rng: random.Random) -> bool:
     """SIGKILL one of ``fleet``'s ready children, chosen by ``rng``, while at least two are
     ready (the fleet still serves); False (and no kill) otherwise, also when the child
-    chosen exited between the status read and the kill (the supervisor lists a child until
-    it has reaped it: after a store restart, say)."""
+    chosen exited between the status read and the kill. Returns once the supervisor has
+    reaped the child: until then /status still lists it, and a next kill could land on
+    the same dead process (a zombie takes a signal without complaint), one kill short."""
     status = fleet.status()
     found = ready(status) if status else []
     if len(found) < 2:
         return False
+    pid = rng.choice(found)["pid"]
     try:
-        os.kill(rng.choice(found)["pid"], signal.SIGKILL)
-    except ProcessLookupError:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False  # it died by itself, unreaped yet: a kill would not count
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, psutil.NoSuchProcess):
         return False
+    fleet.wait_status(lambda s: all(c["pid"] != pid for c in s["children"]),
+                      what=f"the supervisor reaped pid {pid}")
     return True
 
 

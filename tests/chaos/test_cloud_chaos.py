@@ -69,12 +69,26 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
         c.reap()
 
 
-
 def _restart_collector(collector: Collector) -> None:
     collector.kill()
     collector.start()
 
 
+def _unfinished(client: SyncWorkflowClient, run_ids: set[str]) -> str:
+    """What a failed wait reports: the runs not completed, with their records."""
+    lines = []
+    for run_id in sorted(run_ids):
+        try:
+            record = client.get(run_id)
+        except (StoreUnavailable, OSError) as exc:
+            lines.append(f"{run_id}: unreadable ({exc})")
+            continue
+        if record.status is not RunStatus.COMPLETED:
+            lines.append(f"{run_id}: {record!r}")
+    return f"{len(lines)} runs not completed:\n" + "\n".join(lines[:20])
+
+
+@pytest.mark.timeout(300)  # a failed wait below reports what is stuck, before this fires
 def test_every_terminal_event_reaches_the_collector_once_through_kills_and_restarts(
         fleets: Fleets, collector: Collector, tmp_path: Path) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(2**32))  # to replay one
@@ -116,7 +130,11 @@ def test_every_terminal_event_reaches_the_collector_once_through_kills_and_resta
             except (StoreUnavailable, OSError):
                 return False
 
-        wait_until(completed, 180, what="every submitted run completed")
+        try:
+            wait_until(completed, 150, what="every submitted run completed")
+        except AssertionError as exc:
+            raise AssertionError(f"seed={seed}: {exc}\n{_unfinished(client, wanted)}\n"
+                                 f"fleet log (tail):\n{fleet.log()[-6000:]}") from None
         wait_until(lambda: {r for r, _ in collector.terminal_events()} >= wanted, 120,
                    what="every run's terminal event at the collector")
         verdict = check_once("terminal_events", wanted,

@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from pyrula.workflows import SyncWorkflowClient, ValkeyStore
 from tests.fleet.fleetprocs import QUICK, Fleet, Fleets, StatusRecorder
+from tests.servers import start_server
 
 SHARDS = 64
 NAME = "fa_load"
@@ -134,3 +136,41 @@ def test_after_an_upgrade_the_fleet_is_not_ok_until_its_new_child_holds_shards(
                for s in recorder.samples), "the new child was never seen holding none"
     fleet.send(signal.SIGTERM)
     assert fleet.wait() == 0
+
+
+def test_the_runs_of_a_child_killed_while_the_store_is_down_are_requeued_once_it_answers(
+    fleets: Fleets, tmp_path: Path
+) -> None:
+    # Locks and leases lapse only after 60 s here: the runs finish sooner only if the
+    # supervisor, which saw the child die, requeues them itself once the store is back.
+    server = start_server(tmp_path / "valkey", appendonly="yes", appendfsync="always")
+    store = ValkeyStore(url=server.url, namespace="downed")
+    try:
+        fleet = fleets.start("-n", "2", "--namespace", "downed", "--lock-ttl", "60",
+                             "--shard-lease-ttl", "60", "--orphan-scan-interval", "1", *QUICK,
+                             store=server.url)
+        fleet.wait_ready(2)
+        client = SyncWorkflowClient(store)
+        runs = {f"d{i}": client.submit("fa_gated", {"tag": f"d{i}"}) for i in range(4)}
+        busy = fleet.wait_status(lambda s: sum(c["in_flight"] for c in s["children"]) == 4,
+                                 what="4 runs in flight")
+        victim = max(busy["children"], key=lambda c: c["in_flight"])
+        server.kill()
+        os.kill(victim["pid"], signal.SIGKILL)
+        fleet.wait_for_log(f"could not requeue the runs of dead child {victim['worker_id']}")
+        server.launch(keep_port=True)
+        server.wait_ready()
+        for tag in runs:
+            fleets.open_gate(tag)
+        for run in runs.values():
+            assert isinstance(client.result(run.run_id, timeout=30), int)
+        log = fleet.log()
+        assert f"runs of dead child {victim['worker_id']} requeued" in log
+        assert "run_reclaimed" not in log  # not the orphan scan's doing
+        moved = [run for run in runs.values() if client.get(run.run_id).attempt == 2]
+        assert len(moved) == victim["in_flight"]
+        fleet.send(signal.SIGTERM)
+        assert fleet.wait() == 0
+    finally:
+        store.close()
+        server.kill()

@@ -152,7 +152,7 @@ async def _recover(sup: Supervisor, worker_id: str, held: dict[str, int],
                    evidence: dict[str, Any], user_code: list[str] | None,
                    suspects: list[str]) -> None:
     requeued, quarantined, charged = await sup.recovery.child_died(
-        worker_id, held, evidence, user_code, suspects)
+        worker_id, held, evidence, user_code, suspects, keep_trying=lambda: not sup.draining)
     if requeued:
         sup.fleet_metrics.own.inc("pyrula.workflows.runs.requeued", requeued,
                                   reason="orphaned")

@@ -4,17 +4,22 @@ shard leases."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, TypeVar
 
 from pyrula.errors import StoreUnavailable
 from pyrula.logs import FLEET_LOGGER
 from pyrula.workflows.clock import store_clock
+from pyrula.workflows.records import RequeueOutcome
 from pyrula.workflows.stores.capabilities import capabilities_of
 
 logger = logging.getLogger(FLEET_LOGGER)
+
+T = TypeVar("T")
 
 
 def runs_to_charge(user_code: Collection[str] | None,
@@ -36,11 +41,24 @@ def runs_to_charge(user_code: Collection[str] | None,
     return (in_code & frozenset(suspects)) or in_code
 
 
+#: A recovery the store refused is tried again after a jittered delay doubling from
+#: ``RETRY_MIN`` to ``RETRY_MAX`` seconds, so it lands soon after the store answers again.
+RETRY_MIN = 0.25
+RETRY_MAX = 2.0
+
+
 class Recovery:
-    def __init__(self, store: Any, poison_max_retries: int, poison_retry_ttl_s: float) -> None:
+    def __init__(self, store: Any, poison_max_retries: int, poison_retry_ttl_s: float,
+                 retry_for: float = 0.0) -> None:
         self.store = store
         self.max_retries = poison_max_retries
         self.retry_ttl_s = poison_retry_ttl_s
+        #: How long a recovery the store refused (it was down as the child died) is tried
+        #: again: until the dead worker's locks and shard leases would have lapsed, after
+        #: which the orphan scan and the other workers' lease ticks find its runs anyway.
+        #: Without the retry, the runs would wait for those lapses although the supervisor
+        #: knows the worker is dead.
+        self.retry_for = retry_for
         # The clock the children judge crashes and locks by (the store's, where it has one).
         self._clock = store_clock(store)
         self._shard_leases = capabilities_of(store).shard_leases
@@ -48,31 +66,28 @@ class Recovery:
     async def child_died(
         self, worker_id: str, held: dict[str, int], evidence: dict[str, Any],
         user_code: Collection[str] | None = None, suspects: Collection[str] = (),
+        keep_trying: Callable[[], bool] = lambda: True,
     ) -> tuple[int, int, int]:
         """Requeue every run the dead worker's lock still holds — found by the store, so a
         run claimed in the instant before the kill is not missed — and release its shards.
         A crash is counted only against the runs ``runs_to_charge`` names from the child's
         last report (``user_code``, ``suspects``); the others go back without one.
         ``held`` (what its last heartbeat reported) is only used for the log.
-        Returns (requeued, quarantined, charged a crash: the quarantined among them); a
-        store that cannot be reached leaves the runs to the orphan scan (which charges each
-        of them)."""
-        from pyrula.workflows.records import PoisonPolicy
+        Returns (requeued, quarantined, charged a crash: the quarantined among them).
 
-        poison = PoisonPolicy(self.max_retries, self.retry_ttl_s)
+        A store that cannot be reached is tried again for ``retry_for`` seconds while
+        ``keep_trying()`` (the fleet is not draining); past that the runs are left to the
+        orphan scan (which charges each of them) and the shards to their leases' lapse."""
         charge = runs_to_charge(user_code, suspects)
+        gives_up_at = time.monotonic() + self.retry_for
         try:
-            if self._clock is not None:
-                await self._clock.sync()
-            now = self._clock.now() if self._clock is not None else time.time()
-            outcomes = await self.store.reclaim_worker(
-                worker_id, now=now, poison=poison,
-                crash_detail={"cause": "worker_crash", **evidence}, charge=charge,
-            )
+            outcomes, now = await self._until_answered(
+                lambda: self._reclaim(worker_id, evidence, charge),
+                f"requeue the runs of dead child {worker_id}", gives_up_at, keep_trying)
         except StoreUnavailable as exc:
             logger.warning("could not requeue the runs of dead child %s (%s, it held %d); the "
                            "orphan scan will", worker_id, exc, len(held))
-            outcomes = []
+            outcomes, now = [], 0.0
         quarantined = [o for o in outcomes if o.quarantined]
         if quarantined:
             from pyrula.workflows.family import nudge_parents_of
@@ -88,7 +103,44 @@ class Recovery:
         leases = self._shard_leases
         if leases is not None:
             try:
-                await leases.release_shards(worker_id)
+                await self._until_answered(lambda: leases.release_shards(worker_id),
+                                           f"release the shards of {worker_id}", gives_up_at,
+                                           keep_trying)
             except StoreUnavailable as exc:
                 logger.warning("could not release shards of %s (%s)", worker_id, exc)
         return len(outcomes) - len(quarantined), len(quarantined), charged
+
+    async def _reclaim(self, worker_id: str, evidence: dict[str, Any],
+                       charge: frozenset[str] | None) -> tuple[list[RequeueOutcome], float]:
+        """One try at requeueing the dead worker's runs: (outcomes, the store's now)."""
+        from pyrula.workflows.records import PoisonPolicy
+
+        if self._clock is not None:
+            await self._clock.sync()
+        now = self._clock.now() if self._clock is not None else time.time()
+        outcomes = await self.store.reclaim_worker(
+            worker_id, now=now, poison=PoisonPolicy(self.max_retries, self.retry_ttl_s),
+            crash_detail={"cause": "worker_crash", **evidence}, charge=charge,
+        )
+        return outcomes, now
+
+    async def _until_answered(self, call: Callable[[], Awaitable[T]], what: str,
+                              gives_up_at: float, keep_trying: Callable[[], bool]) -> T:
+        """``call()``, tried again on StoreUnavailable until it answers, ``keep_trying()``
+        turns False or ``gives_up_at`` (monotonic) would pass: then its error is raised."""
+        told = False
+        tries = 0
+        while True:
+            try:
+                return await call()
+            except StoreUnavailable as exc:
+                delay = min(RETRY_MAX, RETRY_MIN * 2 ** tries) * random.uniform(0.5, 1.0)
+                tries += 1
+                left = gives_up_at - time.monotonic()
+                if not keep_trying() or delay > left:
+                    raise
+                if not told:
+                    told = True
+                    logger.warning("could not %s yet (%s); trying again until the store "
+                                   "answers, for up to %.1f s", what, exc, left)
+            await asyncio.sleep(delay)

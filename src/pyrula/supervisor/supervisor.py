@@ -72,8 +72,9 @@ class Supervisor:
         self.spawner = spawner
         self.store = store
         worker_options = WorkerOptions(**options.child_worker_options).resolve()
-        self.recovery = Recovery(store, worker_options.poison_max_retries,
-                                 worker_options.poison_retry_ttl_s)
+        self.recovery = Recovery(
+            store, worker_options.poison_max_retries, worker_options.poison_retry_ttl_s,
+            retry_for=max(worker_options.lock_ttl, worker_options.shard_lease_ttl))
         #: ``--store-wait``: how long to wait at start for a store that does not answer.
         self.store_wait = worker_options.store_wait
         #: Starting, and the store has not answered yet (/readyz: ``store_unreachable``).
