@@ -265,9 +265,26 @@ def kill_random_child(fleet: Fleet, load: ChaosLoad, *, busy: bool = True) -> in
     if not found:
         return None
     victim = load.random.choice(found)
-    os.kill(victim["pid"], signal.SIGKILL)
+    if not kill_and_reap(fleet, victim["pid"]):
+        return None
     load.fault("kill -9", victim["pid"])
     return int(victim["pid"])
+
+
+def kill_and_reap(fleet: Fleet, pid: int) -> bool:
+    """SIGKILL ``fleet``'s child ``pid`` and return once the supervisor has reaped it:
+    until then /status still lists it, and a next kill could land on the same dead
+    process (a zombie takes a signal without complaint), one kill short. False (and no
+    kill) if it had died already."""
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False  # it died by itself, unreaped yet: a kill would not count
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        return False
+    fleet.wait_status(lambda s: all(c["pid"] != pid for c in s["children"]),
+                      what=f"the supervisor reaped pid {pid}")
+    return True
 
 
 def statuses(client: SyncWorkflowClient, run_ids: Iterable[str]) -> dict[str, int]:
@@ -386,23 +403,12 @@ class FakeClock:
 def kill_a_ready_child(fleet: Fleet, rng: random.Random) -> bool:
     """SIGKILL one of ``fleet``'s ready children, chosen by ``rng``, while at least two are
     ready (the fleet still serves); False (and no kill) otherwise, also when the child
-    chosen exited between the status read and the kill. Returns once the supervisor has
-    reaped the child: until then /status still lists it, and a next kill could land on
-    the same dead process (a zombie takes a signal without complaint), one kill short."""
+    chosen exited between the status read and the kill (``kill_and_reap``)."""
     status = fleet.status()
     found = ready(status) if status else []
     if len(found) < 2:
         return False
-    pid = rng.choice(found)["pid"]
-    try:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return False  # it died by itself, unreaped yet: a kill would not count
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, psutil.NoSuchProcess):
-        return False
-    fleet.wait_status(lambda s: all(c["pid"] != pid for c in s["children"]),
-                      what=f"the supervisor reaped pid {pid}")
-    return True
+    return kill_and_reap(fleet, rng.choice(found)["pid"])
 
 
 def restart_valkey(valkey: Server) -> None:
