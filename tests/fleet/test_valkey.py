@@ -174,3 +174,28 @@ def test_the_runs_of_a_child_killed_while_the_store_is_down_are_requeued_once_it
     finally:
         store.close()
         server.kill()
+
+
+def test_the_shards_of_a_child_that_drained_while_the_store_was_down_are_released_after(
+    fleets: Fleets, tmp_path: Path
+) -> None:
+    # The child cannot release its shards on its way out, and they lapse only after 60 s:
+    # its replacement gets them sooner only if the supervisor releases them for it.
+    server = start_server(tmp_path / "valkey", appendonly="yes", appendfsync="always")
+    try:
+        fleet = _start(fleets, server.url, "drained", "--shard-lease-ttl", "60")
+        fleet.wait_ready(2)
+        before = _wait_balanced([fleet], 2, "before the outage")[0]
+        leaving = before["children"][0]
+        server.kill()
+        os.kill(leaving["pid"], signal.SIGTERM)
+        fleet.wait_for_log(f"pid {leaving['pid']} (exit code 0) after draining on its own")
+        server.launch(keep_port=True)
+        server.wait_ready()
+        after = _wait_balanced([fleet], 2, "after the store came back", timeout=20)[0]
+        assert leaving["pid"] not in {c["pid"] for c in after["children"]}
+        assert f"could not release the shards of {leaving['worker_id']} yet" in fleet.log()
+        fleet.send(signal.SIGTERM)
+        assert fleet.wait() == 0
+    finally:
+        server.kill()

@@ -41,6 +41,7 @@ def child_exited(sup: Supervisor, child: Child) -> None:
     slot = _detach(sup, child)
     text, signame = describe_exit(child.exitcode)
     if _drained(sup, child, slot, text):
+        _release_drained(sup, child)
         return
     _died(sup, child, text, signame)
     if sup.draining or child.retiring or slot is None:
@@ -93,6 +94,19 @@ def _drained(sup: Supervisor, child: Child, slot: Slot | None, text: str) -> boo
             slot.respawn_at = time.monotonic()
         return True
     return False
+
+
+def _release_drained(sup: Supervisor, child: Child) -> None:
+    """A child that drained while the fleet serves on (a recycle, a scale-down, an
+    upgrade, a SIGTERM of its own): release its shards again, in the background, in case
+    the store was down when it released them itself."""
+    beat = child.beat
+    if sup.draining or beat is None or not beat.worker_id or not any(beat.shards.values()):
+        return
+    task = asyncio.get_running_loop().create_task(
+        sup.recovery.child_drained(beat.worker_id, keep_trying=lambda: not sup.draining))
+    sup._recoveries.add(task)
+    task.add_done_callback(sup._recoveries.discard)
 
 
 def _died(sup: Supervisor, child: Child, text: str, signame: str | None) -> None:

@@ -100,15 +100,27 @@ class Recovery:
                 outcome.run_id, self.max_retries, evidence.get("exit"),
                 extra={"event": "run_quarantined", "run_id": outcome.run_id, **evidence},
             )
-        leases = self._shard_leases
-        if leases is not None:
-            try:
-                await self._until_answered(lambda: leases.release_shards(worker_id),
-                                           f"release the shards of {worker_id}", gives_up_at,
-                                           keep_trying)
-            except StoreUnavailable as exc:
-                logger.warning("could not release shards of %s (%s)", worker_id, exc)
+        await self._release(worker_id, gives_up_at, keep_trying)
         return len(outcomes) - len(quarantined), len(quarantined), charged
+
+    async def child_drained(self, worker_id: str,
+                            keep_trying: Callable[[], bool] = lambda: True) -> None:
+        """Release the shards of a child that drained. Its own shutdown released them,
+        unless the store was down then: without this its replacement would wait for them
+        to lapse (``shard_lease_ttl``). A release of nothing is a no-op."""
+        await self._release(worker_id, time.monotonic() + self.retry_for, keep_trying)
+
+    async def _release(self, worker_id: str, gives_up_at: float,
+                       keep_trying: Callable[[], bool]) -> None:
+        leases = self._shard_leases
+        if leases is None:
+            return
+        try:
+            await self._until_answered(lambda: leases.release_shards(worker_id),
+                                       f"release the shards of {worker_id}", gives_up_at,
+                                       keep_trying)
+        except StoreUnavailable as exc:
+            logger.warning("could not release shards of %s (%s)", worker_id, exc)
 
     async def _reclaim(self, worker_id: str, evidence: dict[str, Any],
                        charge: frozenset[str] | None) -> tuple[list[RequeueOutcome], float]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyrula.config.cloud import cloud_config
 from pyrula.config.worker import WorkerOptions
-from pyrula.errors import ConfigurationError, WorkflowNotFound
+from pyrula.errors import ConfigurationError, StoreUnavailable, WorkflowNotFound
 from pyrula.health_http import ProbeServer
 from pyrula.logs import WORKER_FIELDS
 from pyrula.metrics import Metrics
@@ -531,6 +531,10 @@ class WorkflowWorker:
         if leases is not None:
             try:
                 await leases.release_shards(self.worker_id)
+            except StoreUnavailable as exc:
+                logger.warning("shard release failed: %s; a fleet's supervisor releases "
+                               "them once the store answers, else they lapse after "
+                               "shard_lease_ttl", exc, extra=self._log)
             except Exception:  # shards then lapse after shard_lease_ttl
                 logger.warning("shard release failed", exc_info=True, extra=self._log)
         try:
