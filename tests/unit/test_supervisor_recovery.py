@@ -1,8 +1,9 @@
 """The supervisor's recovery of a dead child when the store does not answer: it tries
 again until ``retry_for`` has passed, and not at all once the fleet drains.
 
-The store is a real Valkey store pointed at a port nobody listens on: every call fails at
-once with StoreUnavailable, as during a server restart."""
+The store is a real Valkey store pointed at a port nobody listens on: every call fails
+with StoreUnavailable (after the client's own connect retries), as during a server
+restart."""
 
 from __future__ import annotations
 
