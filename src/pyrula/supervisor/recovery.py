@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
+from pyrula.backoff import backoff_delays
 from pyrula.errors import StoreUnavailable
 from pyrula.logs import FLEET_LOGGER
 from pyrula.workflows.clock import store_clock
@@ -140,19 +140,18 @@ class Recovery:
                               gives_up_at: float, keep_trying: Callable[[], bool]) -> T:
         """``call()``, tried again on StoreUnavailable until it answers, ``keep_trying()``
         turns False or ``gives_up_at`` (monotonic) would pass: then its error is raised."""
-        told = False
-        tries = 0
+        delays = backoff_delays(RETRY_MIN, RETRY_MAX)
+        first = True
         while True:
             try:
                 return await call()
             except StoreUnavailable as exc:
-                delay = min(RETRY_MAX, RETRY_MIN * 2 ** tries) * random.uniform(0.5, 1.0)
-                tries += 1
+                delay = delays()
                 left = gives_up_at - time.monotonic()
                 if not keep_trying() or delay > left:
                     raise
-                if not told:
-                    told = True
+                if first:
                     logger.warning("could not %s yet (%s); trying again until the store "
                                    "answers, for up to %.1f s", what, exc, left)
+            first = False
             await asyncio.sleep(delay)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pyrula.backoff import backoff_delays
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import JournalCorrupt, StaleToken, StoreUnavailable, WorkflowNotFound
 from pyrula.metrics import Metrics
@@ -33,7 +34,6 @@ from pyrula.workflows.stores.capabilities import capabilities_of
 from pyrula.workflows.worker.cache import JournalCache
 from pyrula.workflows.worker.generations import Generation, last_build, refuse
 from pyrula.workflows.worker.held import HeldRuns
-from pyrula.workflows.worker.loops import backoff_delays
 from pyrula.workflows.worker.pool import StepPool
 from pyrula.workflows.worker.runtime import Runtime
 from pyrula.workflows.worker.timers import TimerLoop

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pyrula.backoff import BACKOFF_MAX as BACKOFF_MAX  # the loops' restart delays
+from pyrula.backoff import BACKOFF_MIN as BACKOFF_MIN
+from pyrula.backoff import backoff_delays as backoff_delays
 from pyrula.errors import StoreUnavailable
 from pyrula.metrics import Metrics
 from pyrula.workflows.clock import Clock
@@ -29,8 +31,6 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     OSError,
 )
 
-BACKOFF_MIN = 0.5
-BACKOFF_MAX = 30.0
 #: /livez fails once a loop has been failing this long without a completed tick
 #: (``failing_loop``; read at each call, so a test may lower it).
 LIVENESS_FAILURE_S = 120.0
@@ -71,18 +71,6 @@ def failing_loop(states: Iterable[LoopState], now: float) -> str | None:
         if state.failed_for(now) >= LIVENESS_FAILURE_S:
             return state.name
     return None
-
-
-def backoff_delays(start: float = BACKOFF_MIN, cap: float = BACKOFF_MAX) -> Callable[[], float]:
-    """Successive jittered delays doubling from ``start`` up to ``cap``."""
-    current = start / 2
-
-    def next_delay() -> float:
-        nonlocal current
-        current = min(cap, current * 2)
-        return random.uniform(current / 2, current)
-
-    return next_delay
 
 
 async def run_loop(
