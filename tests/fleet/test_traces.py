@@ -28,6 +28,9 @@ def test_a_run_whose_child_is_killed_traces_both_attempts_and_the_kill(
 
     # The step blocks in the child that claimed the run until the test opens its gate.
     [victim] = wait_until(lambda: fleets.ran("gated", "t"), timeout=20, what="the step runs")
+    # The kill's evidence carries the RSS the supervisor last measured: let it measure one.
+    fleet.wait_status(lambda s: any(c["pid"] == victim and c["rss_bytes"]
+                                    for c in s["children"]), what="the victim's RSS measured")
     os.kill(victim, signal.SIGKILL)
     ran = wait_until(lambda: len(fleets.ran("gated", "t")) == 2 and fleets.ran("gated", "t"),
                      timeout=20, what="the step runs again in another child")
