@@ -104,6 +104,41 @@ def test_a_sync_client_runs_on_the_calling_thread(fresh_valkey_server: Server) -
     assert out["threads"] == ["MainThread"]
 
 
+def test_a_sync_caller_whose_connection_the_server_closed_goes_on(
+    fresh_valkey_server: Server,
+) -> None:
+    """The server closes a synchronous caller's idle connection (``CLIENT KILL``, as a
+    server's ``timeout`` or a proxy would): whatever calls come next, reads or writes in
+    an order drawn here, each goes through on a new connection, never an error."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from pyrula.workflows import SyncWorkflowClient
+
+    store = ValkeyStore(url=fresh_valkey_server.url, namespace="closed", shard_count=2)
+    client = SyncWorkflowClient(store)
+    admin = fresh_valkey_server.client()
+
+    @settings(max_examples=12, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(calls=st.lists(st.sampled_from(["read", "write", "kill"]), min_size=1, max_size=6))
+    def check(calls: list[str]) -> None:
+        handle = client.submit(NAME, {"n": 0})
+        for call in calls:
+            if call == "kill":
+                admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            elif call == "read":
+                assert client.get(handle.run_id).status is RunStatus.QUEUED
+            else:
+                handle = client.submit(NAME, {"n": len(calls)})
+
+    try:
+        check()
+    finally:
+        admin.close()
+        store.close()
+
+
 def test_a_sync_call_to_a_server_that_stopped_answering_times_out(
     fresh_valkey_server: Server,
 ) -> None:

@@ -75,3 +75,29 @@ def test_a_reply_that_never_comes_fails_after_the_kernel_timeout(
     link = SyncLink(ours, Endpoint("test", 0), 0.05, kernel_timeouts=True)
     with pytest.raises(Exception, match="connection to test:0 failed"):
         link.request_now(b"*1\r\n$4\r\nPING\r\n", 1)
+
+
+def test_a_request_interrupted_before_its_reply_closes_the_link(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """Ctrl-C while a reply is owed: the reply would answer the next request instead, so
+    the link is closed and a new one is opened for the next request."""
+    import signal
+
+    ours, _theirs = pair
+    link = SyncLink(ours, Endpoint("test", 0), 10.0, kernel_timeouts=True)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(KeyboardInterrupt):
+            link.request_now(b"*1\r\n$4\r\nPING\r\n", 1)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert link.closed and not link.alive
+    with pytest.raises(Exception, match="is closed"):
+        link.request_now(b"*1\r\n$4\r\nPING\r\n", 1)

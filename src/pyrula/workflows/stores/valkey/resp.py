@@ -225,7 +225,14 @@ def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
 
 class Link(Protocol):
     @property
-    def alive(self) -> bool: ...
+    def alive(self) -> bool:
+        """Open, and not found closed by the server (which may cost a system call)."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Closed on our side (after a failure, or by ``close``): free to ask."""
+        ...
 
     async def request(self, packed: bytes, count: int, timeout: float | None = None,
                       wait: Command | None = None) -> list[Any]:
@@ -331,6 +338,10 @@ class AsyncLink(asyncio.Protocol):
     @property
     def alive(self) -> bool:
         return self._lost is None and self._transport is not None
+
+    @property
+    def closed(self) -> bool:
+        return not self.alive
 
     async def request(self, packed: bytes, count: int, timeout: float | None = None,
                       wait: Command | None = None) -> list[Any]:
@@ -496,6 +507,10 @@ class SyncLink:
         return link
 
     @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    @property
     def alive(self) -> bool:
         """False once closed, and once the server has closed the idle connection (it
         restarted, or dropped the client): a request is then sent on a new connection
@@ -548,6 +563,11 @@ class SyncLink:
             self.close()
             raise LinkLost(f"connection to {self._where} failed: {exc or type(exc).__name__}"
                            ) from exc
+        except BaseException:
+            # Interrupted (Ctrl-C) between the send and the last reply: the replies still
+            # owed would answer the next request, so the connection is not used again.
+            self.close()
+            raise
         return replies
 
     def _arm(self, sock: socket.socket, timeout: float | None) -> None:

@@ -209,7 +209,9 @@ class Router:
         packed = pack(commands)
         for attempt in (1, 2):
             try:
-                link = await self._link(self._seed)
+                # A read is sent again on a new connection if this one turns out dead, so
+                # only a write asks first whether the server closed it while idle.
+                link = await self._link(self._seed, checked=not idempotent)
                 replies = await link.request(packed, len(commands), wait=wait)
                 return _replicated(replies, wait, self._seed) if wait else replies
             except ConnectFailed as exc:
@@ -386,9 +388,12 @@ class Router:
 
     # --- connections ------------------------------------------------------------------
 
-    async def _link(self, where: Endpoint) -> Link:
+    async def _link(self, where: Endpoint, *, checked: bool = True) -> Link:
+        """The connection to ``where``, opened if there is none. ``checked``: one the
+        server closed while it sat idle is replaced first (on a blocking socket that asks
+        the kernel, a system call: a caller that will retry on a lost link skips it)."""
         link = self._links.get(where)
-        if link is not None and link.alive:
+        if link is not None and (link.alive if checked else not link.closed):
             return link
         return await self._io.once(where, lambda: self._open(where))
 
