@@ -104,6 +104,45 @@ def test_a_sync_client_runs_on_the_calling_thread(fresh_valkey_server: Server) -
     assert out["threads"] == ["MainThread"]
 
 
+_FORK_SCRIPT = """
+import asyncio, os, sys
+from pyrula.workflows import SyncWorkflowClient, ValkeyStore
+store = ValkeyStore(url=sys.argv[1], namespace="forked", shard_count=2)
+client = SyncWorkflowClient(store)
+
+async def on_a_loop(tag):
+    for i in range(100):
+        handle, _ = await store.submit("vk.fork", {"who": tag, "i": i}, now=0.0)
+        assert (await store.get_run(handle.run_id)).params == {"who": tag, "i": i}
+
+def calls(tag):
+    for i in range(100):
+        handle = client.submit("vk.fork", {"who": tag, "i": i})
+        assert client.get(handle.run_id).params == {"who": tag, "i": i}
+    asyncio.run(on_a_loop(tag))
+
+calls("before")  # the parent's connections are open when it forks
+pid = os.fork()
+calls("child" if pid == 0 else "parent")
+if pid == 0:
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+print("ok")
+"""
+
+
+def test_a_store_used_before_a_fork_opens_its_own_connections_in_the_child(
+    fresh_valkey_server: Server,
+) -> None:
+    """Parent and child call the server at once through the store made before the fork:
+    each gets its own replies (a socket shared across the fork would mix them)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, fresh_valkey_server.url],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
 def test_a_sync_caller_whose_connection_the_server_closed_goes_on(
     fresh_valkey_server: Server,
 ) -> None:

@@ -69,6 +69,19 @@ class EvictionCheck(StrEnum):
 #: Error replies that mean the server is busy or changing, not that the call is wrong.
 _BUSY = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM")
 
+#: The forks this process descends through, counted in each child as it starts: a
+#: connection made in an earlier generation belongs to a parent. Every store call compares
+#: it, where ``os.getpid()`` would be a system call each time.
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
 #: One script call: its keys (a shard's base, or a tuple of keys led by it) and its ARGV.
 Call = tuple[str | tuple[str, ...], tuple[Any, ...]]
 
@@ -131,7 +144,10 @@ class Connection:
         )
         self._thread_routers: weakref.WeakSet[Router] = weakref.WeakSet()
         self._local = threading.local()
-        self._pid = os.getpid()
+        self._born = _forks
+        #: The router found last: (fork generation, its loop, the router), read without
+        #: the lock by the calls that follow on the same loop.
+        self._last: tuple[int, weakref.ref[asyncio.AbstractEventLoop], Router] | None = None
         #: Network round trips and script calls made through this object (benchmarks).
         self.stats: dict[str, int] = {"round_trips": 0}
         self.code = Code()
@@ -143,15 +159,20 @@ class Connection:
         if SYNC_DRIVE.get():
             return self._thread_router()
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0] == _forks and last[1]() is loop:
+            return last[2]
         with self._lock:
-            if self._pid != os.getpid():  # never reuse a parent's sockets after fork
+            if self._born != _forks:  # never reuse a parent's sockets after fork
                 self._forget_all()
             router = self._routers.get(loop)
             if router is not None:
+                self._last = (_forks, weakref.ref(loop), router)
                 return router
             router = Router(AsyncIO(), self._seed, self.link_options, self._mode,
                             max_blocking=self._max_connections)
             self._routers[loop] = router
+            self._last = (_forks, weakref.ref(loop), router)
         # Close this loop's connections when the loop shuts down: asyncio.run() finalizes
         # the loop's async generators before closing it, so this one's finally runs. It is
         # started here, without awaiting, so that finding the router stays synchronous.
@@ -168,9 +189,9 @@ class Connection:
     def _thread_router(self) -> Router:
         local = self._local
         router: Router | None = getattr(local, "router", None)
-        if router is None or getattr(local, "pid", None) != os.getpid() or router.closed:
+        if router is None or getattr(local, "forks", None) != _forks or router.closed:
             router = Router(SyncIO(), self._seed, self.link_options, self._mode)
-            local.router, local.pid = router, os.getpid()
+            local.router, local.forks = router, _forks
             with self._lock:
                 self._thread_routers.add(router)
         return router
@@ -181,7 +202,8 @@ class Connection:
         self._closers = weakref.WeakKeyDictionary()
         self._thread_routers = weakref.WeakSet()
         self._local = threading.local()
-        self._pid = os.getpid()
+        self._born = _forks
+        self._last = None
 
     @property
     def is_cluster(self) -> bool | None:
@@ -200,6 +222,7 @@ class Connection:
         with self._lock:
             router = self._routers.pop(loop, None)
             closer = self._closers.pop(loop, None)
+            self._last = None
         if router is not None:
             router.close()
         if closer is not None:
@@ -213,6 +236,7 @@ class Connection:
             threads = list(self._thread_routers)
             self._routers = weakref.WeakKeyDictionary()
             self._thread_routers = weakref.WeakSet()
+            self._last = None
         for router in threads:
             router.close()
         for loop, router in routers:
