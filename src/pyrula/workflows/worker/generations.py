@@ -67,6 +67,16 @@ def last_build(journal: list[Event], *, current: bool = True) -> str | None:
     return found
 
 
+def _ran_on(journal: list[Event], build: str) -> bool:
+    """Whether the run last ran on ``build``; also when an attempt on another build has
+    just started it (the journal ends with its ``run:started``) and ``build`` ran it before:
+    that attempt has not yet decided whether its code replays the run, and may refuse it."""
+    if last_build(journal, current=False) == build:
+        return True
+    deciding = bool(journal) and journal[-1].get("type") == EventType.RUN_STARTED
+    return deciding and last_build(journal, current=True) == build
+
+
 async def open_runs_of(client: Any, specs: Mapping[str, WorkflowSpec], build: str) -> list[str]:
     """The open runs of the names in ``specs`` that last ran on ``build`` and that these
     specs cannot replay (their journal diverges from this code): the runs only a worker of
@@ -76,7 +86,7 @@ async def open_runs_of(client: Any, specs: Mapping[str, WorkflowSpec], build: st
         for status in OPEN:
             async for info in client.list_runs(name=name, status=status):
                 journal = await client.events(info.run_id)
-                if last_build(journal, current=False) != build:
+                if not _ran_on(journal, build):
                     continue
                 verdict = await check_replay(spec, journal, run_id=info.run_id,
                                              timeout=AUDIT_CHECK_TIMEOUT_S)
