@@ -15,8 +15,9 @@ A run that sleeps or waits across the upgrade is still a run of its build. So a 
 sleeping, waiting) that last ran on it and that the new code cannot replay. While that
 count is above zero (or not known yet), the old generation keeps one child alive, holding
 nothing, to take each such run when it wakes and is refused by the new code; the other
-retired children exit once they hold nothing. The last one exits when the count reaches
-zero.
+retired children exit once they hold nothing. The last one exits when two audits in a row
+count zero: an audit lists the open runs status by status, and a run moving between two
+statuses meanwhile (claimed, or put back) escapes that one audit.
 
 Past ``--drain-deadline`` every retired child is drained (the worker's shutdown: the runs
 it holds are requeued); the new generation, told that no older build is left, parks each
@@ -50,6 +51,8 @@ TAKE_PENDING_S = 10.0
 #: before another child is asked.
 AUDIT_INTERVAL_S = 2.0
 AUDIT_PATIENCE_S = 30.0
+#: Audits in a row that must count no open run before the last retired child may go.
+ZERO_AUDITS_NEEDED = 2
 
 
 class GenerationState(StrEnum):
@@ -92,6 +95,8 @@ class Upgrade:
         #: (None: no audit has answered yet), and a few of their ids.
         self.open_runs: int | None = None
         self.open_ids: list[str] = []
+        #: Audits in a row (the latest included) that counted no open run.
+        self.zero_audits = 0
         self._audit_due = now
         self._audit_sent: float | None = None
         self._kept_logged = False
@@ -147,21 +152,29 @@ class Upgrade:
                 self._audit_sent = now
                 return
             if child.beat is not None and child.beat.build == build:
-                self.audited(build, 0, [], now)  # the same code: it replays every run
+                # The same code: it replays every run, now and at every later audit.
+                self.audited(build, 0, [], now, certain=True)
                 return
 
-    def audited(self, build: str, count: int, run_ids: list[str], now: float) -> None:
-        """An audit's answer: ``count`` open runs of ``build`` the new code cannot replay."""
+    def audited(self, build: str, count: int, run_ids: list[str], now: float, *,
+                certain: bool = False) -> None:
+        """An audit's answer: ``count`` open runs of ``build`` the new code cannot replay
+        (``certain``: no later audit could find one)."""
         if build != self.old_build():
             return
         self.open_runs, self.open_ids = count, run_ids
+        if count:
+            self.zero_audits = 0
+        else:
+            self.zero_audits = ZERO_AUDITS_NEEDED if certain else self.zero_audits + 1
         self._audit_sent = None
         self._audit_due = now + AUDIT_INTERVAL_S
 
     def _needed(self, late: bool) -> bool:
         """Whether the old generation must keep a child: some open run of its build cannot
-        be replayed by the new code (or no audit has said otherwise yet)."""
-        return not late and (self.open_runs is None or self.open_runs > 0)
+        be replayed by the new code (or fewer than ZERO_AUDITS_NEEDED audits in a row have
+        said otherwise yet)."""
+        return not late and self.zero_audits < ZERO_AUDITS_NEEDED
 
     def tick(self, now: float, drain: Callable[[Child, str], None]) -> None:
         """Let each retired child that holds nothing exit, but the last one while the old
