@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 import redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,9 +166,9 @@ class RedisServer:
         """Empty the server and zero its command statistics: a scenario starts from here."""
         self.client.flushall()
         self.client.config_resetstat()
-        self._cpu_at_reset = self._cpu()
+        self._cpu_at_reset = self.cpu()
 
-    def _cpu(self) -> float:
+    def cpu(self) -> float:
         """The server process's CPU seconds so far (user + system, ``INFO cpu``)."""
         cpu = self.client.info("cpu")
         return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
@@ -178,7 +179,7 @@ class RedisServer:
         stats = self.client.info("commandstats")
         calls = sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_")
                     and k not in ("cmdstat_info", "cmdstat_config|resetstat"))
-        return calls, self._cpu() - self._cpu_at_reset
+        return calls, self.cpu() - self._cpu_at_reset
 
     def stop(self) -> None:
         self.client.close()
@@ -211,6 +212,45 @@ def log_dir() -> Path:
 
 
 # --- figures ---------------------------------------------------------------------------
+
+
+def group_cpu(service: Service) -> float:
+    """CPU seconds (user + system) of a service's process and every process under it, as
+    far as they are still running (a worker that exited took its count with it)."""
+    total = 0.0
+    try:
+        leader = psutil.Process(service.proc.pid)
+        processes = [leader, *leader.children(recursive=True)]
+    except psutil.Error:
+        return total
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+class CpuMarks:
+    """CPU seconds of the workers, of this (reading) process and of the server at one
+    moment: two of them, at the first and the last result, split the steady stretch's CPU
+    between the three."""
+
+    def __init__(self, workers: Service, server: RedisServer) -> None:
+        self.workers = group_cpu(workers)
+        self.client = time.process_time()
+        self.server = server.cpu()
+
+    def per_run_ms(self, later: CpuMarks, runs: int) -> dict[str, float]:
+        def ms(seconds: float) -> float:
+            return round(seconds * 1000 / runs, 4) if runs > 0 else 0.0
+
+        return {
+            "steady_workers_cpu_ms_per_run": ms(later.workers - self.workers),
+            "steady_client_cpu_ms_per_run": ms(later.client - self.client),
+            "steady_server_cpu_ms_per_run": ms(later.server - self.server),
+        }
 
 
 class Clock:
@@ -277,17 +317,21 @@ def sync_throughput(server: RedisServer, system: str, runs: int, steps: int,
     handles = [submit(i) for i in range(runs)]
     clock.submit_end = clock.spawn = clock.now()
     workers = spawn()
+    first_cpu: CpuMarks | None = None
     try:
         for i, handle in enumerate(handles):
             check_value(system, i, wait(handle), i + steps)
             if i == 0:
                 clock.first = clock.now()
+                first_cpu = CpuMarks(workers, server)
         clock.last = clock.now()
+        last_cpu = CpuMarks(workers, server)
+        assert first_cpu is not None  # at least one run
         usage = server.usage()
         workers.check()
     finally:
         stop(workers)
-    return clock.figures(runs, usage)
+    return {**clock.figures(runs, usage), **first_cpu.per_run_ms(last_cpu, runs - 1)}
 
 
 def timed_round_trips(system: str, samples: int, warmup: int,
