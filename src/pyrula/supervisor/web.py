@@ -7,6 +7,12 @@ hand-written server does (same codes, same bodies), the dashboard's page is at `
 its assets and JSON routes under ``/dashboard``. Without them the hand-written server
 (``pyrula.health_http``) serves the probes, and ``/`` says how to get the dashboard.
 
+A fleet starts while its children take their first runs, often under a backlog: the
+port's ``GET`` probes are answered by a few lines of ASGI here, and the dashboard's
+Starlette app (its imports: Starlette, the dashboard, the client) is built at the first
+request for anything else, not at the start, where it cost the two cores ~0.1 s in the
+first second of a fleet's work.
+
 A second-by-second sampler of the fleet's counters feeds the dashboard's charts; it runs
 only while the dashboard is served.
 """
@@ -19,6 +25,7 @@ import importlib.util
 import json
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pyrula.health_http import Handler, ProbeServer
@@ -64,8 +71,8 @@ class HealthPort:
 
     def bind(self) -> tuple[str, int]:
         """Take the port now (raises OSError if it cannot be had): cheap, so that a port in
-        use fails the fleet before it forks anything, while serving it (``start``: the
-        dashboard's imports) waits until the children are on their way. A probe that
+        use fails the fleet before it forks anything, while serving it (``start``: uvicorn's
+        imports) waits until the children are on their way. A probe that
         connects meanwhile waits in the socket's backlog, it is not refused."""
         if self._socket is None:
             self._socket = listen(self.host, self.port)
@@ -83,7 +90,9 @@ class HealthPort:
         from pyrula.dashboard.series import Sampler
 
         sampler = Sampler(self.supervisor.families)
-        config = uvicorn.Config(self.app(sampler), lifespan="off", log_config=None,
+        probes = probe_routes(self.supervisor)
+        app = PortApp(probes, lambda: self.app(sampler, probes))
+        config = uvicorn.Config(app, lifespan="off", log_config=None,
                                 access_log=False, date_header=False, server_header=False,
                                 timeout_graceful_shutdown=1, ws="none")
         config.load()
@@ -96,7 +105,7 @@ class HealthPort:
                                                                name="dashboard-sampler")
         return address
 
-    def app(self, sampler: Any) -> Any:
+    def app(self, sampler: Any, probes: dict[str, Handler]) -> Any:
         """The Starlette app of the port: the probes, the dashboard's page and routes."""
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
@@ -106,25 +115,18 @@ class HealthPort:
 
         from pyrula.dashboard.app import Dashboard, page_response
 
-        probes = probe_routes(self.supervisor)
         actions = self.supervisor.options.dashboard_actions
         dashboard = Dashboard(self.supervisor.store, actions=actions,
                               status=self.supervisor.status, series=sampler.series,
                               names=self.supervisor.served_workflows)
 
         def answer(status: int, body: Any) -> Response:
-            if isinstance(body, str):
-                return Response(body.encode(), status, media_type=PROMETHEUS_TEXT)
-            return Response(json.dumps(body).encode(), status, media_type="application/json")
+            payload, media_type = encoded(body)
+            return Response(payload, status, media_type=media_type)
 
         def route(path: str, handler: Handler) -> Route:
             async def endpoint(request: Request) -> Response:
-                try:
-                    status, body = await handler()
-                except Exception:  # a probe must answer, whatever broke
-                    logger.exception("probe handler for %s failed", path)
-                    status, body = 500, {"status": "error"}
-                return answer(status, body)
+                return answer(*await answered(path, handler))
 
             return Route(path, endpoint, methods=["GET"])
 
@@ -154,3 +156,53 @@ class HealthPort:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
+
+
+def encoded(body: Any) -> tuple[bytes, str]:
+    """A probe's answer as (bytes, media type): text is the Prometheus exposition, anything
+    else JSON."""
+    if isinstance(body, str):
+        return body.encode(), PROMETHEUS_TEXT
+    return json.dumps(body).encode(), "application/json"
+
+
+async def answered(path: str, handler: Handler) -> tuple[int, Any]:
+    """(status, body) of a probe: a probe must answer, whatever broke (500)."""
+    try:
+        return await handler()
+    except Exception:
+        logger.exception("probe handler for %s failed", path)
+        return 500, {"status": "error"}
+
+
+class PortApp:
+    """The port's ASGI app: a ``GET`` of a probe answered here, anything else handed to the
+    app ``build`` returns, built at the first such request (the dashboard's imports are
+    not on the way to a fleet's first runs, nor on a probe's)."""
+
+    def __init__(self, probes: dict[str, Handler], build: Callable[[], Any]) -> None:
+        self._probes = probes
+        self._build: Callable[[], Any] | None = build
+        self._app: Any = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        path = scope.get("path", "")
+        handler = self._probes.get(path) if scope.get("method") == "GET" else None
+        if handler is not None and scope["type"] == "http":
+            status, body = await answered(path, handler)
+            payload, media_type = encoded(body)
+            await send({"type": "http.response.start", "status": status, "headers": [
+                (b"content-length", str(len(payload)).encode()),
+                (b"content-type", media_type.encode()),
+            ]})
+            await send({"type": "http.response.body", "body": payload})
+            return
+        await self.dashboard()(scope, receive, send)
+
+    def dashboard(self) -> Any:
+        """The app of every other request, built the first time."""
+        if self._app is None:
+            assert self._build is not None
+            self._app, self._build = self._build(), None
+        return self._app
