@@ -146,7 +146,7 @@ class Attempt:
             store, claimed.run_id, claimed.token, self._replay, self._stops, clock,
             lock_ttl=settings.lock_ttl, buffer_size=settings.event_buffer_size,
             boundary_durability=settings.step_boundary_durability, wake=self._wake,
-            on_cancel=self.request_cancel, waiting=self._body.waiting,
+            waiting=self._body.waiting,
         )
         self._blockers = Blockers(self._wake, self._body.waiting)
         self._ops = Operations(
@@ -167,8 +167,7 @@ class Attempt:
 
     def request_cancel(self) -> None:
         """A client asked to cancel the run: end it as cancelled at the next turn."""
-        self._stops.ask(Stop.cancel())
-        self._wake.set()
+        self._writes.cancel_requested()
 
     def stand_down(self, reason: str, *, crash: bool = False, **detail: Any) -> None:
         """Stop this attempt and put the run back in the queue with ``reason``."""
@@ -359,27 +358,15 @@ class Attempt:
     # --- ending the attempt -----------------------------------------------------------
 
     async def _conclude(self, task: asyncio.Task[Any]) -> Outcome:
-        try:
-            result = task.result()
-        except asyncio.CancelledError:
+        if task.cancelled():
             return await self._finish_cancelled()
-        except ContinueAsNew as cont:
-            return await self._continue(cont.params)
-        except StepFailed as exc:
-            detail: dict[str, Any] = {"step": exc.step, "attempts": exc.attempts}
-            if exc.traceback:
-                detail["traceback"] = exc.traceback
-            return await self._fail(RunError("step_failed", exc.error_type, str(exc), detail))
-        except ChildFailed as exc:
-            return await self._fail(RunError("child_failed", "ChildFailed", str(exc), {
-                "child": exc.run_id, "workflow": exc.name, "status": exc.status,
-                "error_type": exc.error_type, "message": exc.message,
-            }))
-        except Exception as exc:  # the workflow body raised: the run fails with it
-            return await self._fail(RunError(
-                "workflow_error", type(exc).__name__, str(exc) or type(exc).__name__,
-                {"traceback": user_traceback(exc)},
-            ))
+        # Looked at, not raised here: raised, the exception's traceback would hold this
+        # frame, which holds the task, which holds the exception: a reference cycle that
+        # keeps the attempt's objects until the cyclic collector runs.
+        failure = task.exception()
+        if failure is not None:
+            return await self._raised(failure)
+        result = task.result()
         unreplayed = self._replay.unreplayed()
         if unreplayed is not None:
             return await self._fail(_non_determinism(unreplayed))
@@ -391,6 +378,28 @@ class Attempt:
         await self._writes.finish(RunStatus.COMPLETED, result=result)
         await self._ended()
         return Outcome(OutcomeKind.COMPLETED, self.journal)
+
+    async def _raised(self, exc: BaseException) -> Outcome:
+        """End the run as the exception its body raised says."""
+        if isinstance(exc, ContinueAsNew):
+            return await self._continue(exc.params)
+        if isinstance(exc, StepFailed):
+            detail: dict[str, Any] = {"step": exc.step, "attempts": exc.attempts}
+            if exc.traceback:
+                detail["traceback"] = exc.traceback
+            return await self._fail(RunError("step_failed", exc.error_type, str(exc), detail))
+        if isinstance(exc, ChildFailed):
+            return await self._fail(RunError("child_failed", "ChildFailed", str(exc), {
+                "child": exc.run_id, "workflow": exc.name, "status": exc.status,
+                "error_type": exc.error_type, "message": exc.message,
+            }))
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not the run's
+            raise exc
+        # The workflow body raised: the run fails with it.
+        return await self._fail(RunError(
+            "workflow_error", type(exc).__name__, str(exc) or type(exc).__name__,
+            {"traceback": user_traceback(exc)},
+        ))
 
     def _timeout_error(self) -> RunError:
         return RunError(

@@ -134,10 +134,19 @@ class Body:
         context.run(current_engine.set, engine)
         context.run(RUNNING_RUN.set, self._run_id)
         context.run(RUN_FIELDS.set, self._fields)
-        self._task = asyncio.get_running_loop().create_task(
+        task = asyncio.get_running_loop().create_task(
             self._in_progress(code), name=RUN_TASK_PREFIX + self._run_id, context=context
         )
-        return self._task
+        # Forgotten once done: the task's context holds ``engine``, which holds ``waiting``
+        # of this body, so keeping the task would make the attempt a reference cycle, left
+        # for the cyclic collector instead of freed as it ends.
+        task.add_done_callback(self._ended)
+        self._task = task
+        return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        if self._task is task:
+            self._task = None
 
     async def _in_progress(self, code: Awaitable[Any]) -> Any:
         # The body's code is in progress from its first line to its end (left before the
@@ -343,6 +352,10 @@ class Operations:
         error_type = type(exc).__name__
         message = str(exc) or error_type
         trace = user_traceback(exc)
+        # Formatted: the traceback holds the frame that awaited the step, which holds the
+        # step's future, which holds the exception, a reference cycle that would keep this
+        # attempt's objects until the cyclic collector runs.
+        exc.__traceback__ = None
         retry_at = None
         if will_retry:
             delay = spec.backoff(attempt) * random.uniform(1.0, 1.1)

@@ -68,7 +68,6 @@ class Writes:
         buffer_size: int,
         boundary_durability: bool,
         wake: asyncio.Event,
-        on_cancel: Callable[[], None],
         waiting: Callable[[], contextlib.AbstractContextManager[None]],
     ) -> None:
         self._store = store
@@ -81,7 +80,6 @@ class Writes:
         self._buffer_size = buffer_size
         self._boundary_durability = boundary_durability
         self._wake = wake
-        self._on_cancel = on_cancel
         self._waiting = waiting
         self._pending: list[Event] = []
         # A step's completion is pending in the buffer and must be written before anything
@@ -182,7 +180,16 @@ class Writes:
                 )
                 await self.absorb(batch, result.last_seq)
         if result.cancel_requested:
-            self._on_cancel()
+            self.cancel_requested()
+
+    def cancel_requested(self) -> None:
+        """A client asked to cancel the run (a write's reply said so): end it as cancelled
+        at the attempt's next turn. Said through the stop state and the wake-up the attempt
+        shares, not a call back into the attempt: nothing here refers back to it, so an
+        ended attempt's objects are freed at once, without the cyclic collector (a busy
+        worker's collector passes cost ~15 % of its time when every attempt was a cycle)."""
+        self._stops.ask(Stop.cancel())
+        self._wake.set()
 
     async def boundary(self) -> None:
         """A step boundary: the step's events become durable before anything follows it.
@@ -228,7 +235,7 @@ class Writes:
                 return True
         self._replay.absorb(batch, result.last_seq, result.events)
         if result.cancel_requested:
-            self._on_cancel()
+            self.cancel_requested()
         return False
 
     async def finish(
