@@ -11,6 +11,7 @@ supervisor decides). A child that cannot boot says why and exits with EXIT_BOOT_
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -41,6 +42,13 @@ STARTING_HEARTBEAT_INTERVAL = 0.01
 STORE_CHECK_INTERVAL = 1.0
 #: Frames of a boot error's traceback that are reported (the innermost ones).
 BOOT_TRACEBACK_FRAMES = 8
+#: The youngest generation's collection threshold in a child (Python's default: 700). A
+#: busy child always holds more young objects than 700, those of its runs in flight, so at
+#: the default it walks them again and again although they are freed, as each attempt
+#: ends, without the collector; the collector is for cycles, which a child makes few of.
+#: Over a 5,000-run drain its collections took ~10 us of CPU per run at 700 and none at
+#: this threshold; cyclic garbage waits for up to this many objects (a few MB at most).
+GC_YOUNG_THRESHOLD = 10_000
 
 
 def _boot_failed(conn: Connection, message: str, detail: str = "") -> None:
@@ -104,6 +112,7 @@ def _archived(store: Any) -> Any:
 
 
 def main(config: dict[str, Any], conn: Connection) -> None:
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The children share the fleet's stderr: each line says which child wrote it.
