@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from pyrula.workflows import (
     RunCancelled,
     RunFailed,
+    RunStatus,
     WorkflowContext,
     WorkflowWorker,
     step,
@@ -145,4 +146,4 @@ async def _run_all(store: Any, runs: list[dict[str, Any]]) -> None:
 
 async def _waiting(worker: WorkflowWorker, run_id: str) -> bool:
     info = await worker.client.get(run_id)
-    return info.status.value == "waiting"
+    return info.status is RunStatus.WAITING

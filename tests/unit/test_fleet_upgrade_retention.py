@@ -11,9 +11,11 @@ from multiprocessing import Pipe
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pyrula.supervisor.children import Child
-from pyrula.supervisor.upgrade import AUDIT_INTERVAL_S, Upgrade
+from pyrula.supervisor.upgrade import AUDIT_INTERVAL_S, ZERO_AUDITS_NEEDED, Upgrade
 from pyrula.wire import Heartbeat, WorkerState, decode
 
 OLD, NEW = "build-old", "build-new"
@@ -65,6 +67,27 @@ def test_idle_retired_children_go_but_one_while_the_old_build_is_needed(
     for i, open_runs in enumerate(audits):
         upgrade.audited(OLD, open_runs, [], now=float(i))
     assert len(drained_by(upgrade, 10.0)) == drained
+
+
+#: An audit's answer: how many open runs it counted, and whether it was certain (the
+#: retired children run the new build's code: no later audit could find one).
+audit_answers = st.tuples(st.integers(0, 3), st.booleans()).map(
+    lambda a: (a[0], a[1] and a[0] == 0))
+
+
+@given(st.lists(audit_answers, max_size=8))
+def test_the_last_retired_child_goes_after_enough_zero_audits_in_a_row(
+        audits: list[tuple[int, bool]]) -> None:
+    # The model: the zero counts at the end of the sequence, a certain one enough alone.
+    row = 0
+    for count, certain in audits:
+        row = 0 if count else (ZERO_AUDITS_NEEDED if certain else row + 1)
+    a, _ = child(101, build=OLD)
+    b, _ = child(102, build=OLD)
+    upgrade = upgrade_with(a, b)
+    for i, (count, certain) in enumerate(audits):
+        upgrade.audited(OLD, count, [], now=float(i), certain=certain)
+    assert len(drained_by(upgrade, 100.0)) == (2 if row >= ZERO_AUDITS_NEEDED else 1)
 
 
 def test_the_child_kept_is_one_holding_runs_and_the_last_goes_once_none_is_open() -> None:
