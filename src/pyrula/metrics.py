@@ -167,7 +167,7 @@ class _Family:
             labels = dict(key)
             ordered = {name: labels[name] for name in spec.labels}
             if spec.kind is Kind.COUNTER:
-                out.append([spec.prometheus + "_total", ordered, value])
+                out.append([spec.prometheus + "_total", ordered, value[0]])
             elif spec.kind is Kind.GAUGE:
                 out.append([spec.prometheus, ordered, value])
             else:
@@ -184,6 +184,73 @@ class _Family:
         out.append([name + "_count", labels, count])
         out.append([name + "_sum", labels, total])
         return out
+
+
+def _observe(family: _Family, key: LabelKey, value: float) -> None:
+    buckets = family.spec.buckets
+    # A count per bucket and +Inf, then the sum and the count.
+    kept = _cell(family, key, len(buckets) + 3)
+    kept[bisect.bisect_left(buckets, value)] += 1
+    kept[-2] += value
+    kept[-1] += 1
+
+
+def _cell(family: _Family, key: LabelKey, size: int) -> list[float]:
+    kept: list[float] | None = family.series.get(key)
+    if kept is None:
+        kept = family.series[key] = [0.0] * size
+    return kept
+
+
+class _Handle:
+    """One labelled series, found once for a path that records it often. Like a call of
+    ``Metrics.inc`` or ``observe``, it shows in a scrape from its first record on.
+
+    It records without the lock: a handle is for one thread's path (a worker's event
+    loop). A scrape from another thread reads each number whole."""
+
+    __slots__ = ("_metrics", "_name", "_key", "_kept")
+
+    def __init__(self, metrics: Metrics, name: str, labels: dict[str, str]) -> None:
+        self._metrics, self._name = metrics, name
+        self._key: LabelKey = tuple(sorted(labels.items()))
+        self._kept: list[float] | None = None
+
+    def _found(self, kind: Kind) -> list[float]:
+        metrics = self._metrics
+        with metrics._lock:
+            family = metrics._family(self._name, self._key, kind)
+            size = 1 if kind is Kind.COUNTER else len(family.spec.buckets) + 3
+            kept = self._kept = _cell(family, self._key, size)
+            return kept
+
+
+class Counter(_Handle):
+    """A counter's series (``Metrics.counter``)."""
+
+    __slots__ = ()
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError(f"counter {self._name} can only go up, not by {amount}")
+        (self._kept or self._found(Kind.COUNTER))[0] += amount
+
+
+class Histogram(_Handle):
+    """A histogram's series (``Metrics.histogram``)."""
+
+    __slots__ = ("_buckets",)
+
+    def __init__(self, metrics: Metrics, name: str, labels: dict[str, str]) -> None:
+        super().__init__(metrics, name, labels)
+        spec = CATALOG.get(name)
+        self._buckets = DURATION_BUCKETS if spec is None else spec.buckets
+
+    def observe(self, value: float) -> None:
+        kept = self._kept or self._found(Kind.HISTOGRAM)
+        kept[bisect.bisect_left(self._buckets, value)] += 1
+        kept[-2] += value
+        kept[-1] += 1
 
 
 class Metrics:
@@ -208,8 +275,15 @@ class Metrics:
             raise ValueError(f"counter {name} can only go up, not by {amount}")
         key = tuple(sorted(labels.items()))
         with self._lock:
-            series = self._family(name, key, Kind.COUNTER).series
-            series[key] = series.get(key, 0.0) + amount
+            _cell(self._family(name, key, Kind.COUNTER), key, 1)[0] += amount
+
+    def counter(self, name: str, **labels: str) -> Counter:
+        """Counter ``name`` with ``labels``, found once (``Counter``)."""
+        return Counter(self, name, labels)
+
+    def histogram(self, name: str, **labels: str) -> Histogram:
+        """Histogram ``name`` with ``labels``, found once (``Histogram``)."""
+        return Histogram(self, name, labels)
 
     def set(self, name: str, value: float, **labels: str) -> None:
         key = tuple(sorted(labels.items()))
@@ -219,14 +293,7 @@ class Metrics:
     def observe(self, name: str, value: float, **labels: str) -> None:
         key = tuple(sorted(labels.items()))
         with self._lock:
-            family = self._family(name, key, Kind.HISTOGRAM)
-            buckets = family.spec.buckets
-            kept = family.series.get(key)
-            if kept is None:  # a count per bucket and +Inf, then the sum and the count
-                kept = family.series[key] = [0.0] * (len(buckets) + 3)
-            kept[bisect.bisect_left(buckets, value)] += 1
-            kept[-2] += value
-            kept[-1] += 1
+            _observe(self._family(name, key, Kind.HISTOGRAM), key, value)
 
     def forget(self, name: str, keep: Iterable[dict[str, str]]) -> None:
         """Drop the labelled series of gauge ``name`` other than ``keep`` (a workflow's
@@ -244,8 +311,9 @@ class Metrics:
             family = self._families.get(name)
             if family is None:
                 return 0.0
-            histogram = family.spec.kind is Kind.HISTOGRAM
-            return sum(float(value[-1] if histogram else value)
+            # A histogram's count is its last number, a counter's its only one.
+            cells = family.spec.kind is not Kind.GAUGE
+            return sum(float(value[-1] if cells else value)
                        for key, value in family.series.items()
                        if all(dict(key).get(k) == v for k, v in labels.items()))
 

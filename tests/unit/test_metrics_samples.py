@@ -137,3 +137,43 @@ def test_get_sums_over_the_labels_not_given_and_counts_a_histogram() -> None:
     metrics.set("pyrula.workflows.queue.depth", 5, workflow="b")
     metrics.forget("pyrula.workflows.queue.depth", [{"workflow": "b"}])
     assert metrics.get("pyrula.workflows.queue.depth") == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(recordings(), st.data())
+def test_series_found_once_record_as_the_calls_do(
+        ops: list[tuple[str, float, dict[str, str]]], data: st.DataObject) -> None:
+    """A hot path's ``Metrics.counter``/``histogram`` handles, mixed in any order with
+    ``inc``/``observe`` on the same series, read as prometheus_client's own; a handle
+    that recorded nothing yet shows nothing."""
+    metrics = Metrics()
+    handles: dict[Any, Any] = {}
+    for name, amount, labels in ops:
+        kind = kind_of(name)
+        if kind is Kind.GAUGE or not data.draw(st.booleans(), label="by handle"):
+            {Kind.COUNTER: metrics.inc, Kind.GAUGE: metrics.set,
+             Kind.HISTOGRAM: metrics.observe}[kind](name, amount, **labels)
+            continue
+        key = (name, tuple(sorted(labels.items())))
+        if key not in handles or data.draw(st.booleans(), label="a new handle"):
+            handles[key] = (metrics.counter(name, **labels) if kind is Kind.COUNTER
+                            else metrics.histogram(name, **labels))
+        if kind is Kind.COUNTER:
+            handles[key].inc(amount)
+        else:
+            handles[key].observe(amount)
+    metrics.counter("pyrula.workflows.runs.cancelled", workflow="never")
+    metrics.histogram("pyrula.workflows.run.duration", workflow="never")
+    got = {name: {**family, "samples": sorted([n, sorted(labels.items()), v]
+                                              for n, labels, v in family["samples"])}
+           for name, family in metrics.samples().items()}
+    assert got == reference(ops)
+
+
+def test_a_handle_refuses_what_the_calls_refuse() -> None:
+    metrics = Metrics()
+    with pytest.raises(ValueError, match="only go up"):
+        metrics.counter("pyrula.workflows.runs.started", workflow="w").inc(-1)
+    with pytest.raises(ValueError, match=r"takes the labels \['workflow'\]"):
+        metrics.counter("pyrula.workflows.runs.started", step="s").inc()
+    assert metrics.samples()["pyrula_runs_started"]["samples"] == []

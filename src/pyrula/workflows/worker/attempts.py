@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pyrula.backoff import backoff_delays
 from pyrula.config.worker import WorkerOptions
 from pyrula.errors import JournalCorrupt, StaleToken, StoreUnavailable, WorkflowNotFound
-from pyrula.metrics import Metrics
+from pyrula.metrics import Counter, Histogram, Metrics
 from pyrula.workflows.clock import Clock
 from pyrula.workflows.compat import Stop as ReplayStop
 from pyrula.workflows.compat import check_replay
@@ -76,6 +76,31 @@ def report_attempt(report: Reporter | None, claimed: ClaimedRun,
     report(claimed.run_id, claimed.name, [e for e in journal if int(e.get("seq", 0)) > since])
 
 
+class _Figures:
+    """The metric series one workflow's runs record, each found once: a worker records
+    them for every run."""
+
+    __slots__ = ("_metrics", "_workflow", "started", "claim_latency", "duration", "ended",
+                 "_steps")
+
+    def __init__(self, metrics: Metrics, workflow: str) -> None:
+        self._metrics, self._workflow = metrics, workflow
+        self.started = metrics.counter("pyrula.workflows.runs.started", workflow=workflow)
+        self.claim_latency = metrics.histogram("pyrula.workflows.claim.latency",
+                                               workflow=workflow)
+        self.duration = metrics.histogram("pyrula.workflows.run.duration", workflow=workflow)
+        self.ended = {kind: metrics.counter(name, workflow=workflow)
+                      for kind, name in _ENDED.items() if name is not None}
+        self._steps: dict[str, Histogram] = {}
+
+    def step(self, name: str) -> Histogram:
+        histogram = self._steps.get(name)
+        if histogram is None:
+            histogram = self._steps[name] = self._metrics.histogram(
+                "pyrula.workflows.step.duration", workflow=self._workflow, step=name)
+        return histogram
+
+
 class JournalCacheMismatch(RuntimeError):
     """PYRULA_JOURNAL_CACHE_VERIFY found a cached journal that differs from the store."""
 
@@ -112,6 +137,9 @@ class AttemptRunner:
         self._rt = runtime
         self.tasks: set[asyncio.Task[None]] = set()
         self.runs_done = 0
+        #: The series each workflow's runs record, and each outcome's, found once.
+        self._figures: dict[str, _Figures] = {}
+        self._outcomes: dict[OutcomeKind, tuple[Counter, Counter]] = {}
 
     def start(self, claimed: ClaimedRun) -> None:
         p = self._p
@@ -232,24 +260,38 @@ class AttemptRunner:
             pass  # another attempt holds the run now
         return True
 
+    def _figures_of(self, workflow: str) -> _Figures:
+        figures = self._figures.get(workflow)
+        if figures is None:
+            figures = self._figures[workflow] = _Figures(self._p.metrics, workflow)
+        return figures
+
     def _count_start(self, claimed: ClaimedRun) -> None:
         """Count the attempt begun, and how long the run waited for this claim: from the
         event that made it claimable (its submit, requeue or wake) to its ``run:started``."""
-        metrics, journal = self._p.metrics, claimed.journal
-        metrics.inc("pyrula.workflows.runs.started", workflow=claimed.name)
+        figures, journal = self._figures_of(claimed.name), claimed.journal
+        figures.started.inc()
         if journal and journal[-1].get("type") == EventType.RUN_STARTED:
             ready = journal[-2]["ts"] if len(journal) >= 2 else claimed.created_at
-            metrics.observe("pyrula.workflows.claim.latency",
-                            max(0.0, journal[-1]["ts"] - ready), workflow=claimed.name)
+            figures.claim_latency.observe(max(0.0, journal[-1]["ts"] - ready))
 
     def _step_timer(self, claimed: ClaimedRun) -> StepObserver:
-        metrics, workflow = self._p.metrics, claimed.name
+        figures = self._figures_of(claimed.name)
 
         def observe(step: str, seconds: float, ok: bool) -> None:
-            metrics.observe("pyrula.workflows.step.duration", seconds, workflow=workflow,
-                            step=step)
+            figures.step(step).observe(seconds)
 
         return observe
+
+    def _outcome(self, kind: OutcomeKind) -> tuple[Counter, Counter]:
+        """The counters of attempts that ended as ``kind``, and of runs that ended so."""
+        counters = self._outcomes.get(kind)
+        if counters is None:
+            metrics = self._p.metrics
+            counters = self._outcomes[kind] = (
+                metrics.counter("pyrula.workflows.attempts", outcome=kind.value),
+                metrics.counter("pyrula.workflows.runs.finished", status=kind.value))
+        return counters
 
     def _liveness_bound(self, spec: WorkflowSpec) -> float:
         return max(3 * self._p.options.lock_ttl, spec.timeout or 0.0)
@@ -257,7 +299,8 @@ class AttemptRunner:
     async def _after(self, claimed: ClaimedRun, outcome: Outcome, run_log: dict[str, Any]) -> None:
         p = self._p
         kind = outcome.kind
-        p.metrics.inc("pyrula.workflows.attempts", outcome=kind.value)
+        attempts, finished = self._outcome(kind)
+        attempts.inc()
         if kind is OutcomeKind.PARKED:
             p.cache.put(claimed.run_id, outcome.journal)
             if outcome.wake_at is not None:
@@ -266,12 +309,12 @@ class AttemptRunner:
             p.cache.drop(claimed.run_id)
         if kind in _ENDED:
             self.runs_done += 1
-            p.metrics.inc("pyrula.workflows.runs.finished", status=kind.value)
-            counted = _ENDED[kind]
-            if counted is not None:
-                p.metrics.inc(counted, workflow=claimed.name)
-            p.metrics.observe("pyrula.workflows.run.duration",
-                              max(0.0, p.clock.now() - claimed.created_at), workflow=claimed.name)
+            finished.inc()
+            figures = self._figures_of(claimed.name)
+            ended = figures.ended.get(kind)
+            if ended is not None:
+                ended.inc()
+            figures.duration.observe(max(0.0, p.clock.now() - claimed.created_at))
             if p.traces is not None:
                 p.traces.run_ended(claimed.run_id)
         elif kind is OutcomeKind.REQUEUED:
@@ -309,7 +352,7 @@ class AttemptRunner:
         workflow was not imported): compute them and hand them to the store. True if the
         run must not go on here: over its limit, it went back to its key's line; or its
         key function failed, and the run fails (code ``limit_key_failed``)."""
-        if claimed.limit_keys is not None or spec.limits is None:
+        if claimed.limit_keys is not None or (spec.concurrency is None and spec.rate is None):
             return False  # every run of a workflow without limits: nothing more to read
         limits = capabilities_of(self._p.store).limits
         if limits is None:
