@@ -247,9 +247,8 @@ class Attempt:
         if stop is not None:  # asked before the code began (a shutdown, a lost lock)
             return await self._stopped(stop)
         self._task = self._body.start(
-            self.spec.fn(WorkflowContext(self._ops), self.params), self._ops
+            self.spec.fn(WorkflowContext(self._ops), self.params), self._ops, self._wake.set
         )
-        self._task.add_done_callback(lambda _: self._wake.set())
         while True:
             # Cleared before looking, not after: whatever happens while the checks below
             # await (the body ending, a step finishing) leaves the event set for the wait.

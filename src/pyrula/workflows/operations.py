@@ -109,6 +109,18 @@ class Unmonitored:
         pass
 
 
+def _enter(engine: StepCaller | None, step: StepInfo | None, run_id: str,
+           fields: dict[str, Any]) -> None:
+    """Set, in the context this runs in, what the code run there reads: the engine its
+    ``@step`` calls go to (None in a step's own code), the step it is, its run, and the
+    fields its log lines carry."""
+    current_engine.set(engine)
+    if step is not None:
+        current_step.set(step)
+    RUNNING_RUN.set(run_id)
+    RUN_FIELDS.set(fields)
+
+
 def run_fields(claimed: ClaimedRun) -> dict[str, Any]:
     """The fields a log line written by the run's code carries (``pyrula.logs``)."""
     return {"run_id": claimed.run_id, "workflow": claimed.name, "attempt": claimed.token}
@@ -126,27 +138,30 @@ class Body:
         self._fields = run_fields(claimed)
         self._monitor = monitor
         self._task: asyncio.Task[Any] | None = None
+        self._on_done: Callable[[], None] | None = None
 
-    def start(self, code: Awaitable[Any], engine: StepCaller) -> asyncio.Task[Any]:
+    def start(self, code: Awaitable[Any], engine: StepCaller,
+              on_done: Callable[[], None]) -> asyncio.Task[Any]:
         """Run ``code`` (the workflow function's coroutine) in a task of its own, whose
-        ``@step`` calls go to ``engine``."""
+        ``@step`` calls go to ``engine``; ``on_done()`` is called once it is done."""
         context = contextvars.copy_context()
-        context.run(current_engine.set, engine)
-        context.run(RUNNING_RUN.set, self._run_id)
-        context.run(RUN_FIELDS.set, self._fields)
+        context.run(_enter, engine, None, self._run_id, self._fields)
         task = asyncio.get_running_loop().create_task(
             self._in_progress(code), name=RUN_TASK_PREFIX + self._run_id, context=context
         )
         # Forgotten once done: the task's context holds ``engine``, which holds ``waiting``
         # of this body, so keeping the task would make the attempt a reference cycle, left
-        # for the cyclic collector instead of freed as it ends.
+        # for the cyclic collector instead of freed as it ends. One callback forgets it and
+        # tells the attempt (each callback costs a turn of the loop).
         task.add_done_callback(self._ended)
-        self._task = task
+        self._task, self._on_done = task, on_done
         return task
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
         if self._task is task:
             self._task = None
+        if self._on_done is not None:
+            self._on_done()
 
     async def _in_progress(self, code: Awaitable[Any]) -> Any:
         # The body's code is in progress from its first line to its end (left before the
@@ -403,10 +418,7 @@ class Operations:
         # Step code runs outside the workflow context: a step calling another @step
         # calls the plain function; step_info() tells it which step it is.
         context = contextvars.copy_context()
-        context.run(current_engine.set, None)
-        context.run(current_step.set, info)
-        context.run(RUNNING_RUN.set, self.run_id)
-        context.run(RUN_FIELDS.set, {**self._fields, "step": spec.name})
+        context.run(_enter, None, info, self.run_id, {**self._fields, "step": spec.name})
         loop = asyncio.get_running_loop()
         with self._blockers.step_in_progress():
             future: asyncio.Future[Any]
