@@ -112,8 +112,9 @@ class Attempts:
         successor_params: Any = None,
     ) -> FinishResult:
         conn = self.connection
-        status = RunStatus(status)
-        batch = [dict(e) for e in events]
+        if not isinstance(status, RunStatus):
+            status = RunStatus(status)
+        batch: Sequence[Event] = events
         successor_id = ""
         name = None
         if status is RunStatus.CONTINUED:
@@ -122,7 +123,9 @@ class Attempts:
                 raise WorkflowNotFound(f"no run with id {run_id!r}")
             name = info.name
             successor_id = conn.keys.new_run_id(info.name, shard_of(run_id), now)
-            stamp_successor(batch, successor_id)
+            stamped = [dict(e) for e in events]  # the caller's events stay as they are
+            stamp_successor(stamped, successor_id)
+            batch = stamped
         last, ring = await conn.op(
             self.base(run_id), "finish", run_id, token, now, status.value, dumps(result),
             "" if error is None else dumps(error), conn.completed_ttl, successor_id,

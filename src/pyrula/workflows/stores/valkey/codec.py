@@ -80,6 +80,10 @@ def implied_of(fields: Mapping[str, str]) -> Callable[[int], Event]:
     return build
 
 
+#: Each status by its stored word (a lookup, not an enum call: read for every run read).
+_STATUSES = {status.value: status for status in RunStatus}
+
+
 def run_info(run_id: str, f: Mapping[str, str]) -> RunInfo:
     """A run record (its hash's fields) as a RunInfo."""
 
@@ -91,7 +95,7 @@ def run_info(run_id: str, f: Mapping[str, str]) -> RunInfo:
     return RunInfo(
         run_id=run_id,
         name=f["name"],
-        status=RunStatus(f["status"]),
+        status=_STATUSES.get(f["status"]) or RunStatus(f["status"]),
         attempt=int(f.get("attempt", 0)),
         params=loads(f.get("params")),
         owner=f.get("owner") or None,

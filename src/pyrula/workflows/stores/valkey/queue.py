@@ -81,7 +81,7 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
         base_seq=int(base_seq),
         start_id=str(start_id),
         created_at=float(created),
-        crashes=tuple(float(t) for t in loads(crashes)),
+        crashes=() if crashes in ("", "[]") else tuple(float(t) for t in loads(crashes)),
         journal_error=corrupt,
         suspect=str(suspect) == "1",
         limit_keys=keys_of(*map(str, keys)) if keys else None,
