@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -223,3 +223,78 @@ class FlowControl:
     owner: str
     max_concurrent: int | None = None
     max_starts_per_second: float | None = None
+
+
+# --- built for every run -----------------------------------------------------------
+#
+# A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, which
+# makes a ``RunInfo`` (19 fields) cost ~2.5 us to build where a plain class's costs ~0.6.
+# A client builds one for every result it reads, a worker a ``ClaimedRun`` for every run
+# it claims: these build the same frozen instances, each field set through its slot.
+
+
+def _slot_setters(cls: type) -> tuple[Callable[[Any, Any], None], ...]:
+    return tuple(vars(cls)[f.name].__set__ for f in fields(cls))
+
+
+(_ri_run_id, _ri_name, _ri_status, _ri_attempt, _ri_params, _ri_owner, _ri_created_at,
+ _ri_updated_at, _ri_started_at, _ri_finished_at, _ri_result, _ri_error, _ri_wake_at,
+ _ri_waiting_for, _ri_interrupt, _ri_idempotency_key, _ri_start_id, _ri_successor_id,
+ _ri_priority) = _slot_setters(RunInfo)
+(_cr_run_id, _cr_name, _cr_params, _cr_owner, _cr_token, _cr_journal, _cr_base_seq,
+ _cr_start_id, _cr_created_at, _cr_crashes, _cr_journal_error, _cr_suspect,
+ _cr_limit_keys) = _slot_setters(ClaimedRun)
+_new = object.__new__
+
+
+def build_run_info(run_id: str, name: str, status: RunStatus, attempt: int, params: Any,
+                   owner: str | None, created_at: float, updated_at: float,
+                   started_at: float | None, finished_at: float | None, result: Any,
+                   error: dict[str, Any] | None, wake_at: float | None,
+                   waiting_for: tuple[str, ...], interrupt: Any, idempotency_key: str | None,
+                   start_id: str | None, successor_id: str | None, priority: int) -> RunInfo:
+    """``RunInfo(...)`` with every field given, faster."""
+    info: RunInfo = _new(RunInfo)
+    _ri_run_id(info, run_id)
+    _ri_name(info, name)
+    _ri_status(info, status)
+    _ri_attempt(info, attempt)
+    _ri_params(info, params)
+    _ri_owner(info, owner)
+    _ri_created_at(info, created_at)
+    _ri_updated_at(info, updated_at)
+    _ri_started_at(info, started_at)
+    _ri_finished_at(info, finished_at)
+    _ri_result(info, result)
+    _ri_error(info, error)
+    _ri_wake_at(info, wake_at)
+    _ri_waiting_for(info, waiting_for)
+    _ri_interrupt(info, interrupt)
+    _ri_idempotency_key(info, idempotency_key)
+    _ri_start_id(info, start_id)
+    _ri_successor_id(info, successor_id)
+    _ri_priority(info, priority)
+    return info
+
+
+def build_claimed_run(run_id: str, name: str, params: Any, owner: str | None, token: int,
+                      journal: list[Event], base_seq: int, start_id: str, created_at: float,
+                      crashes: tuple[float, ...] = (),
+                      journal_error: JournalCorrupt | None = None, suspect: bool = False,
+                      limit_keys: LimitKeys | None = None) -> ClaimedRun:
+    """``ClaimedRun(...)``, faster."""
+    run: ClaimedRun = _new(ClaimedRun)
+    _cr_run_id(run, run_id)
+    _cr_name(run, name)
+    _cr_params(run, params)
+    _cr_owner(run, owner)
+    _cr_token(run, token)
+    _cr_journal(run, journal)
+    _cr_base_seq(run, base_seq)
+    _cr_start_id(run, start_id)
+    _cr_created_at(run, created_at)
+    _cr_crashes(run, crashes)
+    _cr_journal_error(run, journal_error)
+    _cr_suspect(run, suspect)
+    _cr_limit_keys(run, limit_keys)
+    return run

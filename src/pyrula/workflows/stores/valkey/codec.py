@@ -11,7 +11,7 @@ import orjson
 
 from pyrula.errors import JournalCorrupt
 from pyrula.workflows.events import Event
-from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.records import RunInfo, RunStatus, build_run_info
 from pyrula.workflows.stores.common import journal_entry, started_event, submitted_event
 
 logger = logging.getLogger(__name__)
@@ -85,33 +85,32 @@ _STATUSES = {status.value: status for status in RunStatus}
 
 
 def run_info(run_id: str, f: Mapping[str, str]) -> RunInfo:
-    """A run record (its hash's fields) as a RunInfo."""
-
-    def num(key: str) -> float | None:
-        value = f.get(key)
-        return None if value is None or value == "" else float(value)
-
-    waiting = f.get("waiting_for") or ""
-    return RunInfo(
-        run_id=run_id,
-        name=f["name"],
-        status=_STATUSES.get(f["status"]) or RunStatus(f["status"]),
-        attempt=int(f.get("attempt", 0)),
-        params=loads(f.get("params")),
-        owner=f.get("owner") or None,
-        created_at=float(f["created_at"]),
-        updated_at=float(f.get("updated_at") or f["created_at"]),
-        started_at=num("started_at"),
-        finished_at=num("finished_at"),
-        result=loads(f.get("result")),
-        error=loads(f.get("error")),
-        wake_at=num("wake_at"),
-        waiting_for=tuple(orjson.loads(waiting)) if waiting else (),
-        interrupt=loads(f.get("interrupt")),
-        idempotency_key=f.get("idem") or None,
-        start_id=f.get("start_id") or run_id,
-        successor_id=f.get("successor_id") or None,
-        priority=int(f.get("prio") or 0),
+    """A run record (its hash's fields) as a RunInfo. Read for every run a client waits
+    for, so it is built without a helper call per field."""
+    get = f.get
+    created = float(f["created_at"])
+    started, finished, wake = get("started_at"), get("finished_at"), get("wake_at")
+    waiting = get("waiting_for")
+    return build_run_info(
+        run_id,
+        f["name"],
+        _STATUSES.get(f["status"]) or RunStatus(f["status"]),
+        int(get("attempt", 0)),
+        loads(get("params")),
+        get("owner") or None,
+        created,
+        float(get("updated_at") or created),
+        float(started) if started else None,
+        float(finished) if finished else None,
+        loads(get("result")),
+        loads(get("error")),
+        float(wake) if wake else None,
+        tuple(orjson.loads(waiting)) if waiting else (),
+        loads(get("interrupt")),
+        get("idem") or None,
+        get("start_id") or run_id,
+        get("successor_id") or None,
+        int(get("prio") or 0),
     )
 
 

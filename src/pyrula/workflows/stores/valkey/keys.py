@@ -98,9 +98,16 @@ def owner_hash(owner: str) -> str:
     return hashlib.sha1(owner.encode()).hexdigest()[:12]
 
 
+#: Run ids whose shard base a key space keeps (a worker's runs in flight, a client's
+#: reads): past this many it forgets them all and starts over.
+_BASES_KEPT = 4096
+
+
 class KeySpace:
     def __init__(self, namespace: str) -> None:
         self.ns = namespace
+        #: run id -> its shard base: found for every call on a run, several times a run.
+        self._bases: dict[str, str] = {}
 
     def base(self, name_h: str, shard: int) -> str:
         return f"{self.ns}:{{{name_h}.{shard}}}"
@@ -110,9 +117,16 @@ class KeySpace:
 
     def base_of_run(self, run_id: str) -> str | None:
         """The shard base of a run id, or None if it is not one of ours."""
-        if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        if not isinstance(run_id, str):
             return None
-        return self.base(run_id[:12], int(run_id[12:16], 16))
+        base = self._bases.get(run_id)
+        if base is None:
+            if not _RUN_ID.match(run_id):
+                return None
+            if len(self._bases) >= _BASES_KEPT:
+                self._bases.clear()
+            base = self._bases[run_id] = self.base(run_id[:12], int(run_id[12:16], 16))
+        return base
 
     def new_run_id(self, name: str, shard: int, now: float | None = None) -> str:
         ms = int((time.time() if now is None else now) * 1000) & ((1 << 48) - 1)

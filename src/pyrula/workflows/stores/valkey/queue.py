@@ -13,7 +13,13 @@ from pyrula.errors import JournalCorrupt
 from pyrula.workflows.events import Event
 from pyrula.workflows.limits import LimitKeys
 from pyrula.workflows.priority import check_priority
-from pyrula.workflows.records import Claimed, ClaimedRun, RunHandle, SuspectsAt
+from pyrula.workflows.records import (
+    Claimed,
+    ClaimedRun,
+    RunHandle,
+    SuspectsAt,
+    build_claimed_run,
+)
 from pyrula.workflows.stores.common import NO_OWNER, record_params
 from pyrula.workflows.stores.valkey.codec import (
     as_scored,
@@ -71,7 +77,7 @@ def claimed_run(row: Sequence[Any]) -> ClaimedRun:
         journaled = events(str(run_id), journal, int(base_seq) + 1, implied_of(record))
     except JournalCorrupt as exc:
         corrupt = exc
-    return ClaimedRun(
+    return build_claimed_run(
         run_id=str(run_id),
         name=str(name),
         params=values,
