@@ -431,6 +431,8 @@ class Operations:
                 future.add_done_callback(lambda _: monitor.leave(run_id))
             else:
                 future = self._in_thread(loop, lambda: context.run(spec.fn, *args, **kwargs))
+            if spec.timeout is None:  # no wait_for: a coroutine less on every step
+                return await future
             try:
                 return await asyncio.wait_for(future, spec.timeout)
             except TimeoutError:
