@@ -189,7 +189,12 @@ class _Family:
 def _observe(family: _Family, key: LabelKey, value: float) -> None:
     buckets = family.spec.buckets
     # A count per bucket and +Inf, then the sum and the count.
-    kept = _cell(family, key, len(buckets) + 3)
+    _count(_cell(family, key, len(buckets) + 3), buckets, value)
+
+
+def _count(kept: list[float], buckets: tuple[float, ...], value: float) -> None:
+    """Count ``value`` in a histogram's numbers (``kept``: one per bucket, then the sum and
+    the count)."""
     kept[bisect.bisect_left(buckets, value)] += 1
     kept[-2] += value
     kept[-1] += 1
@@ -247,10 +252,7 @@ class Histogram(_Handle):
         self._buckets = DURATION_BUCKETS if spec is None else spec.buckets
 
     def observe(self, value: float) -> None:
-        kept = self._kept or self._found(Kind.HISTOGRAM)
-        kept[bisect.bisect_left(self._buckets, value)] += 1
-        kept[-2] += value
-        kept[-1] += 1
+        _count(self._kept or self._found(Kind.HISTOGRAM), self._buckets, value)
 
 
 class Metrics:

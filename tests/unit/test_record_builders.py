@@ -119,6 +119,9 @@ def test_a_run_record_reads_as_its_fields_say(record: dict[str, str]) -> None:
     assert run_info("r" * 40, record) == model("r" * 40, record)
 
 
-def test_a_record_with_an_unknown_status_is_refused() -> None:
+@settings(max_examples=50, deadline=None)
+@given(records(), st.text(max_size=10).filter(lambda s: s not in set(RunStatus)))
+def test_a_record_with_an_unknown_status_is_refused(record: dict[str, str],
+                                                    status: str) -> None:
     with pytest.raises(ValueError, match="not a valid RunStatus"):
-        run_info("r", {"name": "w", "status": "lost", "created_at": "1"})
+        run_info("r", {**record, "status": status})
