@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 from pyrula.workflows.records import (
     ClaimedRun,
     RunInfo,
+    RunOutcome,
     RunStatus,
     build_claimed_run,
     build_run_info,
 )
-from pyrula.workflows.stores.valkey.codec import run_info
+from pyrula.workflows.stores.valkey.codec import OUTCOME_FIELDS, run_info, run_outcome
 
 ANY = st.one_of(st.none(), st.integers(), st.text(max_size=5), st.floats(allow_nan=False),
                 st.lists(st.integers(), max_size=2))
@@ -125,3 +126,17 @@ def test_a_record_with_an_unknown_status_is_refused(record: dict[str, str],
                                                     status: str) -> None:
     with pytest.raises(ValueError, match="not a valid RunStatus"):
         run_info("r", {**record, "status": status})
+
+
+@settings(max_examples=300, deadline=None)
+@given(records())
+def test_a_run_records_outcome_fields_read_as_its_whole_record_says(
+        record: dict[str, str]) -> None:
+    """``client.result()`` reads only OUTCOME_FIELDS of a record (``HMGET``, a field the
+    record lacks comes back None): they must say what the whole record says."""
+    values = [record.get(name) for name in OUTCOME_FIELDS]
+    assert run_outcome(values) == RunOutcome.of(run_info("r" * 40, record))
+
+
+def test_a_missing_record_has_no_outcome() -> None:
+    assert run_outcome([None] * len(OUTCOME_FIELDS)) is None

@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from pyrula.workflows._sync import run_sync
@@ -40,7 +40,7 @@ from pyrula.workflows.forks import fork_point
 from pyrula.workflows.priority import check_priority
 from pyrula.workflows.projections import WHOLE, check_projection_name, is_internal
 from pyrula.workflows.queries import UpdateReply, answer_query, raise_for, update_reply
-from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunStatus
+from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunOutcome, RunStatus
 from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import (
@@ -52,6 +52,8 @@ from pyrula.workflows.stores.capabilities import (
 from pyrula.workflows.triggers import check_topic
 
 T = TypeVar("T")
+#: A wait for a run's end: ``store.wait_result`` or an outcome reader's ``wait_outcome``.
+_WaitEnded = Callable[[str, float | None], Awaitable[RunInfo | RunOutcome]]
 
 #: How often ``update`` reads the run's journal for its reply: from the first to the last
 #: pause (seconds), doubling.
@@ -129,6 +131,9 @@ class WorkflowClient:
         self.store = store
         self._clock = clock
         self._max_payload = max_payload_bytes or _env_payload_limit()
+        #: How ``result()`` waits: the store's outcome read where it has one, else its
+        #: ``wait_result`` (found at the first ``result()``).
+        self._wait_ended: _WaitEnded | None = None
 
     @property
     def max_payload_bytes(self) -> int:
@@ -307,12 +312,17 @@ class WorkflowClient:
         Follows a ``continue_as_new`` chain to its last run. Raises RunFailed (with the
         run's ``error`` dict), RunCancelled, or TimeoutError after ``timeout`` seconds.
         """
+        wait = self._wait_ended
+        if wait is None:
+            outcomes = capabilities_of(self.store).outcomes
+            wait = self._wait_ended = (self.store.wait_result if outcomes is None
+                                       else outcomes.wait_outcome)
         loop_deadline = None if timeout is None else self._clock.monotonic() + timeout
         while True:
             remaining = None
             if loop_deadline is not None:
                 remaining = max(0.0, loop_deadline - self._clock.monotonic())
-            info = await self.store.wait_result(run_id, remaining)
+            info = await wait(run_id, remaining)
             if info.status is RunStatus.COMPLETED:
                 return info.result
             if info.status is RunStatus.FAILED:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyrula.config.defaults import DEFAULT_POISON_MAX_RETRIES, DEFAULT_POISON_RETRY_TTL_S
 from pyrula.workflows.errors import JournalCorrupt
@@ -115,6 +115,21 @@ class RunInfo:
     def parent_id(self) -> str | None:
         """The run that started this one as a child (``ctx.start_child``), if one did."""
         return parent_of_key(self.idempotency_key)
+
+
+class RunOutcome(NamedTuple):
+    """What a wait for a run's result needs of its record, and no more: its status and,
+    once it has ended, its result, its error or the run that continued it (the fields of
+    those names of :class:`RunInfo`)."""
+
+    status: RunStatus
+    result: Any = None
+    error: dict[str, Any] | None = None
+    successor_id: str | None = None
+
+    @classmethod
+    def of(cls, info: RunInfo) -> RunOutcome:
+        return cls(info.status, info.result, info.error, info.successor_id)
 
 
 @dataclass(frozen=True, slots=True)

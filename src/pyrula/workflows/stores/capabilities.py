@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from pyrula.workflows.events import Event
     from pyrula.workflows.limits import LimitKeys, WorkflowLimits
-    from pyrula.workflows.records import RunHandle, RunInfo
+    from pyrula.workflows.records import RunHandle, RunInfo, RunOutcome
 
 
 @runtime_checkable
@@ -101,6 +101,17 @@ class FinishedReader(Protocol):
     async def read_finished(
         self, run_ids: Sequence[str]
     ) -> Mapping[str, tuple[RunInfo, list[Event]]]: ...
+
+
+@runtime_checkable
+class OutcomeReader(Protocol):
+    """A store that can wait for a run's end reading only what says how it ended (its
+    status, result, error and successor) rather than its whole record: what every
+    ``client.result()`` needs, once per run a caller waits for."""
+
+    async def wait_outcome(self, run_id: str, timeout: float | None) -> RunOutcome:
+        """``wait_result``'s answer cut to a :class:`RunOutcome`; the same errors."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +288,7 @@ class Capabilities:
     triggers: Triggers | None = None
     projections: Projections | None = None
     limits: KeyedLimits | None = None
+    outcomes: OutcomeReader | None = None
 
 
 @runtime_checkable
@@ -304,4 +316,5 @@ def capabilities_of(store: object) -> Capabilities:
         triggers=store if isinstance(store, Triggers) else None,
         projections=store if isinstance(store, Projections) else None,
         limits=store if isinstance(store, KeyedLimits) else None,
+        outcomes=store if isinstance(store, OutcomeReader) else None,
     )

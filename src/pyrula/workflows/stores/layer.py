@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from pyrula.workflows.stores.base import Store
@@ -38,6 +39,7 @@ def _forward(name: str) -> Callable[..., Any]:
 
     forward.__name__ = forward.__qualname__ = name
     forward.__doc__ = f"The inner store's ``{name}``."
+    forward.forwarded = True  # type: ignore[attr-defined]
     return forward
 
 
@@ -61,5 +63,11 @@ class StoreLayer:
         return getattr(self.inner, name)
 
     def capabilities(self) -> Capabilities:
-        """The inner store's optional abilities (a layer that adds one overrides this)."""
-        return capabilities_of(self.inner)
+        """The inner store's optional abilities (a layer that adds one overrides this).
+        The inner store's outcome read (``wait_outcome``) would go around a ``wait_result``
+        the layer defines itself: a result is then waited for through the layer's."""
+        inner = capabilities_of(self.inner)
+        own_wait = not getattr(getattr(type(self), "wait_result", None), "forwarded", False)
+        if inner.outcomes is not None and own_wait:
+            return replace(inner, outcomes=None)
+        return inner

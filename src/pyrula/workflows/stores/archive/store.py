@@ -27,6 +27,7 @@ from pyrula.workflows.records import (
     PoisonPolicy,
     RequeueOutcome,
     RunInfo,
+    RunOutcome,
     RunStatus,
 )
 from pyrula.workflows.stores.archive.archiver import Archiver, ReconcileReport
@@ -85,6 +86,8 @@ class ArchivingStore(StoreLayer):
             )
         super().__init__(live)
         self.live: Store = live
+        #: How the live store reads an outcome of its own (None: through wait_result).
+        self._live_outcomes = capabilities_of(live).outcomes
         self.archive = archive
         self.live_ttl_after_archive = float(live_ttl_after_archive)
         self.reconcile_grace = float(reconcile_grace)
@@ -102,7 +105,8 @@ class ArchivingStore(StoreLayer):
         live = capabilities_of(self.live)
         # Per-key limits are the live store's (its submit takes the keys through, and
         # a run a hand-back ends, cancelled, is archived by the reconcile loop).
-        return replace(live, prepare=self, reconcile=self,
+        # Outcome reads fall back to the archive, as wait_result does.
+        return replace(live, prepare=self, reconcile=self, outcomes=self,
                        projections=None if live.projections is None else self)
 
     # --- archiving (archiver.py) ------------------------------------------------------
@@ -317,6 +321,17 @@ class ArchivingStore(StoreLayer):
             return await self.live.wait_result(run_id, timeout)
         except WorkflowNotFound as exc:
             return await self._archived_or_raise(run_id, exc)
+
+    async def wait_outcome(self, run_id: str, timeout: float | None) -> RunOutcome:
+        """The live store's outcome read (its ``wait_result`` where it has none), then the
+        archive's record, as ``wait_result``."""
+        live = self._live_outcomes
+        try:
+            if live is not None:
+                return await live.wait_outcome(run_id, timeout)
+            return RunOutcome.of(await self.live.wait_result(run_id, timeout))
+        except WorkflowNotFound as exc:
+            return RunOutcome.of(await self._archived_or_raise(run_id, exc))
 
     async def fail_stranded(
         self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]

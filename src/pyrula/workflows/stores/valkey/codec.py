@@ -11,7 +11,7 @@ import orjson
 
 from pyrula.errors import JournalCorrupt
 from pyrula.workflows.events import Event
-from pyrula.workflows.records import RunInfo, RunStatus, build_run_info
+from pyrula.workflows.records import RunInfo, RunOutcome, RunStatus, build_run_info
 from pyrula.workflows.stores.common import journal_entry, started_event, submitted_event
 
 logger = logging.getLogger(__name__)
@@ -112,6 +112,20 @@ def run_info(run_id: str, f: Mapping[str, str]) -> RunInfo:
         get("successor_id") or None,
         int(get("prio") or 0),
     )
+
+
+#: The fields of a run record that say how the run ended, in :class:`RunOutcome`'s order.
+OUTCOME_FIELDS = ("status", "result", "error", "successor_id")
+
+
+def run_outcome(values: Sequence[Any]) -> RunOutcome | None:
+    """A run record's OUTCOME_FIELDS (an ``HMGET`` reply) as a RunOutcome; None where
+    there is no record (every field missing)."""
+    status, result, error, successor = values
+    if status is None:
+        return None
+    return RunOutcome(_STATUSES.get(status) or RunStatus(status), loads(result), loads(error),
+                      successor or None)
 
 
 def parse_info(text: str) -> dict[str, str]:

@@ -7,19 +7,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pyrula.errors import WorkflowNotFound
 from pyrula.workflows.events import Event
-from pyrula.workflows.records import RunInfo, RunStatus
+from pyrula.workflows.records import RunInfo, RunOutcome, RunStatus
 from pyrula.workflows.stores.capabilities import QueueStat
 from pyrula.workflows.stores.valkey.codec import (
+    OUTCOME_FIELDS,
     as_hash,
     as_scored,
     events,
     implied_of,
     raise_first,
     run_info,
+    run_outcome,
 )
 from pyrula.workflows.stores.valkey.connection import Connection
 from pyrula.workflows.stores.valkey.keys import ENDED_OFFSET
@@ -40,14 +42,7 @@ class Reads:
         return self.connection.keys.base_of_run(run_id) is None
 
     async def get_run(self, run_id: str) -> RunInfo | None:
-        base = self.connection.keys.base_of_run(run_id)
-        return None if base is None else await self._record(run_id, base)
-
-    async def _record(self, run_id: str, base: str) -> RunInfo | None:
-        """The record of ``run_id``, whose shard base is ``base``."""
-        key = f"{base}:run:{run_id}"
-        fields = as_hash(await self.connection.read(key, "HGETALL", key))
-        return run_info(run_id, fields) if fields else None
+        return await self._read(run_id, _WHOLE)
 
     async def read_events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         if self._unknown(run_id):
@@ -118,15 +113,24 @@ class Reads:
         return page[:limit]
 
     async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
+        return await self._wait(run_id, timeout, _WHOLE)
+
+    async def wait_outcome(self, run_id: str, timeout: float | None) -> RunOutcome:
+        """``wait_result`` reading only the four fields of the record that say how the
+        run ended, not its twenty-odd."""
+        return await self._wait(run_id, timeout, _OUTCOME)
+
+    async def _wait(self, run_id: str, timeout: float | None, shape: _Shape[R]) -> R:
         conn = self.connection
         base = conn.keys.base_of_run(run_id)
         if base is None:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        info = await self._record(run_id, base)
+        key = f"{base}:run:{run_id}"
+        read = shape.read(run_id, await conn.read(key, *shape.command(key)))
         marked = False
         while True:
-            if info is None:
+            if read is None:
                 # An earlier run of a continue_as_new chain may have expired while the chain
                 # goes on: its start id's tail record names the chain's latest run.
                 chain = f"{conn.keys.base_of_run(run_id)}:chain:{run_id}"
@@ -134,10 +138,10 @@ class Reads:
                 if tail is None or tail == run_id:
                     raise WorkflowNotFound(f"no run with id {run_id!r}")
                 run_id, marked = str(tail), False
-                info = await self.get_run(run_id)
+                read = await self._read(run_id, shape)
                 continue
-            if info.status.terminal:
-                return info
+            if read.status.terminal:
+                return read
             if not marked:
                 # Mark the run as waited on: its finish then leaves a token to wake us.
                 marked = True
@@ -145,7 +149,7 @@ class Reads:
                 if base is None:
                     raise WorkflowNotFound(f"no run with id {run_id!r}")
                 if str(await conn.op(base, "await", run_id)) != "WAIT":
-                    info = await self.get_run(run_id)
+                    read = await self._read(run_id, shape)
                     continue
             wait = 5.0
             if deadline is not None:
@@ -158,11 +162,17 @@ class Reads:
             wait = max(wait, 0.01)
             done_key, run_key = conn.keys.done(run_id), conn.keys.run(run_id)
             moved, fields = await conn.blocking(done_key, [
-                ("BLMOVE", done_key, done_key, "LEFT", "RIGHT", wait), ("HGETALL", run_key),
+                ("BLMOVE", done_key, done_key, "LEFT", "RIGHT", wait), shape.command(run_key),
             ], wait)
             raise_first((moved, fields))
-            record = as_hash(fields)
-            info = run_info(run_id, record) if record else None
+            read = shape.read(run_id, fields)
+
+    async def _read(self, run_id: str, shape: _Shape[R]) -> R | None:
+        base = self.connection.keys.base_of_run(run_id)
+        if base is None:
+            return None
+        key = f"{base}:run:{run_id}"
+        return shape.read(run_id, await self.connection.read(key, *shape.command(key)))
 
     async def queue_stats(self, names: Sequence[str]) -> dict[str, QueueStat]:
         """Every shard of every name read at once, one round trip per server node: each
@@ -262,3 +272,50 @@ class Reads:
             if info.status.terminal:
                 out[run_id] = (info, events(run_id, raw or [""], 1, implied_of(fields)))
         return out
+
+
+class _Ended(Protocol):
+    @property
+    def status(self) -> RunStatus: ...
+
+
+R = TypeVar("R", bound=_Ended, covariant=True)
+
+
+class _Shape(Protocol[R]):
+    """What a wait reads of a run's record, and how it reads the reply."""
+
+    def command(self, key: str) -> Command: ...
+
+    def read(self, run_id: str, reply: Any) -> R | None:
+        """None: there is no such record."""
+        ...
+
+
+class _Whole:
+    """The whole record, as a RunInfo."""
+
+    @staticmethod
+    def command(key: str) -> Command:
+        return ("HGETALL", key)
+
+    @staticmethod
+    def read(run_id: str, reply: Any) -> RunInfo | None:
+        record = as_hash(reply)
+        return run_info(run_id, record) if record else None
+
+
+class _Outcome:
+    """The fields that say how the run ended, as a RunOutcome."""
+
+    @staticmethod
+    def command(key: str) -> Command:
+        return ("HMGET", key, *OUTCOME_FIELDS)
+
+    @staticmethod
+    def read(run_id: str, reply: Any) -> RunOutcome | None:
+        return run_outcome(reply)
+
+
+_WHOLE: _Shape[RunInfo] = _Whole()
+_OUTCOME: _Shape[RunOutcome] = _Outcome()

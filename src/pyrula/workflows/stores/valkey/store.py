@@ -31,6 +31,7 @@ from pyrula.workflows.records import (
     RequeueOutcome,
     RunHandle,
     RunInfo,
+    RunOutcome,
     RunStatus,
     SuspectsAt,
 )
@@ -363,6 +364,9 @@ class ValkeyStore(SyncAdmin):
 
     async def wait_result(self, run_id: str, timeout: float | None) -> RunInfo:
         return await self.reads.wait_result(run_id, timeout)
+
+    async def wait_outcome(self, run_id: str, timeout: float | None) -> RunOutcome:
+        return await self.reads.wait_outcome(run_id, timeout)
 
     async def ended_runs(
         self, *, after: tuple[float, str] | None, until: float, limit: int
