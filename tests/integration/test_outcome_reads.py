@@ -139,3 +139,76 @@ def test_an_unknown_run_is_not_found_and_an_open_one_times_out(valkey: ValkeySto
         queued = runner.run(submit(valkey, now=T0))
         with pytest.raises(TimeoutError):
             client.result(queued, timeout=0.05)
+
+
+async def _end_as(store: ValkeyStore, run_id: str, how: str, value: Any) -> None:
+    """End the queued run ``run_id`` ``how`` (``open``: leave it running)."""
+    if how == "cancelled":
+        assert await store.cancel(run_id, now=T0 + 1)
+        return
+    claimed = await store.claim_run(run_id, "w", now=T0, lock_ttl=30)
+    assert claimed is not None
+    if how == "completed":
+        await complete(store, run_id, claimed.token, value, now=T0 + 1)
+    elif how == "failed":
+        error = RunError("step_failed", "ValueError", "drawn", {"v": value})
+        await store.finish(run_id, claimed.token, [error.event(T0 + 1)], now=T0 + 1,
+                           status=RunStatus.FAILED, error=error.as_dict())
+    elif how == "continued":  # and its successor completed
+        ended = await store.finish(run_id, claimed.token, [ev(EventType.RUN_CONTINUED, T0)],
+                                   now=T0, status=RunStatus.CONTINUED, successor_params={})
+        assert ended.successor_id is not None
+        await _end_as(store, ended.successor_id, "completed", value)
+
+
+def _answer(client: SyncWorkflowClient, run_id: str) -> tuple[str, Any]:
+    try:
+        return ("completed", client.result(run_id, timeout=0.05))
+    except RunFailed as exc:
+        return ("failed", exc.error)
+    except RunCancelled:
+        return ("cancelled", None)
+    except TimeoutError:
+        return ("open", None)
+
+
+def test_results_read_ahead_are_the_ones_the_store_gives(valkey: ValkeyStore) -> None:
+    """Hypothesis draws a batch of runs a sync client submits, how each ended (or that it
+    is still open), and the order its results are asked for: mostly the order of
+    submission, with jumps back and forth and repeats. Every answer must be the one a
+    client that cannot read ahead gets."""
+    plain = SyncWorkflowClient(_Counting(valkey))
+    with store_loop(valkey) as runner:
+
+        @drawn(20)
+        @given(hows=st.lists(st.sampled_from(["completed", "completed", "failed",
+                                              "cancelled", "continued", "open"]),
+                             min_size=1, max_size=40),
+               value=JSON, data=st.data())
+        def check(hows: list[str], value: Any, data: st.DataObject) -> None:
+            client = SyncWorkflowClient(valkey)
+            ids = [client.submit("readahead.wf", {"i": i}).run_id for i in range(len(hows))]
+            for run_id, how in zip(ids, hows, strict=True):
+                runner.run(_end_as(valkey, run_id, how, value))
+            at = 0
+            for _ in range(len(ids) + 10):
+                if data.draw(st.integers(0, 5), label="jump") == 0:
+                    at = data.draw(st.integers(0, len(ids) - 1), label="to")
+                run_id = ids[at]
+                assert _answer(client, run_id) == _answer(plain, run_id)
+                at = min(at + 1, len(ids) - 1)
+
+        check()
+
+
+def test_results_read_in_submission_order_share_round_trips(valkey: ValkeyStore) -> None:
+    client = SyncWorkflowClient(valkey)
+    ids = [client.submit("readahead.wf", {"i": i}).run_id for i in range(300)]
+    with store_loop(valkey) as runner:
+        for i, run_id in enumerate(ids):
+            runner.run(_end_as(valkey, run_id, "completed", i))
+        stats = valkey.reads.connection.stats
+        before = stats["round_trips"]
+        assert [client.result(run_id, timeout=5) for run_id in ids] == list(range(300))
+        # One read, then windows of 4, 8, 16, 32 and 64 runs: ~10 round trips, not 300.
+        assert stats["round_trips"] - before <= 15

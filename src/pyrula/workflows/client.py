@@ -40,10 +40,12 @@ from pyrula.workflows.forks import fork_point
 from pyrula.workflows.priority import check_priority
 from pyrula.workflows.projections import WHOLE, check_projection_name, is_internal
 from pyrula.workflows.queries import UpdateReply, answer_query, raise_for, update_reply
+from pyrula.workflows.readahead import ReadAhead
 from pyrula.workflows.records import RunError, RunHandle, RunInfo, RunOutcome, RunStatus
 from pyrula.workflows.stores.admin import run_for
 from pyrula.workflows.stores.base import Store
 from pyrula.workflows.stores.capabilities import (
+    OutcomeReader,
     ProjectionHead,
     Projections,
     Triggers,
@@ -323,16 +325,10 @@ class WorkflowClient:
             if loop_deadline is not None:
                 remaining = max(0.0, loop_deadline - self._clock.monotonic())
             info = await wait(run_id, remaining)
-            if info.status is RunStatus.COMPLETED:
-                return info.result
-            if info.status is RunStatus.FAILED:
-                raise RunFailed(run_id, info.error or {})
-            if info.status is RunStatus.CANCELLED:
-                raise RunCancelled(run_id)
             if info.status is RunStatus.CONTINUED and info.successor_id:
                 run_id = info.successor_id
                 continue
-            raise RunFailed(run_id, RunError("unknown", "", str(info)).as_dict())
+            return _value_of(run_id, info)
 
     async def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         """The run's journal, optionally only the events after ``after_seq``."""
@@ -478,6 +474,18 @@ class WorkflowClient:
             before = (page[-1].created_at, page[-1].run_id)
 
 
+def _value_of(run_id: str, info: RunInfo | RunOutcome) -> Any:
+    """What ``result()`` gives for an ended run that did not continue as new: its result,
+    or RunFailed / RunCancelled raised."""
+    if info.status is RunStatus.COMPLETED:
+        return info.result
+    if info.status is RunStatus.FAILED:
+        raise RunFailed(run_id, info.error or {})
+    if info.status is RunStatus.CANCELLED:
+        raise RunCancelled(run_id)
+    raise RunFailed(run_id, RunError("unknown", "", str(info)).as_dict())
+
+
 class SyncWorkflowClient:
     """``WorkflowClient`` for code that is not async: each call blocks until done.
 
@@ -490,6 +498,10 @@ class SyncWorkflowClient:
     def __init__(self, store: Store, **kwargs: Any) -> None:
         self._client = WorkflowClient(store, **kwargs)
         self.store = store
+        #: Where the store reads outcomes (``OutcomeReader``): the results this client
+        #: waits for are read ahead in the order it submitted (``readahead``).
+        self._outcomes: OutcomeReader | None = capabilities_of(store).outcomes
+        self._ahead = None if self._outcomes is None else ReadAhead()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return run_for(self.store, coro)
@@ -503,9 +515,12 @@ class SyncWorkflowClient:
         idempotency_key: str | None = None,
         priority: int = 0,
     ) -> RunHandle:
-        return self._run(self._client.submit(
+        handle = self._run(self._client.submit(
             workflow, params, owner=owner, idempotency_key=idempotency_key, priority=priority
         ))
+        if self._ahead is not None:
+            self._ahead.submitted(handle.run_id)
+        return handle
 
     def fork(self, run_id: str, *, from_step: str | int, params: Any = None) -> RunHandle:
         return self._run(self._client.fork(run_id, from_step=from_step, params=params))
@@ -534,7 +549,31 @@ class SyncWorkflowClient:
         return self._run(self._client.get(run_id))
 
     def result(self, run_id: str, timeout: float | None = None) -> Any:
+        """``WorkflowClient.result``. Results waited for in the order this client submitted
+        the runs are read ahead (``pyrula.workflows.readahead``): the answers are the same,
+        most without a round trip of their own."""
+        ahead = self._ahead
+        if ahead is not None:
+            outcome = ahead.take(run_id)
+            if outcome is None:
+                outcome = self._look(ahead, run_id)
+            if outcome is not None:
+                if not (outcome.status is RunStatus.CONTINUED and outcome.successor_id):
+                    return _value_of(run_id, outcome)
+                run_id = outcome.successor_id  # its chain is followed the usual way
         return self._run(self._client.result(run_id, timeout))
+
+    def _look(self, ahead: ReadAhead, run_id: str) -> RunOutcome | None:
+        """``run_id``'s outcome if it has ended, read with the runs read ahead of it (when
+        the read-ahead plans a read); None to wait for it the usual way."""
+        plan = ahead.plan(run_id)
+        if plan is None or self._outcomes is None:
+            return None
+        read = self._run(self._outcomes.read_outcomes([run_id, *plan]))
+        outcome = read[0]
+        ended = outcome is not None and outcome.status.terminal
+        ahead.read(ended, plan, read[1:])
+        return outcome if ended else None
 
     def events(self, run_id: str, after_seq: int = 0) -> list[Event]:
         return self._run(self._client.events(run_id, after_seq))

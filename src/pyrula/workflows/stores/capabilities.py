@@ -107,10 +107,16 @@ class FinishedReader(Protocol):
 class OutcomeReader(Protocol):
     """A store that can wait for a run's end reading only what says how it ended (its
     status, result, error and successor) rather than its whole record: what every
-    ``client.result()`` needs, once per run a caller waits for."""
+    ``client.result()`` needs, once per run a caller waits for; and read that of several
+    runs at once (a synchronous client's read-ahead, ``pyrula.workflows.readahead``)."""
 
     async def wait_outcome(self, run_id: str, timeout: float | None) -> RunOutcome:
         """``wait_result``'s answer cut to a :class:`RunOutcome`; the same errors."""
+        ...
+
+    async def read_outcomes(self, run_ids: Sequence[str]) -> list[RunOutcome | None]:
+        """The outcomes of several runs as they stand now, in one round trip, without
+        waiting for any; None for a run this store does not hold."""
         ...
 
 

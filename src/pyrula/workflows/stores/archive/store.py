@@ -333,6 +333,14 @@ class ArchivingStore(StoreLayer):
         except WorkflowNotFound as exc:
             return RunOutcome.of(await self._archived_or_raise(run_id, exc))
 
+    async def read_outcomes(self, run_ids: Sequence[str]) -> list[RunOutcome | None]:
+        """The live store's (None for a run only the archive holds: it is waited for, and
+        found there, the usual way)."""
+        live = self._live_outcomes
+        if live is None:
+            return [None] * len(run_ids)
+        return await live.read_outcomes(run_ids)
+
     async def fail_stranded(
         self, name: str, *, older_than: float, now: float, limit: int, error: dict[str, Any]
     ) -> list[str]:

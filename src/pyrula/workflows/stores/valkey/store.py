@@ -368,6 +368,9 @@ class ValkeyStore(SyncAdmin):
     async def wait_outcome(self, run_id: str, timeout: float | None) -> RunOutcome:
         return await self.reads.wait_outcome(run_id, timeout)
 
+    async def read_outcomes(self, run_ids: Sequence[str]) -> list[RunOutcome | None]:
+        return await self.reads.read_outcomes(run_ids)
+
     async def ended_runs(
         self, *, after: tuple[float, str] | None, until: float, limit: int
     ) -> list[tuple[float, str]]:
