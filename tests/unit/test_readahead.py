@@ -61,7 +61,7 @@ class ReadAheadMachine(RuleBasedStateMachine):
         plan = self.ahead.plan(run_id)
         was_in_order = self.asked is not None and self._next_of(self.asked) == run_id
         self.asked = run_id
-        if not was_in_order:
+        if not was_in_order or self._next_of(run_id) is None:
             assert plan is None
             return
         if plan is None:
@@ -136,3 +136,11 @@ def test_a_reader_behind_the_workers_reads_ahead_in_a_window_that_doubles() -> N
         ahead.read(True, plan, [done] * len(plan))
     assert sizes[:6] == [0, 4, 8, 16, 32, 64]
     assert set(sizes[6:-1]) == {MAX_WINDOW}
+
+
+def test_a_client_that_submits_and_waits_in_turn_reads_nothing_ahead() -> None:
+    ahead = ReadAhead()
+    for i in range(200):
+        ahead.submitted(f"r{i}")
+        assert ahead.take(f"r{i}") is None
+        assert ahead.plan(f"r{i}") is None

@@ -13,7 +13,9 @@ store would give. A run not ended when it was read ahead is read again, the usua
 when it is asked for. The window starts small, doubles while the pattern holds (each run
 asked for is the one submitted after the last) and closes at the first result asked out of
 that order, or for a run that had not ended (the reader is then ahead of the workers, and
-reading ahead would only read runs still open). What it keeps is bounded: the order of the
+reading ahead would only read runs still open). The last run submitted is always waited
+for the usual way: a client that submits a run and waits for it, one after the other,
+reads nothing ahead. What it keeps is bounded: the order of the
 last ``SUBMITTED_KEPT`` submissions, ``OUTCOMES_KEPT`` outcomes read ahead.
 """
 
@@ -79,6 +81,10 @@ class ReadAhead:
             self._asked = run_id
             if not in_order:
                 self._window = 0
+                return None
+            if run_id not in self._next:
+                # The last run submitted: nothing to read ahead, and it has likely just
+                # been submitted (submit, wait, submit, wait...): wait the usual way.
                 return None
             if self._skip > 0:
                 self._skip -= 1
