@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from pyrula.workflows.readahead import MAX_WINDOW, ReadAhead
+from pyrula.workflows.readahead import MAX_WINDOW, OUTCOMES_KEPT, SUBMITTED_KEPT, ReadAhead
 from pyrula.workflows.records import RunOutcome, RunStatus
 
 IDS = [f"run-{i}" for i in range(10)]
@@ -144,3 +144,23 @@ def test_a_client_that_submits_and_waits_in_turn_reads_nothing_ahead() -> None:
         ahead.submitted(f"r{i}")
         assert ahead.take(f"r{i}") is None
         assert ahead.plan(f"r{i}") is None
+
+
+def test_what_it_keeps_is_bounded() -> None:
+    """The oldest submissions and outcomes go first: memory stays bounded however many
+    runs one client submits and never asks for."""
+    ahead = ReadAhead()
+    ids = [f"r{i}" for i in range(SUBMITTED_KEPT + 10)]
+    for run_id in ids:
+        ahead.submitted(run_id)
+    ahead.take(ids[0])
+    assert ahead.plan(ids[0]) is None
+    assert ahead.plan(ids[1]) is None  # the order of the oldest is forgotten
+    assert ahead.plan(ids[-3]) is None  # not asked in order
+    assert ahead.plan(ids[-2]) == []  # the newest order is known: a look, window 0
+
+    done = RunOutcome(RunStatus.COMPLETED, 1)
+    kept = ids[:OUTCOMES_KEPT + 10]
+    ahead.read(True, kept, [done] * len(kept))
+    assert ahead.take(kept[0]) is None
+    assert ahead.take(kept[-1]) == done

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 from pyrula.workflows.records import RunOutcome
 
-#: Submissions whose order the client remembers.
-SUBMITTED_KEPT = 65_536
+#: Submissions whose order the client remembers (~2 MB of run ids at most).
+SUBMITTED_KEPT = 16_384
 #: Ended runs' outcomes read ahead and not yet asked for, at most.
 OUTCOMES_KEPT = 4_096
 #: The first window, and the largest: how many runs one read reads ahead.
