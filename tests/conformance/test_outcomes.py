@@ -121,3 +121,24 @@ async def test_a_wait_for_the_outcome_times_out_and_changes_nothing(store: Store
 async def test_the_outcome_of_an_unknown_run_is_not_found(store: Store, run_id: str) -> None:
     with pytest.raises(WorkflowNotFound):
         await reader(store)(run_id, 0.05)
+
+
+async def test_outcomes_read_at_once_are_the_records_own(store: Store) -> None:
+    """``read_outcomes`` (a sync client's read-ahead): each run's outcome as it stands,
+    ended or not, None for a run the store does not hold; nothing waits. A store
+    without an outcome reader is read through ``wait_result`` instead."""
+    outcomes = capabilities_of(store).outcomes
+    done = await _end(store, "completed", {"n": 1})
+    failed = await _end(store, "failed", "boom")
+    queued = await submit(store, now=T0)
+    ids = [done, "f" * 40, queued, failed, done]
+    if outcomes is None:
+        return  # nothing reads ahead on this store: client.result() waits on wait_result
+    read = await asyncio.wait_for(outcomes.read_outcomes(ids), WAKE_DEADLINE)
+    expected = []
+    for run_id in ids:
+        info = await store.get_run(run_id)
+        expected.append(None if info is None else RunOutcome.of(info))
+    assert read == expected
+    assert read[2] is not None and read[2].status is RunStatus.QUEUED
+    assert await outcomes.read_outcomes([]) == []
