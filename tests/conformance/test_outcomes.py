@@ -117,10 +117,19 @@ async def test_a_wait_for_the_outcome_times_out_and_changes_nothing(store: Store
     assert after is not None and after.status == RunStatus.QUEUED
 
 
-@pytest.mark.parametrize("run_id", ["no-such-run", "0" * 40])
-async def test_the_outcome_of_an_unknown_run_is_not_found(store: Store, run_id: str) -> None:
-    with pytest.raises(WorkflowNotFound):
-        await reader(store)(run_id, 0.05)
+def test_the_outcome_of_an_unknown_run_is_not_found(store: Store) -> None:
+    """Hypothesis draws the ids: any text, and ids shaped like the store's own."""
+    read = reader(store)
+    with store_loop(store) as runner:
+
+        @drawn(25)
+        @given(run_id=st.one_of(st.text(min_size=1, max_size=50),
+                                st.from_regex(r"[0-9a-f]{40}", fullmatch=True)))
+        def check(run_id: str) -> None:
+            with pytest.raises(WorkflowNotFound):
+                runner.run(read(run_id, 0.05))
+
+        check()
 
 
 async def test_outcomes_read_at_once_are_the_records_own(store: Store) -> None:

@@ -133,9 +133,11 @@ class WorkflowClient:
         self.store = store
         self._clock = clock
         self._max_payload = max_payload_bytes or _env_payload_limit()
-        #: How ``result()`` waits: the store's outcome read where it has one, else its
-        #: ``wait_result`` (found at the first ``result()``).
-        self._wait_ended: _WaitEnded | None = None
+        #: Where the store reads runs' outcomes (``OutcomeReader``), if it can; ``result()``
+        #: then waits with it rather than with ``wait_result``.
+        self.outcomes: OutcomeReader | None = capabilities_of(store).outcomes
+        self._wait_ended: _WaitEnded = (store.wait_result if self.outcomes is None
+                                        else self.outcomes.wait_outcome)
 
     @property
     def max_payload_bytes(self) -> int:
@@ -315,10 +317,6 @@ class WorkflowClient:
         run's ``error`` dict), RunCancelled, or TimeoutError after ``timeout`` seconds.
         """
         wait = self._wait_ended
-        if wait is None:
-            outcomes = capabilities_of(self.store).outcomes
-            wait = self._wait_ended = (self.store.wait_result if outcomes is None
-                                       else outcomes.wait_outcome)
         loop_deadline = None if timeout is None else self._clock.monotonic() + timeout
         while True:
             remaining = None
@@ -498,10 +496,9 @@ class SyncWorkflowClient:
     def __init__(self, store: Store, **kwargs: Any) -> None:
         self._client = WorkflowClient(store, **kwargs)
         self.store = store
-        #: Where the store reads outcomes (``OutcomeReader``): the results this client
-        #: waits for are read ahead in the order it submitted (``readahead``).
-        self._outcomes: OutcomeReader | None = capabilities_of(store).outcomes
-        self._ahead = None if self._outcomes is None else ReadAhead()
+        #: Where the store reads outcomes, the results this client waits for are read
+        #: ahead in the order it submitted them (``readahead``).
+        self._ahead = None if self._client.outcomes is None else ReadAhead()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return run_for(self.store, coro)
@@ -567,9 +564,10 @@ class SyncWorkflowClient:
         """``run_id``'s outcome if it has ended, read with the runs read ahead of it (when
         the read-ahead plans a read); None to wait for it the usual way."""
         plan = ahead.plan(run_id)
-        if plan is None or self._outcomes is None:
+        outcomes = self._client.outcomes
+        if plan is None or outcomes is None:
             return None
-        read = self._run(self._outcomes.read_outcomes([run_id, *plan]))
+        read = self._run(outcomes.read_outcomes([run_id, *plan]))
         outcome = read[0]
         ended = outcome is not None and outcome.status.terminal
         ahead.read(ended, plan, read[1:])

@@ -127,11 +127,11 @@ class Reads:
         asked = [(i, f"{base}:run:{run_id}") for i, run_id in enumerate(run_ids)
                  if (base := keys.base_of_run(run_id)) is not None]
         replies = await self.connection.pipeline(
-            [(key, ("HMGET", key, *OUTCOME_FIELDS)) for _, key in asked], idempotent=True)
+            [(key, _OUTCOME.command(key)) for _, key in asked], idempotent=True)
         raise_first(replies)
         outcomes: list[RunOutcome | None] = [None] * len(run_ids)
         for (i, _), reply in zip(asked, replies, strict=True):
-            outcomes[i] = run_outcome(reply)
+            outcomes[i] = _OUTCOME.read(run_ids[i], reply)
         return outcomes
 
     async def _wait(self, run_id: str, timeout: float | None, shape: _Shape[R]) -> R:
@@ -140,8 +140,7 @@ class Reads:
         if base is None:
             raise WorkflowNotFound(f"no run with id {run_id!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        key = f"{base}:run:{run_id}"
-        read = shape.read(run_id, await conn.read(key, *shape.command(key)))
+        read = await self._read(run_id, shape)
         marked = False
         while True:
             if read is None:
