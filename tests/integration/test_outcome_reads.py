@@ -7,6 +7,7 @@ What each read costs is measured in benchmarks (``python -m benchmarks.peers``),
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -212,3 +213,40 @@ def test_results_read_in_submission_order_share_round_trips(valkey: ValkeyStore)
         assert [client.result(run_id, timeout=5) for run_id in ids] == list(range(300))
         # One read, then windows of 4, 8, 16, 32 and 64 runs: ~10 round trips, not 300.
         assert stats["round_trips"] - before <= 15
+
+
+@pytest.mark.parametrize("read", ["wait_result", "wait_outcome"])
+def test_a_wait_costs_one_round_trip_for_an_ended_run_and_two_for_one_that_ends_later(
+    valkey_url: str, valkey_namespace: str, read: str,
+) -> None:
+    # The runs are set up and ended through a store of their own: only the wait counts.
+    waiter = ValkeyStore(url=valkey_url, namespace=valkey_namespace)
+    other = ValkeyStore(url=valkey_url, namespace=valkey_namespace)
+    stats = waiter.reads.connection.stats
+
+    async def scenario() -> None:
+        wait = getattr(waiter, read)
+        ended = await running(other, now=T0)
+        await complete(other, ended.run_id, ended.token, {"n": 1}, now=T0 + 1)
+        await waiter.get_run(ended.run_id)  # the connection opened, the code loaded
+        before = stats["round_trips"]
+        assert (await wait(ended.run_id, 5)).status is RunStatus.COMPLETED
+        assert stats["round_trips"] - before == 1  # the mark's reply is the outcome
+
+        later = await running(other, now=T0)
+        before = stats["round_trips"]
+        task = asyncio.create_task(wait(later.run_id, 5))
+        conn, key = other.reads.connection, other.reads.connection.keys.run(later.run_id)
+        deadline = asyncio.get_running_loop().time() + 5
+        while await conn.read(key, "HGET", key, "waiter") != "1":  # marked as waited on
+            assert asyncio.get_running_loop().time() < deadline, "the wait never marked"
+            await asyncio.sleep(0.001)
+        await complete(other, later.run_id, later.token, {"n": 2}, now=T0 + 2)
+        assert (await task).status is RunStatus.COMPLETED
+        assert stats["round_trips"] - before == 2  # the mark, then the blocking read
+
+    with store_loop(waiter) as runner:
+        try:
+            runner.run(scenario())
+        finally:
+            runner.run(other.aclose())

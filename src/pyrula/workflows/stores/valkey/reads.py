@@ -136,34 +136,38 @@ class Reads:
 
     async def _wait(self, run_id: str, timeout: float | None, shape: _Shape[R]) -> R:
         conn = self.connection
-        base = conn.keys.base_of_run(run_id)
-        if base is None:
-            raise WorkflowNotFound(f"no run with id {run_id!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        read = await self._read(run_id, shape)
-        marked = False
         while True:
-            if read is None:
+            base = conn.keys.base_of_run(run_id)
+            if base is None:
+                raise WorkflowNotFound(f"no run with id {run_id!r}")
+            # One round trip: the run's end if it has ended, else the run marked as waited
+            # on (its finish then leaves a token to wake us).
+            marked = await conn.op(base, "await", run_id, *shape.fields)
+            if isinstance(marked, list):  # it has ended: the record came back
+                ended = shape.read(run_id, marked)
+                if ended is not None:
+                    return ended
+                continue  # gone between the script and the read: look again
+            if marked == "NOTFOUND":
                 # An earlier run of a continue_as_new chain may have expired while the chain
                 # goes on: its start id's tail record names the chain's latest run.
-                chain = f"{conn.keys.base_of_run(run_id)}:chain:{run_id}"
+                chain = f"{base}:chain:{run_id}"
                 tail = await conn.read(chain, "GET", chain)
                 if tail is None or tail == run_id:
                     raise WorkflowNotFound(f"no run with id {run_id!r}")
-                run_id, marked = str(tail), False
-                read = await self._read(run_id, shape)
+                run_id = str(tail)
                 continue
-            if read.status.terminal:
+            read = await self._wake(run_id, deadline, timeout, shape)
+            if read is not None:
                 return read
-            if not marked:
-                # Mark the run as waited on: its finish then leaves a token to wake us.
-                marked = True
-                base = conn.keys.base_of_run(run_id)
-                if base is None:
-                    raise WorkflowNotFound(f"no run with id {run_id!r}")
-                if str(await conn.op(base, "await", run_id)) != "WAIT":
-                    read = await self._read(run_id, shape)
-                    continue
+
+    async def _wake(self, run_id: str, deadline: float | None, timeout: float | None,
+                    shape: _Shape[R]) -> R | None:
+        """Wait for a marked run's end; None when its record has gone meanwhile."""
+        conn = self.connection
+        done_key, run_key = conn.keys.done(run_id), conn.keys.run(run_id)
+        while True:
             wait = 5.0
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
@@ -173,12 +177,13 @@ class Reads:
             # which leaves its token (and its TTL) for other waiters, and the record read
             # right behind it on the same connection.
             wait = max(wait, 0.01)
-            done_key, run_key = conn.keys.done(run_id), conn.keys.run(run_id)
             moved, fields = await conn.blocking(done_key, [
                 ("BLMOVE", done_key, done_key, "LEFT", "RIGHT", wait), shape.command(run_key),
             ], wait)
             raise_first((moved, fields))
             read = shape.read(run_id, fields)
+            if read is None or read.status.terminal:
+                return read
 
     async def _read(self, run_id: str, shape: _Shape[R]) -> R | None:
         base = self.connection.keys.base_of_run(run_id)
@@ -298,6 +303,9 @@ R = TypeVar("R", bound=_Ended, covariant=True)
 class _Shape(Protocol[R]):
     """What a wait reads of a run's record, and how it reads the reply."""
 
+    #: The fields the ``await`` operation returns of an ended run (none: all of them).
+    fields: tuple[str, ...]
+
     def command(self, key: str) -> Command: ...
 
     def read(self, run_id: str, reply: Any) -> R | None:
@@ -307,6 +315,8 @@ class _Shape(Protocol[R]):
 
 class _Whole:
     """The whole record, as a RunInfo."""
+
+    fields: tuple[str, ...] = ()
 
     @staticmethod
     def command(key: str) -> Command:
@@ -320,6 +330,8 @@ class _Whole:
 
 class _Outcome:
     """The fields that say how the run ended, as a RunOutcome."""
+
+    fields: tuple[str, ...] = OUTCOME_FIELDS
 
     @staticmethod
     def command(key: str) -> Command:

@@ -118,15 +118,18 @@ ops.requeue = function(k, a)
   return requeue_run(base, id, now, a[5], a[6], a[7], a[8], a[9], a[10])
 end
 
--- await: a client is about to wait for this run's end. ARGV op, run_id
--- returns 'NOTFOUND' | 'ENDED' | 'WAIT' (marked: its finish leaves a token in :done:<id>)
+-- await: a client is about to wait for this run's end. ARGV op, run_id, field...
+-- returns 'NOTFOUND'; or, when the run has ended, the record as it stands (the fields named,
+-- in order, or the whole record without names) so that the wait needs no read of its
+-- own; or 'WAIT' (marked: its finish leaves a token in :done:<id>)
 ops.await = function(k, a)
   local run = runk(k[1], a[2])
   local status = redis.call('HGET', run, 'status')
   if not status then return 'NOTFOUND' end
   if status == 'completed' or status == 'failed' or status == 'cancelled'
     or status == 'continued' then
-    return 'ENDED'
+    if #a > 2 then return redis.call('HMGET', run, unpack(a, 3)) end
+    return redis.call('HGETALL', run)
   end
   redis.call('HSET', run, 'waiter', 1)
   return 'WAIT'
