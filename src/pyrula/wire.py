@@ -7,17 +7,21 @@ Child -> supervisor:
     {"type": "heartbeat", "state": "starting"|"ready"|"draining", "worker_id", "pid",
      "in_flight", "runs_done", "shards": {workflow: n}, "held": {run_id: token},
      "user_code": [run_id...], "suspects": [run_id...],
-     "claim_tick_age": seconds, "free": slots, "store_ok": bool, "build": build id}
+     "claim_tick_age": seconds, "free": slots, "store_ok": bool, "build": build id,
+     "seq": the report's number}
     {"type": "boot_error", "message": "Type: text", "traceback": "..."}
                                                   before exiting without becoming ready
     {"type": "metrics", "families": {name: {"type", "help", "samples"}}, "workflows": [...]}
                                                   every METRICS_INTERVAL, and as it exits
 
-A heartbeat goes out every HEARTBEAT_INTERVAL, and also right after a claim and whenever a
-run is about to enter its code unreported: ``user_code`` names every run that may be inside
-its own code until the next message (the runs a crash may be charged to), ``suspects`` the
-held runs with a crash counted against them. A message without ``user_code`` (a child of an
-older build) leaves every held run chargeable.
+A heartbeat goes out every HEARTBEAT_INTERVAL. A child also reports right after a claim and
+whenever a run is about to enter its code unreported: into the memory it shares with its
+supervisor (``pyrula.shared_report``: ``held``, ``user_code`` and ``suspects`` as below),
+or, without that, as a heartbeat. ``user_code`` names every run that may be inside its own
+code until the next report (the runs a crash may be charged to), ``suspects`` the held runs
+with a crash counted against them. Reports are numbered (``seq``) across both ways, so the
+supervisor knows which is the latest. A message without ``user_code`` (a child of an older
+build) leaves every held run chargeable.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ class Heartbeat:
     #: the build the child's worker serves (``pyrula.workflows.build``); "" from a child
     #: of an older pyrula
     build: str = ""
+    #: the report's number: heartbeats and shared reports count up together (0 from a
+    #: child of an older pyrula)
+    seq: int = 0
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -108,4 +115,5 @@ def parse_heartbeat(message: dict[str, Any]) -> Heartbeat:
         free=int(message.get("free", 0)),
         store_ok=bool(message.get("store_ok", True)),
         build=str(message.get("build") or ""),
+        seq=int(message.get("seq") or 0),
     )

@@ -212,11 +212,12 @@ def test_the_heartbeat_carries_the_build() -> None:
 def test_a_fleet_childs_heartbeat_names_its_workers_build(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pyrula.workflows.worker.child import StoreCheck, _heartbeat
+    from pyrula.workflows.worker.child import Reports, StoreCheck
 
     monkeypatch.setenv(BUILD_ENV, "child-build")
     worker = WorkflowWorker(store=MemoryStore(), workflows=[build_wf], cloud=False)
 
-    beat = parse_heartbeat(decode(_heartbeat(worker, StoreCheck(), periodic=True)))
+    reports = Reports(None, None)  # type: ignore[arg-type]  # a heartbeat sends nothing
+    beat = parse_heartbeat(decode(reports.heartbeat(worker, StoreCheck())))
 
     assert beat.build == "child-build"

@@ -23,8 +23,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pyrula.errors import PyrulaError
+from pyrula.shared_report import SharedReport
 from pyrula.supervisor import forkserver, trampoline
-from pyrula.wire import Heartbeat, WorkerState
+from pyrula.wire import Heartbeat, WorkerState, decode, heartbeat_message, parse_heartbeat
 
 
 class ChildState(StrEnum):
@@ -58,6 +59,8 @@ class Child:
     #: Its last metrics report (``pyrula.metrics`` families), and the workflows it serves.
     metrics: dict[str, Any] = field(default_factory=dict)
     workflows: list[str] = field(default_factory=list)
+    #: Where it reports the runs it holds at each claim (read once it has exited).
+    board: SharedReport | None = None
 
     @property
     def state(self) -> ChildState:
@@ -73,6 +76,24 @@ class Child:
     @property
     def pid(self) -> int:
         return int(self.process.pid)
+
+    def take_report(self) -> None:
+        """Once it has exited: fold the report it last wrote to its board into its last
+        heartbeat when that report is the newer, then let the board go. Its held runs,
+        the runs in their code and its suspects are then as it last said."""
+        board, self.board = self.board, None
+        if board is None:
+            return
+        try:
+            found = board.read()
+        finally:
+            board.close()
+        if found is None or (self.beat is not None and found[0] <= self.beat.seq):
+            return
+        seq, report = found
+        known = decode(heartbeat_message(self.beat)) if self.beat is not None else {
+            "worker_id": report.get("worker_id", ""), "pid": self.pid}
+        self.beat = parse_heartbeat({**known, **report, "seq": seq})
 
     @property
     def sentinel(self) -> int:
@@ -195,15 +216,22 @@ class Spawner:
         self._reap_retired()
         # Both ways: the child reports; the supervisor tells it to retire or take a run.
         reader, writer = self._ctx.Pipe(duplex=True)
+        board = SharedReport()
         process = self._ctx.Process(  # type: ignore[attr-defined]
             target=trampoline.run,
-            args=(trampoline.CHILD_ENTRY, config, writer),
+            args=(trampoline.CHILD_ENTRY, config, writer, board),
             name=f"pyrula-child-{slot}",
             daemon=False,
         )
-        process.start()
-        writer.close()
-        return Child(slot=slot, process=process, conn=reader, server=self.server)
+        try:
+            process.start()
+        except BaseException:
+            board.close()
+            raise
+        finally:
+            writer.close()
+        return Child(slot=slot, process=process, conn=reader, server=self.server,
+                     board=board)
 
     def close(self) -> None:
         if self.method == "forkserver":

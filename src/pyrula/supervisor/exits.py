@@ -56,6 +56,7 @@ def _detach(sup: Supervisor, child: Child) -> Slot | None:
     loop.remove_reader(child.sentinel)
     child.process.join(0)
     sup._on_message(child)  # whatever it said last (a boot error, its last metrics)
+    child.take_report()  # and the runs it held, if it wrote that since
     sup.fleet_metrics.retire(child.metrics)
     try:
         loop.remove_reader(child.conn.fileno())

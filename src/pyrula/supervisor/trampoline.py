@@ -15,6 +15,7 @@ CHILD_ENTRY = "pyrula.workflows.worker.child:main"
 CHILD_PRELOADED = "pyrula.workflows.worker.child:preloaded"
 
 
-def run(entry: str, config: dict[str, Any], conn: Connection) -> None:
+def run(entry: str, config: dict[str, Any], conn: Connection, *more: Any) -> None:
+    """``more``: the child's shared report board (``pyrula.shared_report``)."""
     module_name, _, attr = entry.partition(":")
-    getattr(importlib.import_module(module_name), attr)(config, conn)
+    getattr(importlib.import_module(module_name), attr)(config, conn, *more)

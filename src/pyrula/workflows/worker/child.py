@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pyrula import logs
+from pyrula.shared_report import SharedReport
 from pyrula.wire import (
     EXIT_BOOT_FAILURE,
     HEARTBEAT_INTERVAL,
@@ -111,7 +112,7 @@ def _archived(store: Any) -> Any:
     return archived_if_configured(store)
 
 
-def main(config: dict[str, Any], conn: Connection) -> None:
+def main(config: dict[str, Any], conn: Connection, board: SharedReport | None = None) -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -137,22 +138,17 @@ def main(config: dict[str, Any], conn: Connection) -> None:
         backend = _archived(store_from_url(config["store_url"], **store_options))
         options = WorkerOptions(**config.get("worker_options", {}), health_port=None)
         reach = StoreCheck()
-
-        def report_claim(_: dict[str, int]) -> None:
-            _send(conn, _heartbeat(worker, reach, periodic=False))
-
-        def report_user_code() -> None:
-            _send(conn, _heartbeat(worker, reach, periodic=False))
-
+        reports = Reports(conn, board)
         worker = WorkflowWorker(store=backend, workflows=chosen, options=options,
-                                on_claimed=report_claim, on_user_code=report_user_code)
+                                on_claimed=lambda _: reports.held(worker, reach),
+                                on_user_code=lambda: reports.held(worker, reach))
         worker.store_shown = shown_url(config["store_url"])
         # The fork server is the fleet's own (one per fleet): its pid names the fleet.
         worker.fleet = f"{socket.gethostname()}-{os.getppid()}"
     except BaseException as exc:  # the child cannot serve: say why, exit as a boot failure
         _boot_failed(conn, f"{type(exc).__name__}: {exc}", _app_traceback(exc))
         return
-    code = asyncio.run(_serve(worker, conn, reach))
+    code = asyncio.run(_serve(worker, conn, reach, reports))
     logging.shutdown()
     os._exit(code)
 
@@ -172,11 +168,38 @@ class StoreCheck:
             await asyncio.sleep(STORE_CHECK_INTERVAL)
 
 
-def _heartbeat(worker: Any, reach: StoreCheck, *, periodic: bool) -> bytes:
-    """A heartbeat to send now: ``periodic`` for the loop's regular one (it names exactly
-    the runs in user code), else one sent at a claim or before a run enters its code."""
-    user_code, suspects = worker.user_code_report(heartbeat=periodic)
-    return heartbeat_message(Heartbeat(
+class Reports:
+    """What this child tells its supervisor of itself, numbered: a heartbeat over the pipe
+    at its interval, and the runs it holds (``held``) right after each claim and before a
+    run enters its code unreported, into the memory it shares with the supervisor when it
+    has some (no wake-up of the supervisor on the path of a run), else as a heartbeat."""
+
+    def __init__(self, conn: Connection, board: SharedReport | None) -> None:
+        self.conn = conn
+        self.board = board
+        self.seq = 0
+
+    def heartbeat(self, worker: Any, reach: StoreCheck) -> bytes:
+        """The periodic heartbeat: it names exactly the runs in user code now."""
+        self.seq += 1
+        return heartbeat_message(_beat(worker, reach, self.seq,
+                                       *worker.user_code_report(heartbeat=True)))
+
+    def held(self, worker: Any, reach: StoreCheck) -> None:
+        """Report the held runs now (see ``pyrula.wire``)."""
+        self.seq += 1
+        user_code, suspects = worker.user_code_report(heartbeat=False)
+        if self.board is not None and self.board.write(self.seq, {
+                "worker_id": worker.worker_id, "held": worker.held_runs(),
+                "user_code": user_code, "suspects": suspects}):
+            return
+        _send(self.conn, heartbeat_message(_beat(worker, reach, self.seq, user_code,
+                                                 suspects)))
+
+
+def _beat(worker: Any, reach: StoreCheck, seq: int, user_code: list[str],
+          suspects: list[str]) -> Heartbeat:
+    return Heartbeat(
         state=worker.state,
         worker_id=worker.worker_id,
         pid=os.getpid(),
@@ -190,7 +213,8 @@ def _heartbeat(worker: Any, reach: StoreCheck, *, periodic: bool) -> bytes:
         free=worker.free_slots,
         store_ok=reach.ok,
         build=worker.build,
-    ))
+        seq=seq,
+    )
 
 
 def _on_supervisor(worker: Any, conn: Connection) -> None:
@@ -250,7 +274,7 @@ def _send(conn: Connection, message: bytes) -> bool:
     return True
 
 
-async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
+async def _serve(worker: Any, conn: Connection, reach: StoreCheck, reports: Reports) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, worker.stop)
 
@@ -264,7 +288,7 @@ async def _serve(worker: Any, conn: Connection, reach: StoreCheck) -> int:
         # that), not a beat later.
         metrics_due = time.monotonic()
         while True:
-            if not _send(conn, _heartbeat(worker, reach, periodic=True)):
+            if not _send(conn, reports.heartbeat(worker, reach)):
                 worker.stop()  # the supervisor is gone: drain and leave
                 return
             if time.monotonic() >= metrics_due:
