@@ -40,7 +40,7 @@ def test_term_drains_renewing_finishes_what_fits_and_hands_back_what_does_not(
                    "--orphan-scan-interval", "0.3", "--shutdown-grace", str(GRACE),
                    "--cancel-timeout", "1")
         a = fleets.start("-n", "1", *options, app=APP, store=valkey_url, name="fleet-a")
-        a.wait_ready(1, timeout=60)
+        a_id = a.wait_ready(1, timeout=60)["children"][0]["worker_id"]
 
         def drain_run(seconds: float) -> str:
             run_id = client.submit("chaos.drain", {"gate": str(gate), "seconds": seconds,
@@ -54,9 +54,10 @@ def test_term_drains_renewing_finishes_what_fits_and_hands_back_what_does_not(
                                for r in medium + long), 30, what="A running every held run")
         b = fleets.start("-n", "1", *options, app=APP, store=valkey_url, name="fleet-b")
         b.wait_ready(1, timeout=60)
-        load.submit(60)  # short runs, on both fleets
-        a.wait_status(lambda s: s["children"][0]["in_flight"] > len(medium + long),
-                      what="A busy with short runs too")
+        short = load.submit(60)  # short runs, on both fleets
+        wait_until(lambda: any(e["type"] == "run:started" and e["worker"] == a_id
+                               for r in short for e in client.events(r)), 30,
+                   what="A busy with short runs too")
         gate.touch()
         a.send(signal.SIGTERM)
         load.fault("SIGTERM", a.pid)
