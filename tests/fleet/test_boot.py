@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from pyrula.workflows import SQLiteStore, SyncWorkflowClient, ValkeyStore
 from tests.conftest import wait_until
 from tests.fleet.fleetprocs import (
@@ -21,6 +23,8 @@ from tests.fleet.fleetprocs import (
     Fleet,
     Fleets,
     child_env,
+    group_alive,
+    pids,
     write_app,
 )
 from tests.servers import free_port, start_server
@@ -263,3 +267,22 @@ def test_children_collect_garbage_and_never_walk_what_the_fork_server_preloaded(
     assert state["frozen"] > 10_000, state  # the runtime's modules and the app's
     fleet.send(signal.SIGTERM)
     assert fleet.wait(30) == 0
+
+
+def test_the_fork_server_is_forked_from_the_supervisor_and_leaves_when_it_dies(
+        fleets: Fleets) -> None:
+    # The fork server the entry point starts is a fork of the supervisor, taken before it
+    # imports anything more, rather than an interpreter started anew (whose own start lay
+    # on the way to the first child): it shows the supervisor's command line. Killed
+    # outright, the supervisor leaves no process of the fleet behind: the fork server
+    # still sees it gone (it holds no end of its "alive" pipe but the one it reads).
+    fleet = fleets.start("-n", "2", *QUICK)
+    children = pids(fleet.wait_ready(2))
+    servers = {psutil.Process(pid).ppid() for pid in children.values()}
+    assert len(servers) == 1
+    server = psutil.Process(servers.pop())
+    supervisor = psutil.Process(fleet.pid)
+    assert server.ppid() == supervisor.pid
+    assert server.cmdline() == supervisor.cmdline()
+    os.kill(fleet.pid, signal.SIGKILL)
+    wait_until(lambda: not group_alive(fleet.pid), 30, what="no process of the fleet left")

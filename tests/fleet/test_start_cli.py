@@ -101,20 +101,21 @@ def test_more_children_than_four_per_core_is_warned_about_but_started(
 
 
 #: Loaded by every interpreter of the fleet (it is on PYTHONPATH): ``os.fork`` fails with
-#: EAGAIN, as under RLIMIT_NPROC, after ``FORKS_ALLOWED`` forks in one process. Only the fork
-#: server calls ``os.fork`` (the supervisor starts it with posix_spawn-like fork_exec), so
-#: this is the host refusing the fork server its next child. Root, which these tests run as,
-#: is exempt from RLIMIT_NPROC itself, so the limit cannot be set for real.
+#: EAGAIN, as under RLIMIT_NPROC, after ``FORKS_ALLOWED`` forks by one process. The
+#: supervisor forks once (its fork server); the fork server forks each child, so this is
+#: the host refusing the fork server its next child. Root, which these tests run as, is
+#: exempt from RLIMIT_NPROC itself, so the limit cannot be set for real.
 FAILING_FORK = '''
 import os
 
 _allowed = os.environ.get("FORKS_ALLOWED")
 if _allowed is not None:
-    _real_fork, _forks = os.fork, [0]
+    _real_fork, _forks = os.fork, {}
 
     def _fork():
-        _forks[0] += 1
-        if _forks[0] > int(_allowed):
+        me = os.getpid()  # a fork's child starts its own count
+        _forks[me] = _forks.get(me, 0) + 1
+        if _forks[me] > int(_allowed):
             raise BlockingIOError(11, "Resource temporarily unavailable")
         return _real_fork()
 

@@ -106,7 +106,7 @@ def start_early(argv: list[str]) -> None:
         atexit.register(shutil.rmtree, scratch, True)  # also after a usage error
         forkserver.configure(spec["preload"],
                              {**spec["check"], "report": os.path.join(scratch, REPORT)})
-        forkserver.start(tracker_later=True)
+        forkserver.start(tracker_later=True, fork=True)
     except Exception:  # noqa: BLE001  (the CLI starts the fork server itself, and says why)
         return
     EARLY = Early(spec, scratch)
