@@ -269,11 +269,12 @@ def test_children_collect_garbage_and_never_walk_what_the_fork_server_preloaded(
     assert fleet.wait(30) == 0
 
 
-def test_the_fork_server_is_forked_from_the_supervisor_and_leaves_when_it_dies(
+def test_the_fork_server_and_tracker_are_forked_from_the_supervisor_and_leave_when_it_dies(
         fleets: Fleets) -> None:
     # The fork server the entry point starts is a fork of the supervisor, taken before it
     # imports anything more, rather than an interpreter started anew (whose own start lay
-    # on the way to the first child): it shows the supervisor's command line. Killed
+    # on the way to the first child): it shows the supervisor's command line. So does
+    # multiprocessing's resource tracker, the supervisor's only other process. Killed
     # outright, the supervisor leaves no process of the fleet behind: the fork server
     # still sees it gone (it holds no end of its "alive" pipe but the one it reads).
     fleet = fleets.start("-n", "2", *QUICK)
@@ -283,6 +284,8 @@ def test_the_fork_server_is_forked_from_the_supervisor_and_leaves_when_it_dies(
     server = psutil.Process(servers.pop())
     supervisor = psutil.Process(fleet.pid)
     assert server.ppid() == supervisor.pid
-    assert server.cmdline() == supervisor.cmdline()
+    helpers = supervisor.children()
+    assert server in helpers and len(helpers) == 2  # and the resource tracker
+    assert all(p.cmdline() == supervisor.cmdline() for p in helpers)
     os.kill(fleet.pid, signal.SIGKILL)
     wait_until(lambda: not group_alive(fleet.pid), 30, what="no process of the fleet left")

@@ -12,6 +12,7 @@ import json
 import multiprocessing.forkserver
 import multiprocessing.process
 import os
+import signal
 import socket
 import sys
 from multiprocessing import connection, resource_tracker, spawn, util
@@ -73,13 +74,18 @@ def start(*, tracker_later: bool = False, fork: bool = False) -> None:
 
     ``fork``: this process is young (one thread, no loop, no socket, little imported), so
     the fork server is forked from it (``fork_server``) instead of started as a new
-    interpreter: the interpreter's own start, ~30 ms on the way to the first child."""
+    interpreter: the interpreter's own start, ~30 ms on the way to the first child. The
+    resource tracker is then forked too (``fork_tracker``), at once: a fork takes no core
+    from the imports on the way to the first child."""
     real = resource_tracker.ensure_running
     if tracker_later:
         resource_tracker.ensure_running = _not_yet
     try:
-        if not (fork and fork_server()):
-            multiprocessing.forkserver.ensure_running()
+        if fork and fork_server():
+            resource_tracker.ensure_running = real
+            fork_tracker()  # as cheap now as later
+            return
+        multiprocessing.forkserver.ensure_running()
     finally:
         resource_tracker.ensure_running = real
 
@@ -123,7 +129,7 @@ def fork_server() -> bool:
             try:
                 pid = os.fork()
                 if pid == 0:  # the fork server
-                    _serve(listener.fileno(), alive_r, alive_w, preload, data)
+                    _serve(listener.fileno(), alive_r, preload, data)
             except BaseException:
                 os.close(alive_w)
                 raise
@@ -135,12 +141,11 @@ def fork_server() -> bool:
     return True
 
 
-def _serve(listener: int, alive_r: int, alive_w: int, preload: list[str],
-           data: dict[str, Any]) -> None:
+def _serve(listener: int, alive_r: int, preload: list[str], data: dict[str, Any]) -> None:
     """The forked fork server's whole life."""
     code = 1
     try:
-        os.close(alive_w)
+        _close_all_but((0, 1, 2, listener, alive_r))
         multiprocessing.forkserver.main(listener, alive_r, preload, **data)
         code = 0
     except SystemExit as exc:  # its clients have all gone
@@ -155,6 +160,69 @@ def _serve(listener: int, alive_r: int, alive_w: int, preload: list[str],
                 except Exception:  # noqa: BLE001  (leaving regardless)
                     pass
         os._exit(code)
+
+
+def fork_tracker() -> bool:
+    """Start multiprocessing's resource tracker as a fork of this process (young, as for
+    ``fork_server``), as ``ResourceTracker.ensure_running`` would start it as a new
+    interpreter; False (nothing done) where that is not known to hold, or one runs."""
+    tracker: Any = resource_tracker._resource_tracker  # private state, stable 3.8-3.13
+    if sys.version_info >= _FORKS_BEFORE or not hasattr(os, "fork"):
+        return False
+    with tracker._lock:
+        if tracker._fd is not None:
+            return False
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        r, w = os.pipe()
+        # The signals the tracker ignores stay blocked until it ignores them (its main
+        # unblocks them): one that came in between would kill it.
+        blocked = resource_tracker._IGNORED_SIGNALS  # type: ignore[attr-defined]
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        try:
+            pid = os.fork()
+            if pid == 0:  # the resource tracker
+                _track(r)
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+            os.close(r)
+        tracker._fd = w
+        tracker._pid = pid
+    return True
+
+
+def _track(r: int) -> None:
+    """The forked resource tracker's whole life: it holds only its pipe's read end and the
+    standard streams, as one started anew would."""
+    code = 1
+    try:
+        _close_all_but((0, 1, 2, r))
+        resource_tracker.main(r)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:  # noqa: BLE001  (said as a tracker started anew would)
+        sys.excepthook(*sys.exc_info())
+    finally:
+        os._exit(code)
+
+
+def _close_all_but(keep: tuple[int, ...]) -> None:
+    """Close every file descriptor but ``keep``: a process started anew inherits no other."""
+    try:
+        open_fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: every number up to the limit
+        open_fds = list(range(os.sysconf("SC_OPEN_MAX")))
+    for fd in open_fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:  # the listing's own, or not open
+                pass
 
 
 def _not_yet() -> None:
