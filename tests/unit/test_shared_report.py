@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -184,3 +188,46 @@ def test_a_child_that_reported_only_on_its_board_is_known_by_it() -> None:
     assert (child.beat.worker_id, child.beat.held, child.beat.user_code) == ("w9", {"r": 2},
                                                                            ["r"])
     child.conn.close()
+
+
+def reporting_child(config: dict[str, Any], conn: Connection, *more: Any) -> None:
+    """A stand-in for a fleet child's entry (started by ``Spawner.spawn``): it writes a
+    report on the board it was given, if any, and says how many extra arguments came."""
+    if more:
+        more[0].write(1, {"worker_id": "w", "held": {"r": 1}, "user_code": [],
+                          "suspects": []})
+    conn.send_bytes(str(len(more)).encode())
+
+
+SPAWNING = textwrap.dedent("""
+    import sys
+    from pyrula.supervisor import children, trampoline
+
+    if sys.argv[1] == "refused":
+        def refused():
+            raise OSError(38, "Function not implemented")
+        children.SharedReport = refused
+    trampoline.CHILD_ENTRY = "tests.unit.test_shared_report:reporting_child"
+    child = children.Spawner(preload=[]).spawn(0, {})
+    said = child.conn.recv_bytes().decode()
+    child.process.join(30)
+    child.take_report()
+    print(said, child.beat.held if child.beat else None, child.board)
+""")
+
+
+def _spawned(case: str) -> str:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    done = subprocess.run([sys.executable, "-c", SPAWNING, case], capture_output=True,
+                          text=True, timeout=60, check=False, env=env, cwd=root)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_spawned_child_gets_its_board_through_the_fork_server() -> None:
+    assert _spawned("board") == "1 {'r': 1} None"
+
+
+def test_without_shared_memory_a_child_is_spawned_without_a_board() -> None:
+    assert _spawned("refused") == "0 None None"

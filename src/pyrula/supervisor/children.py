@@ -216,17 +216,21 @@ class Spawner:
         self._reap_retired()
         # Both ways: the child reports; the supervisor tells it to retire or take a run.
         reader, writer = self._ctx.Pipe(duplex=True)
-        board = SharedReport()
+        try:
+            board: SharedReport | None = SharedReport()
+        except OSError:  # no shared memory here: the child reports over its pipe alone
+            board = None
         process = self._ctx.Process(  # type: ignore[attr-defined]
             target=trampoline.run,
-            args=(trampoline.CHILD_ENTRY, config, writer, board),
+            args=(trampoline.CHILD_ENTRY, config, writer, *([board] if board else [])),
             name=f"pyrula-child-{slot}",
             daemon=False,
         )
         try:
             process.start()
         except BaseException:
-            board.close()
+            if board is not None:
+                board.close()
             raise
         finally:
             writer.close()

@@ -83,7 +83,10 @@ def start(*, tracker_later: bool = False, fork: bool = False) -> None:
     try:
         if fork and fork_server():
             resource_tracker.ensure_running = real
-            fork_tracker()  # as cheap now as later
+            try:
+                fork_tracker()  # as cheap now as later
+            except OSError:  # the host refused the fork: started as usual, later
+                pass
             return
         multiprocessing.forkserver.ensure_running()
     finally:
