@@ -8,7 +8,6 @@ tested directly.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import threading
@@ -364,6 +363,8 @@ def unknown_name(name: str, served: Sequence[str]) -> str | None:
     have ever served) is known and does not hold it. Names the closest served ones."""
     if not served or name in served:
         return None
+    import difflib  # only for this message: off a start's path
+
     close = difflib.get_close_matches(name, list(served), n=3, cutoff=0.6)
     hint = (f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else
             f"; workers have served {', '.join(repr(s) for s in list(served)[:10])}"

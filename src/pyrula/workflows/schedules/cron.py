@@ -14,7 +14,6 @@ Macros: ``@yearly`` (``@annually``), ``@monthly``, ``@weekly``, ``@daily`` (``@m
 
 from __future__ import annotations
 
-import calendar
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
@@ -29,7 +28,9 @@ MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-_MONTHS = {m.lower(): i for i, m in enumerate(calendar.month_abbr) if m}
+# Cron's names are English whatever the locale (``calendar.month_abbr`` follows it).
+_MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug",
+                                       "sep", "oct", "nov", "dec"), 1)}
 _DAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
 # (name, lowest, highest, names)
 _FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (

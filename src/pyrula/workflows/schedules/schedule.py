@@ -23,12 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import TYPE_CHECKING, Any
 
 from pyrula.workflows.definition import workflow_name
 from pyrula.workflows.events import dumps, loads
 from pyrula.workflows.schedules.cron import CronExpr
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
 
 OVERLAP_POLICIES = ("skip", "allow")
 #: The shortest interval and the shortest catch-up window, in seconds.
@@ -258,6 +260,8 @@ def zone(name: str) -> ZoneInfo:
     """The IANA time zone ``name``; ValueError if there is no such zone."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"timezone must be an IANA time zone name, got {name!r}")
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # on first use: off a start's path
+
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
