@@ -118,15 +118,21 @@ def _pipe() -> tuple[Connection, Connection]:
     return multiprocessing.Pipe(duplex=True)
 
 
-def test_a_claim_report_goes_to_the_board_and_wakes_no_one() -> None:
+@settings(max_examples=30)
+@given(st.dictionaries(RUN_IDS, st.integers(1, 2**31), max_size=20), st.integers(0, 3))
+def test_a_claim_report_goes_to_the_board_and_wakes_no_one(
+    held: dict[str, int], beats: int,
+) -> None:
     board, (supervisor, child) = SharedReport(), _pipe()
     try:
         reports = Reports(child, board)
-        reports.heartbeat(_Worker({}), StoreCheck())  # report 1, over the pipe
-        reports.held(_Worker({"r1": 1}), StoreCheck())
+        for sent in range(beats):  # heartbeats, over the pipe, numbered with the reports
+            child.send_bytes(reports.heartbeat(_Worker({}), StoreCheck()))
+            assert parse_heartbeat(decode(supervisor.recv_bytes())).seq == sent + 1
+        reports.held(_Worker(held), StoreCheck())
         assert not supervisor.poll()  # nothing sent: the supervisor sleeps on
-        assert board.read() == (2, {"worker_id": "w1", "held": {"r1": 1},
-                                    "user_code": ["r1"], "suspects": []})
+        assert board.read() == (beats + 1, {"worker_id": "w1", "held": held,
+                                            "user_code": sorted(held), "suspects": []})
     finally:
         board.close()
         supervisor.close()

@@ -8,6 +8,7 @@ server before it has imported anything else (``pyrula.supervisor.prestart``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing.forkserver
 import multiprocessing.process
@@ -15,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from multiprocessing import connection, resource_tracker, spawn, util
 from typing import Any
 
@@ -93,21 +95,22 @@ def start(*, tracker_later: bool = False, fork: bool = False) -> None:
         resource_tracker.ensure_running = real
 
 
-#: The version whose fork server this module knows how to start by a fork (its ``main``'s
-#: arguments); later ones are started as multiprocessing starts them.
+#: The version whose fork server and resource tracker this module knows how to start by a
+#: fork (their ``main``'s arguments); later ones are started as multiprocessing starts them.
 _FORKS_BEFORE = (3, 14)
+
+
+def _may_fork() -> bool:
+    return sys.version_info < _FORKS_BEFORE and hasattr(os, "fork")
 
 
 def fork_server() -> bool:
     """Start multiprocessing's fork server as a fork of this process, exactly as
     ``ForkServer.ensure_running`` would start it as a new interpreter (the same listening
     socket, "alive" pipe and preload), and record it the same way; False (nothing done)
-    where that is not known to hold, or a fork server runs already.
-
-    The fork server runs ``multiprocessing.forkserver.main`` and leaves with ``os._exit``:
-    never back into this process's code, its ``atexit`` handlers or its buffers."""
+    where that is not known to hold, or a fork server runs already."""
     server: Any = multiprocessing.forkserver._forkserver  # private state, stable 3.4-3.13
-    if sys.version_info >= _FORKS_BEFORE or not hasattr(os, "fork"):
+    if not _may_fork():
         return False
     with server._lock:
         if server._forkserver_pid is not None:
@@ -117,9 +120,6 @@ def fork_server() -> bool:
         if preload:
             data = {key: value for key, value in spawn.get_preparation_data("ignore").items()
                     if key in ("main_path", "sys_path")}
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
         with socket.socket(socket.AF_UNIX) as listener:
             address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
             listener.bind(address)
@@ -130,9 +130,10 @@ def fork_server() -> bool:
             # when they all have closed it.
             alive_r, alive_w = os.pipe()
             try:
-                pid = os.fork()
-                if pid == 0:  # the fork server
-                    _serve(listener.fileno(), alive_r, preload, data)
+                fd = listener.fileno()
+                pid = _fork_into(
+                    lambda: multiprocessing.forkserver.main(fd, alive_r, preload, **data),
+                    keep=(fd, alive_r))
             except BaseException:
                 os.close(alive_w)
                 raise
@@ -144,49 +145,23 @@ def fork_server() -> bool:
     return True
 
 
-def _serve(listener: int, alive_r: int, preload: list[str], data: dict[str, Any]) -> None:
-    """The forked fork server's whole life."""
-    code = 1
-    try:
-        _close_all_but((0, 1, 2, listener, alive_r))
-        multiprocessing.forkserver.main(listener, alive_r, preload, **data)
-        code = 0
-    except SystemExit as exc:  # its clients have all gone
-        code = exc.code if isinstance(exc.code, int) else 0
-    except BaseException:  # noqa: BLE001  (said as a fork server started anew would)
-        sys.excepthook(*sys.exc_info())
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001  (leaving regardless)
-                    pass
-        os._exit(code)
-
-
 def fork_tracker() -> bool:
     """Start multiprocessing's resource tracker as a fork of this process (young, as for
     ``fork_server``), as ``ResourceTracker.ensure_running`` would start it as a new
     interpreter; False (nothing done) where that is not known to hold, or one runs."""
     tracker: Any = resource_tracker._resource_tracker  # private state, stable 3.8-3.13
-    if sys.version_info >= _FORKS_BEFORE or not hasattr(os, "fork"):
+    if not _may_fork():
         return False
     with tracker._lock:
         if tracker._fd is not None:
             return False
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
         r, w = os.pipe()
         # The signals the tracker ignores stay blocked until it ignores them (its main
         # unblocks them): one that came in between would kill it.
         blocked = resource_tracker._IGNORED_SIGNALS  # type: ignore[attr-defined]
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
         try:
-            pid = os.fork()
-            if pid == 0:  # the resource tracker
-                _track(r)
+            pid = _fork_into(lambda: resource_tracker.main(r), keep=(r,))
         except BaseException:
             os.close(w)
             raise
@@ -198,34 +173,48 @@ def fork_tracker() -> bool:
     return True
 
 
-def _track(r: int) -> None:
-    """The forked resource tracker's whole life: it holds only its pipe's read end and the
-    standard streams, as one started anew would."""
+def _fork_into(life: Callable[[], object], keep: tuple[int, ...]) -> int:
+    """Fork; the parent gets the child's pid. The child keeps only the standard streams
+    and ``keep`` of its descriptors (as an interpreter started anew with them would), runs
+    ``life``, and leaves with ``os._exit``: never back into this process's code, its
+    ``atexit`` handlers or what its buffers held before the fork."""
+    _flush()
+    pid = os.fork()
+    if pid:
+        return pid
     code = 1
     try:
-        _close_all_but((0, 1, 2, r))
-        resource_tracker.main(r)
+        _close_all_but((0, 1, 2, *keep))
+        life()
         code = 0
-    except SystemExit as exc:
+    except SystemExit as exc:  # a fork server whose clients have all gone
         code = exc.code if isinstance(exc.code, int) else 0
-    except BaseException:  # noqa: BLE001  (said as a tracker started anew would)
+    except BaseException:  # noqa: BLE001  (said as a process started anew would say it)
         sys.excepthook(*sys.exc_info())
     finally:
+        _flush()
         os._exit(code)
 
 
 def _close_all_but(keep: tuple[int, ...]) -> None:
-    """Close every file descriptor but ``keep``: a process started anew inherits no other."""
+    """Close every file descriptor but ``keep``, one by one. Not multiprocessing's
+    ``util.close_all_fds_except``: it calls ``os.closerange(0, 0)`` for a kept 0, which
+    CPython 3.11 turns into ``close_range(0, ~0)`` and so closes every descriptor."""
     try:
         open_fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
     except OSError:  # no /proc: every number up to the limit
         open_fds = list(range(os.sysconf("SC_OPEN_MAX")))
     for fd in open_fds:
         if fd not in keep:
-            try:
+            with contextlib.suppress(OSError):  # the listing's own, or not open
                 os.close(fd)
-            except OSError:  # the listing's own, or not open
-                pass
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
 
 
 def _not_yet() -> None:

@@ -144,11 +144,10 @@ class Reads:
             # One round trip: the run's end if it has ended, else the run marked as waited
             # on (its finish then leaves a token to wake us).
             marked = await conn.op(base, "await", run_id, *shape.fields)
-            if isinstance(marked, list):  # it has ended: the record came back
+            if isinstance(marked, list):  # it has ended: the reply is its record
                 ended = shape.read(run_id, marked)
-                if ended is not None:
-                    return ended
-                continue  # gone between the script and the read: look again
+                assert ended is not None  # the script read it in the same call
+                return ended
             if marked == "NOTFOUND":
                 # An earlier run of a continue_as_new chain may have expired while the chain
                 # goes on: its start id's tail record names the chain's latest run.
